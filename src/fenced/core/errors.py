@@ -1,0 +1,161 @@
+"""The exceptions of fenced: one root, definite rejection apart from unknown outcome.
+
+::
+
+    FencedError                      root of everything fenced raises on purpose
+    ├── ConfigurationError           a bad parameter, URL, capability or state file; fix the call
+    │   └── InvalidName              a resource name, key or publication name that is not allowed
+    ├── Busy                         not acquired within ``wait`` (holder, epoch, remaining)
+    ├── LeaseLost                    the lease is no longer held (reason)
+    ├── Rejected                     a store definitely refused a mutation; nothing was applied
+    │   ├── StaleToken               presented epoch below the domain's floor
+    │   ├── NotInstalled             strict mode: a newer epoch that nobody installed with fence()
+    │   └── ForeignToken             a token of another coordinator than the one the domain is bound to
+    ├── IdempotencyConflict          an op_id reused with different content; nothing was applied
+    ├── Unavailable                  retryable: the request was not carried out at all
+    └── OutcomeUnknown               the request was sent but its reply was lost: reconcile with
+                                     op_id / request_id before assuming anything
+
+Definite rejections (:class:`Rejected`, :class:`IdempotencyConflict`, :class:`Busy`) guarantee that
+nothing happened. :class:`Unavailable` guarantees nothing happened too but says "try again".
+:class:`OutcomeUnknown` guarantees nothing: the operation may or may not have taken effect, and a
+retry with the same ``op_id`` or ``request_id`` tells which. Driver errors (sqlite3, psycopg, …) are
+translated into these classes at the backend boundary with ``raise … from``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "Busy",
+    "ConfigurationError",
+    "FencedError",
+    "ForeignToken",
+    "IdempotencyConflict",
+    "InvalidName",
+    "LeaseLost",
+    "LossReason",
+    "NotInstalled",
+    "OutcomeUnknown",
+    "Rejected",
+    "StaleToken",
+    "Unavailable",
+]
+
+
+class FencedError(Exception):
+    """Root of every error fenced raises on purpose."""
+
+
+class ConfigurationError(FencedError):
+    """A bad parameter, URL, missing capability, or an unusable state file.
+
+    Raised at the call, before any I/O where possible. Nothing was changed.
+    """
+
+
+class InvalidName(ConfigurationError):
+    """A resource name, key or publication name that fenced does not accept.
+
+    Raised before any I/O: nothing was read or written.
+    """
+
+
+class Busy(FencedError):
+    """The lease was not acquired within ``wait``; nothing was granted.
+
+    ``holder`` and ``epoch`` describe the live lease at the last attempt (``holder`` is None when
+    the resource was free but earlier waiters were queued ahead); ``remaining`` is the time in
+    seconds that lease had left by the coordinator's clock.
+    """
+
+    def __init__(self, resource: str, holder: str | None, epoch: int, remaining: float) -> None:
+        self.resource = resource
+        self.holder = holder
+        self.epoch = epoch
+        self.remaining = remaining
+        who = f"held by {holder!r} at epoch {epoch}" if holder else "earlier waiters are queued"
+        super().__init__(f"{resource} is busy: {who}, {remaining:.3f}s remaining")
+
+
+class LossReason(enum.Enum):
+    """Why a lease stopped being held."""
+
+    EXPIRED = "expired"
+    """The local deadline passed (no successful renewal in time)."""
+    REJECTED = "rejected"
+    """The coordinator said the lease is no longer this owner's (expired there, or taken over)."""
+    SUPERSEDED = "superseded"
+    """A store reported a newer epoch than this lease's."""
+    RELEASED = "released"
+    """The lease was released by its owner."""
+
+
+class LeaseLost(FencedError):
+    """The lease is not held: do not start or continue protected work.
+
+    ``reason`` is a :class:`LossReason`; ``detail`` is a human sentence.
+    """
+
+    def __init__(self, reason: LossReason, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"lease lost ({reason.value})" + (f": {detail}" if detail else ""))
+
+
+class Rejected(FencedError):
+    """A store definitely refused a mutation. Nothing was applied."""
+
+
+class StaleToken(Rejected):
+    """The presented epoch is below the domain's floor: a newer owner exists."""
+
+    def __init__(self, resource: str, presented: int, floor: int) -> None:
+        self.resource = resource
+        self.presented = presented
+        self.floor = floor
+        super().__init__(
+            f"stale token for {resource}: epoch {presented} is below the floor {floor}"
+        )
+
+
+class NotInstalled(Rejected):
+    """Strict mode: the epoch is above the floor but was never installed."""
+
+    def __init__(self, resource: str, presented: int, floor: int) -> None:
+        self.resource = resource
+        self.presented = presented
+        self.floor = floor
+        super().__init__(
+            f"epoch {presented} of {resource} is not installed (floor {floor}): install it first "
+            "with store.fence(token) or coord.hold(..., fence=[store])"
+        )
+
+
+class ForeignToken(Rejected):
+    """The token comes from another coordinator than the one this domain is bound to."""
+
+    def __init__(self, resource: str, presented: str, bound: str) -> None:
+        self.resource = resource
+        self.presented = presented
+        self.bound = bound
+        super().__init__(
+            f"token for {resource} comes from coordinator {presented}, "
+            f"but this store is bound to coordinator {bound}"
+        )
+
+
+class IdempotencyConflict(FencedError):
+    """An ``op_id`` was reused with different content. Nothing was applied."""
+
+
+class Unavailable(FencedError):
+    """The backend could not be reached or is busy; nothing happened. Retry is safe."""
+
+
+class OutcomeUnknown(FencedError):
+    """The request may or may not have taken effect (its reply was lost).
+
+    Retry with the same ``op_id`` / ``request_id`` to learn the outcome; never assume either way.
+    """

@@ -1,0 +1,97 @@
+"""Validation of safety settings. Pure. Bad settings fail at the call with ConfigurationError.
+
+There is no "never expires": every lease has a finite, positive ``ttl``. The local deadline of a
+lease is ``monotonic time when the request was sent + ttl - safety_margin``; the default margin is
+10 % of the ttl and must stay below the ttl. ``wait`` is ``None`` (forever) or a finite number of
+seconds ≥ 0 (0 tries once).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fenced.core.errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_MARGIN_FRACTION",
+    "LeasePolicy",
+    "validate_holder",
+    "validate_ttl",
+    "validate_wait",
+]
+
+DEFAULT_MARGIN_FRACTION = 0.1
+MAX_TTL = 7 * 24 * 3600.0
+MAX_HOLDER_LEN = 200
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ConfigurationError(f"{name} must be finite, got {value!r}")
+    return number
+
+
+def validate_ttl(ttl: object) -> float:
+    """Return ``ttl`` as float if 0 < ttl ≤ one week, else raise :class:`ConfigurationError`."""
+    value = _number("ttl", ttl)
+    if value <= 0:
+        raise ConfigurationError(f"ttl must be > 0 seconds, got {ttl!r}")
+    if value > MAX_TTL:
+        raise ConfigurationError(f"ttl must be at most {MAX_TTL:.0f} seconds, got {ttl!r}")
+    return value
+
+
+def validate_wait(wait: object) -> float | None:
+    """Return ``wait`` (None = forever, 0 = try once) or raise :class:`ConfigurationError`."""
+    if wait is None:
+        return None
+    value = _number("wait", wait)
+    if value < 0:
+        raise ConfigurationError(f"wait must be >= 0 seconds or None, got {wait!r}")
+    return value
+
+
+def validate_holder(holder: object) -> str:
+    """Return a holder label (printable, 1–200 chars) or raise :class:`ConfigurationError`."""
+    if not isinstance(holder, str) or not holder or len(holder) > MAX_HOLDER_LEN:
+        raise ConfigurationError(f"holder must be a label of 1-{MAX_HOLDER_LEN} characters")
+    if not holder.isprintable():
+        raise ConfigurationError(f"holder label {holder!r} contains non-printable characters")
+    return holder
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePolicy:
+    """Validated timing of one lease: ``ttl``, ``safety_margin`` and the renewal interval."""
+
+    ttl: float
+    safety_margin: float
+
+    @classmethod
+    def create(cls, ttl: object, safety_margin: object = None) -> LeasePolicy:
+        """Validate and build; the default margin is 10 % of ``ttl``."""
+        value = validate_ttl(ttl)
+        if safety_margin is None:
+            margin = value * DEFAULT_MARGIN_FRACTION
+        else:
+            margin = _number("safety_margin", safety_margin)
+            if margin < 0:
+                raise ConfigurationError(f"safety_margin must be >= 0, got {safety_margin!r}")
+            if margin >= value:
+                raise ConfigurationError(
+                    f"safety_margin ({margin}s) must be smaller than ttl ({value}s)"
+                )
+        return cls(value, margin)
+
+    @property
+    def renew_every(self) -> float:
+        """Nominal renewal interval: a third of the ttl (the runtime adds jitter)."""
+        return self.ttl / 3
+
+    def deadline(self, sent_at: float) -> float:
+        """Local deadline for a request sent at monotonic time ``sent_at``."""
+        return sent_at + self.ttl - self.safety_margin
