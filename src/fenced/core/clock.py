@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "SystemClock"]
+__all__ = ["Clock", "HostClock", "ManualClock", "SystemClock"]
 
 
 class Clock(Protocol):
@@ -22,6 +22,22 @@ class Clock(Protocol):
 
     def wall(self) -> float:
         """Seconds since the Unix epoch, for display and records only."""
+        ...
+
+
+class HostClock(Protocol):
+    """The coordinator's clock on one host: time since boot, and which boot it is.
+
+    The embedded backend decides expiry with it: a lease stores ``(boot_id, boottime expiry)``;
+    a lease from another boot is expired by definition. Wall-clock steps do not move it.
+    """
+
+    def boottime(self) -> float:
+        """Seconds since boot, counting suspend (CLOCK_BOOTTIME)."""
+        ...
+
+    def boot_id(self) -> str:
+        """An id that changes at every boot of the host."""
         ...
 
 
@@ -38,6 +54,8 @@ class SystemClock:
 class ManualClock:
     """A clock that only moves when told to: for tests of time (like trio's MockClock).
 
+    It is both a :class:`Clock` and a :class:`HostClock`.
+
     ``advance`` moves both clocks; ``jump_wall`` moves only the wall clock, as NTP would.
     Thread-safe.
     """
@@ -46,6 +64,20 @@ class ManualClock:
         self._lock = threading.Lock()
         self._monotonic = monotonic
         self._wall = wall
+        self._boot = 1
+
+    def boottime(self) -> float:
+        """The manual clock's time since "boot" (equal to :meth:`monotonic`)."""
+        return self.monotonic()
+
+    def boot_id(self) -> str:
+        with self._lock:
+            return f"manual-boot-{self._boot}"
+
+    def reboot(self) -> None:
+        """Pretend the host rebooted: the boot id changes."""
+        with self._lock:
+            self._boot += 1
 
     def monotonic(self) -> float:
         with self._lock:

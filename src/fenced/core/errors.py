@@ -7,19 +7,20 @@
     │   └── InvalidName              a resource name, key or publication name that is not allowed
     ├── Busy                         not acquired within ``wait`` (holder, epoch, remaining)
     ├── LeaseLost                    the lease is no longer held (reason)
-    ├── Rejected                     a store definitely refused a mutation; nothing was applied
+    ├── Rejected                     a store definitely refused a mutation; nothing applied
     │   ├── StaleToken               presented epoch below the domain's floor
     │   ├── NotInstalled             strict mode: a newer epoch that nobody installed with fence()
-    │   └── ForeignToken             a token of another coordinator than the one the domain is bound to
+    │   └── ForeignToken             a token of another coordinator than the domain's
     ├── IdempotencyConflict          an op_id reused with different content; nothing was applied
+    ├── VersionConflict              a put's if_version did not match the key; nothing was applied
     ├── Unavailable                  retryable: the request was not carried out at all
     └── OutcomeUnknown               the request was sent but its reply was lost: reconcile with
                                      op_id / request_id before assuming anything
 
-Definite rejections (:class:`Rejected`, :class:`IdempotencyConflict`, :class:`Busy`) guarantee that
-nothing happened. :class:`Unavailable` guarantees nothing happened too but says "try again".
-:class:`OutcomeUnknown` guarantees nothing: the operation may or may not have taken effect, and a
-retry with the same ``op_id`` or ``request_id`` tells which. Driver errors (sqlite3, psycopg, …) are
+Definite rejections (:class:`Rejected`, :class:`IdempotencyConflict`, :class:`VersionConflict`,
+:class:`Busy`) guarantee that nothing happened. :class:`Unavailable` guarantees nothing happened
+too but says "try again". :class:`OutcomeUnknown` guarantees nothing: the operation may or may not
+have taken effect, and a retry with the same ``op_id`` or ``request_id`` tells which. Driver errors (sqlite3, psycopg, …) are
 translated into these classes at the backend boundary with ``raise … from``.
 """
 
@@ -41,6 +42,7 @@ __all__ = [
     "Rejected",
     "StaleToken",
     "Unavailable",
+    "VersionConflict",
 ]
 
 
@@ -90,6 +92,8 @@ class LossReason(enum.Enum):
     """A store reported a newer epoch than this lease's."""
     RELEASED = "released"
     """The lease was released by its owner."""
+    UNCERTAIN = "uncertain"
+    """Not lost for sure, but a renewal failed: :meth:`check` refuses to let new work start."""
 
 
 class LeaseLost(FencedError):
@@ -148,6 +152,26 @@ class ForeignToken(Rejected):
 
 class IdempotencyConflict(FencedError):
     """An ``op_id`` was reused with different content. Nothing was applied."""
+
+
+class VersionConflict(FencedError):
+    """A put's ``if_version`` did not match the key's current version. Nothing was applied.
+
+    ``expected`` is the ``if_version`` given (0 means "the key must not exist"); ``actual`` is the
+    key's version when the store checked (0 when the key did not exist). It is not a fencing
+    rejection: the token was fine, the compare-and-set lost a race with another write.
+    """
+
+    def __init__(self, resource: str, key: str, expected: int, actual: int) -> None:
+        self.resource = resource
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+        want = "to be absent" if expected == 0 else f"at version {expected}"
+        found = "absent" if actual == 0 else f"at version {actual}"
+        super().__init__(
+            f"version conflict on {resource} key {key!r}: expected it {want}, found {found}"
+        )
 
 
 class Unavailable(FencedError):

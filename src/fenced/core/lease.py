@@ -50,6 +50,7 @@ class Lease:
     owner: str = field(repr=False)
     holder: str
     ttl: float
+    safety_margin: float
     deadline: float
     expires_in: float
     request_id: str | None = None

@@ -23,7 +23,7 @@ from fenced.core.names import validate_resource
 
 __all__ = ["MAX_EPOCH", "TOKEN_PREFIX", "FencingToken", "validate_coordinator_id", "validate_epoch"]
 
-TOKEN_PREFIX = "fenced1"
+TOKEN_PREFIX = "fenced1"  # noqa: S105 (a format tag, not a secret)
 MAX_EPOCH = 2**63 - 1
 """Epochs fit a signed 64-bit integer (SQLite INTEGER, PostgreSQL bigint)."""
 _COORDINATOR_ID = re.compile(r"[0-9a-f]{32}")

@@ -1,0 +1,63 @@
+"""fenced: leases with fencing tokens, and protected resources that reject stale owners.
+
+A coordinator decides who *should* work: :func:`connect` returns a :class:`Coordinator` that grants
+leases whose :class:`FencingToken` carries an epoch larger than any granted before for that
+resource. The protected resource decides which effects *may take place*: a store from
+:func:`open_store` (or :func:`guard` inside your own SQL transaction) checks the token atomically
+with each change and rejects a paused or partitioned worker whose lease has expired.
+"""
+
+from fenced.coordinator.client import Coordinator
+from fenced.coordinator.connect import connect
+from fenced.core.errors import (
+    Busy,
+    ConfigurationError,
+    FencedError,
+    ForeignToken,
+    IdempotencyConflict,
+    InvalidName,
+    LeaseLost,
+    LossReason,
+    NotInstalled,
+    OutcomeUnknown,
+    Rejected,
+    StaleToken,
+    Unavailable,
+    VersionConflict,
+)
+from fenced.core.lease import Lease, LeaseInfo, LeaseState
+from fenced.core.token import FencingToken
+from fenced.fence import Item, Publication, Store, Version, guard, open_store
+from fenced.runtime.keeper import HeldLease
+
+__all__ = [
+    "Busy",
+    "ConfigurationError",
+    "Coordinator",
+    "FencedError",
+    "FencingToken",
+    "ForeignToken",
+    "HeldLease",
+    "IdempotencyConflict",
+    "InvalidName",
+    "Item",
+    "Lease",
+    "LeaseInfo",
+    "LeaseLost",
+    "LeaseState",
+    "LossReason",
+    "NotInstalled",
+    "OutcomeUnknown",
+    "Publication",
+    "Rejected",
+    "StaleToken",
+    "Store",
+    "Unavailable",
+    "Version",
+    "VersionConflict",
+    "connect",
+    "guard",
+    "open_store",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+"""``python -m fenced`` runs the command line."""
+
+from fenced.cli.main import main
+
+main()

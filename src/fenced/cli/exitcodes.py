@@ -1,0 +1,64 @@
+"""Exit codes of the ``fenced`` command (documented in docs/cli.md; a contract)."""
+
+from __future__ import annotations
+
+from fenced.core.errors import (
+    Busy,
+    ConfigurationError,
+    FencedError,
+    IdempotencyConflict,
+    LeaseLost,
+    OutcomeUnknown,
+    Rejected,
+    Unavailable,
+)
+
+__all__ = [
+    "BAD_INPUT",
+    "CONFLICT",
+    "FAILURE",
+    "LEASE_LOST",
+    "NOT_ACQUIRED",
+    "OK",
+    "OUTCOME_UNKNOWN",
+    "REJECTED",
+    "UNAVAILABLE",
+    "exit_code_for",
+]
+
+OK = 0
+FAILURE = 1
+"""An unexpected failure (a bug): reported with a one-line message."""
+BAD_INPUT = 2
+"""Bad usage or bad input (invalid name, malformed token, bad URL, bad ttl, …)."""
+REJECTED = 3
+"""A store rejected the operation: stale token, not installed, or foreign token."""
+CONFLICT = 4
+"""A compare-and-set or op_id conflict: nothing was applied."""
+UNAVAILABLE = 69
+"""The coordinator or store could not be reached; nothing happened; retry is safe."""
+OUTCOME_UNKNOWN = 70
+"""The request was sent but the outcome is unknown; retry with the same op id."""
+NOT_ACQUIRED = 75
+"""The lease was not acquired within --wait."""
+LEASE_LOST = 76
+"""The lease was lost while the child ran (the child was signalled)."""
+
+
+def exit_code_for(error: FencedError) -> int:
+    """Map a fenced error to its documented exit code."""
+    if isinstance(error, ConfigurationError):
+        return BAD_INPUT
+    if isinstance(error, Rejected):
+        return REJECTED
+    if isinstance(error, Busy):
+        return NOT_ACQUIRED
+    if isinstance(error, LeaseLost):
+        return LEASE_LOST
+    if isinstance(error, Unavailable):
+        return UNAVAILABLE
+    if isinstance(error, OutcomeUnknown):
+        return OUTCOME_UNKNOWN
+    if isinstance(error, IdempotencyConflict) or type(error).__name__ == "VersionConflict":
+        return CONFLICT
+    return FAILURE

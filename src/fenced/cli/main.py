@@ -1,0 +1,28 @@
+"""Entry point of the ``fenced`` command: imports every command module, then runs the group.
+
+Each command module registers its commands on :data:`fenced.cli.app.cli` when imported; add one
+import line here per module.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fenced.cli.app import cli
+from fenced.cli.exitcodes import FAILURE
+
+__all__ = ["cli", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the command line; never lets a traceback reach the user."""
+    try:
+        cli.main(args=argv, prog_name="fenced", standalone_mode=True)
+    except KeyboardInterrupt:
+        click.echo("fenced: interrupted", err=True)
+        sys.exit(130)
+    except Exception as error:  # a bug: one line, distinct exit code
+        click.echo(f"fenced: internal error: {type(error).__name__}: {error}", err=True)
+        sys.exit(FAILURE)

@@ -1,0 +1,155 @@
+"""The narrow contract every coordinator backend implements.
+
+A backend does atomic steps on its own state and nothing else: it does not loop, retry, compute
+local deadlines or validate parameters. :class:`fenced.coordinator.Coordinator` does that once,
+above every backend. A backend translates its driver's errors into fenced errors at this
+boundary (``raise Unavailable(...) from error``).
+
+Waiting is first come, first served: a waiter takes a :class:`Ticket` (a place in the resource's
+queue) and calls :meth:`CoordinatorBackend.try_grant` with it whenever :meth:`wait` returns.
+``try_grant`` grants only when no live lease exists and no live ticket is ahead of the caller's
+(a caller without a ticket is behind every queued waiter). Backends wake waiters by notification
+(a datagram, NOTIFY, a watch), not by polling; :attr:`Blocked.retry_in` tells the caller when to
+try again without a notification (the current lease's expiry, or the keep-alive of its ticket).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from fenced.core.lease import LeaseInfo
+
+__all__ = [
+    "CAP_RECORDS",
+    "CAP_REQUEST_ID",
+    "CAP_WAIT_NOTIFY",
+    "Blocked",
+    "CoordinatorBackend",
+    "GrantRequest",
+    "Granted",
+    "Ticket",
+]
+
+CAP_WAIT_NOTIFY = "wait-notify"
+"""Waiters are woken by a notification from the backend."""
+CAP_REQUEST_ID = "request-id"
+"""acquire(request_id=…) is deduplicated by the backend."""
+CAP_RECORDS = "records"
+"""The backend keeps ownership records (timeline)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRequest:
+    """One acquire attempt, already validated by the Coordinator."""
+
+    resource: str
+    ttl: float
+    owner: str
+    holder: str
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """The lease was granted (or, for a retried ``request_id``, found granted earlier).
+
+    ``owner`` is the owner secret of the grant: equal to the request's, except when a retried
+    ``request_id`` returns the earlier grant. ``expires_in`` is the remaining time by the
+    coordinator's clock when it answered.
+    """
+
+    epoch: int
+    owner: str
+    holder: str
+    ttl: float
+    expires_in: float
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Not granted. ``holder`` is None when the resource is free but earlier waiters are queued.
+
+    ``epoch`` is the live lease's epoch (or the last granted one); ``remaining`` its remaining
+    time by the coordinator's clock; ``retry_in`` how long the caller may wait for a notification
+    before it should try again anyway (None: only a notification can help).
+    """
+
+    holder: str | None
+    epoch: int
+    remaining: float
+    retry_in: float | None
+
+
+class Ticket(Protocol):
+    """A backend-specific place in a resource's waiting queue."""
+
+    @property
+    def resource(self) -> str: ...
+
+
+class CoordinatorBackend(Protocol):
+    """What a coordinator backend implements. Every method is one atomic step (or a wait).
+
+    Errors: :class:`~fenced.Unavailable` when nothing happened; :class:`~fenced.OutcomeUnknown`
+    when a mutating request may have taken effect; :class:`~fenced.LeaseLost` from ``renew``
+    and from ``try_grant`` (a retried request_id whose grant has ended);
+    :class:`~fenced.ConfigurationError` for unusable state.
+    """
+
+    url: str
+    coordinator_id: str
+    capabilities: frozenset[str]
+
+    def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
+        """Grant with epoch = last epoch + 1 if free and ``ticket`` is first in line.
+
+        The new epoch is durable before this returns. A granted ticket leaves the queue in the
+        same step. A ``request_id`` seen before returns its earlier grant while that lease lives,
+        and raises LeaseLost(REJECTED) once it has ended: never a second epoch.
+        """
+        ...
+
+    def enqueue(self, request: GrantRequest) -> Ticket:
+        """Take a place at the end of ``request.resource``'s queue."""
+        ...
+
+    def wait(self, ticket: Ticket, timeout: float) -> None:
+        """Block until notified of a change for the ticket's resource, or ``timeout`` passed."""
+        ...
+
+    def leave(self, ticket: Ticket) -> None:
+        """Leave the queue (idempotent); wakes the next waiter if that one may now proceed."""
+        ...
+
+    def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
+        """Extend a live lease of this owner and epoch to ``ttl`` from now.
+
+        Returns the coordinator's remaining time. Raises LeaseLost(REJECTED) if the lease is not
+        live or not this owner's: an expired lease is never revived.
+        """
+        ...
+
+    def release(self, resource: str, epoch: int, owner: str) -> bool:
+        """Delete the lease if owner and epoch match, atomically; wake the next waiter.
+
+        Returns False (and changes nothing) otherwise. Need not be durable by itself: a lost
+        release only delays the next grant until expiry.
+        """
+        ...
+
+    def current(self, resource: str) -> LeaseInfo | None:
+        """The live lease of ``resource`` or None."""
+        ...
+
+    def last_epoch(self, resource: str) -> int:
+        """The largest epoch ever granted for ``resource`` (0 if none)."""
+        ...
+
+    def resources(self) -> list[str]:
+        """Every resource that has ever been granted, sorted."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and sockets; idempotent."""
+        ...

@@ -1,0 +1,1 @@
+"""Coordinator backends: one per URL scheme, each implementing :mod:`..backend`'s contract."""

@@ -1,0 +1,193 @@
+"""The in-memory reference backend (``memory://NAME``): one process, no durability.
+
+It implements the backend contract in the simplest correct way and serves as the reference the
+other backends are compared with by the conformance suite. Coordinators connected to the same
+``memory://NAME`` in one process share state; nothing survives the process. Expiry uses the
+injected :class:`~fenced.core.clock.HostClock` (a :class:`~fenced.core.clock.ManualClock` in
+tests). Waiters are woken through a :class:`threading.Condition`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import threading
+from dataclasses import dataclass, field
+
+from fenced.coordinator.backend import (
+    CAP_REQUEST_ID,
+    CAP_WAIT_NOTIFY,
+    Blocked,
+    Granted,
+    GrantRequest,
+    Ticket,
+)
+from fenced.coordinator.backends.hostclock import SystemHostClock
+from fenced.core.clock import HostClock
+from fenced.core.errors import ConfigurationError, LeaseLost, LossReason
+from fenced.core.lease import LeaseInfo
+
+__all__ = ["MemoryBackend", "MemoryState"]
+
+
+@dataclass
+class _Lease:
+    epoch: int
+    owner: str
+    holder: str
+    ttl: float
+    expires_at: float
+    boot_id: str
+
+
+@dataclass(frozen=True)
+class _Ticket:
+    resource: str
+    number: int
+
+
+@dataclass
+class MemoryState:
+    """The shared state of one ``memory://NAME``."""
+
+    coordinator_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    epochs: dict[str, int] = field(default_factory=dict)
+    leases: dict[str, _Lease] = field(default_factory=dict)
+    requests: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    queues: dict[str, list[int]] = field(default_factory=dict)
+    counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+
+_STATES: dict[str, MemoryState] = {}
+_STATES_LOCK = threading.Lock()
+
+
+class MemoryBackend:
+    """Reference backend; see the module docstring."""
+
+    capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID})
+
+    def __init__(self, name: str = "default", *, host_clock: HostClock | None = None) -> None:
+        if not name or not name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigurationError(f"memory:// name must be alphanumeric, got {name!r}")
+        with _STATES_LOCK:
+            self._state = _STATES.setdefault(name, MemoryState())
+        self.url = f"memory://{name}"
+        self.coordinator_id = self._state.coordinator_id
+        self._clock: HostClock = host_clock or SystemHostClock()
+
+    @staticmethod
+    def forget(name: str) -> None:
+        """Drop the shared state of ``memory://name`` (tests)."""
+        with _STATES_LOCK:
+            _STATES.pop(name, None)
+
+    def _live(self, resource: str) -> _Lease | None:
+        lease = self._state.leases.get(resource)
+        if lease is None:
+            return None
+        if lease.boot_id != self._clock.boot_id() or lease.expires_at <= self._clock.boottime():
+            del self._state.leases[resource]
+            self._state.cond.notify_all()
+            return None
+        return lease
+
+    def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
+        state = self._state
+        with state.cond:
+            now = self._clock.boottime()
+            if request.request_id is not None and request.request_id in state.requests:
+                resource, epoch, owner = state.requests[request.request_id]
+                lease = self._live(resource)
+                if lease is None or lease.epoch != epoch or lease.owner != owner:
+                    raise LeaseLost(
+                        LossReason.REJECTED, "the lease granted for this request_id has ended"
+                    )
+                return Granted(epoch, owner, lease.holder, lease.ttl, lease.expires_at - now)
+            lease = self._live(request.resource)
+            last = state.epochs.get(request.resource, 0)
+            if lease is not None:
+                remaining = lease.expires_at - now
+                return Blocked(lease.holder, lease.epoch, remaining, remaining)
+            queue = state.queues.get(request.resource, [])
+            mine = ticket.number if isinstance(ticket, _Ticket) else None
+            if queue and queue[0] != mine:
+                return Blocked(None, last, 0.0, None)
+            epoch = last + 1
+            state.epochs[request.resource] = epoch
+            state.leases[request.resource] = _Lease(
+                epoch,
+                request.owner,
+                request.holder,
+                request.ttl,
+                now + request.ttl,
+                self._clock.boot_id(),
+            )
+            if mine is not None:
+                queue.remove(mine)
+            if request.request_id is not None:
+                state.requests[request.request_id] = (request.resource, epoch, request.owner)
+            return Granted(epoch, request.owner, request.holder, request.ttl, request.ttl)
+
+    def enqueue(self, request: GrantRequest) -> Ticket:
+        with self._state.cond:
+            ticket = _Ticket(request.resource, next(self._state.counter))
+            self._state.queues.setdefault(request.resource, []).append(ticket.number)
+            return ticket
+
+    def wait(self, ticket: Ticket, timeout: float) -> None:
+        with self._state.cond:
+            self._state.cond.wait(timeout)
+
+    def leave(self, ticket: Ticket) -> None:
+        assert isinstance(ticket, _Ticket)
+        with self._state.cond:
+            queue = self._state.queues.get(ticket.resource, [])
+            if ticket.number in queue:
+                queue.remove(ticket.number)
+                self._state.cond.notify_all()
+
+    def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
+        with self._state.cond:
+            lease = self._live(resource)
+            if lease is None or lease.epoch != epoch or lease.owner != owner:
+                raise LeaseLost(
+                    LossReason.REJECTED, f"{resource} epoch {epoch} is no longer this owner's"
+                )
+            lease.expires_at = self._clock.boottime() + ttl
+            return ttl
+
+    def release(self, resource: str, epoch: int, owner: str) -> bool:
+        with self._state.cond:
+            lease = self._live(resource)
+            if lease is None or lease.epoch != epoch or lease.owner != owner:
+                return False
+            del self._state.leases[resource]
+            self._state.cond.notify_all()
+            return True
+
+    def current(self, resource: str) -> LeaseInfo | None:
+        with self._state.cond:
+            lease = self._live(resource)
+            if lease is None:
+                return None
+            return LeaseInfo(
+                resource,
+                lease.epoch,
+                lease.holder,
+                lease.expires_at - self._clock.boottime(),
+                lease.ttl,
+                self.coordinator_id,
+            )
+
+    def last_epoch(self, resource: str) -> int:
+        with self._state.cond:
+            return self._state.epochs.get(resource, 0)
+
+    def resources(self) -> list[str]:
+        with self._state.cond:
+            return sorted(self._state.epochs)
+
+    def close(self) -> None:
+        """Nothing to close: the state lives as long as the process (see :meth:`forget`)."""

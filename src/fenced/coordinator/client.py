@@ -1,0 +1,269 @@
+"""The user-facing :class:`Coordinator`: validation, waiting, deadlines and retries, once.
+
+Backends (:mod:`fenced.coordinator.backend`) do single atomic steps; everything a user relies on
+regardless of backend lives here: parameter checks before any I/O, the local deadline computed
+from the moment each request was *sent*, first-come-first-served waiting on backend
+notifications, and ``hold()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import secrets
+import socket
+from collections.abc import Iterable
+from types import TracebackType
+
+from fenced.coordinator.backend import (
+    CAP_REQUEST_ID,
+    Blocked,
+    CoordinatorBackend,
+    Granted,
+    GrantRequest,
+    Ticket,
+)
+from fenced.core.clock import Clock, SystemClock
+from fenced.core.errors import Busy, ConfigurationError, LeaseLost, LossReason
+from fenced.core.lease import Lease, LeaseInfo
+from fenced.core.names import validate_resource
+from fenced.core.policy import LeasePolicy, validate_holder, validate_wait
+from fenced.core.token import FencingToken
+from fenced.runtime.hold import Fenceable, Hold
+from fenced.runtime.keeper import OnLost
+
+__all__ = ["Coordinator", "default_holder"]
+
+_MAX_REQUEST_ID = 200
+
+
+def default_holder() -> str:
+    """The default holder label: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _validate_request_id(request_id: object) -> str | None:
+    if request_id is None:
+        return None
+    if (
+        not isinstance(request_id, str)
+        or not 1 <= len(request_id) <= _MAX_REQUEST_ID
+        or not request_id.isprintable()
+    ):
+        raise ConfigurationError(
+            f"request_id must be a printable string of 1-{_MAX_REQUEST_ID} characters"
+        )
+    return request_id
+
+
+class Coordinator:
+    """Grants leases with fencing tokens on named resources. Thread-safe.
+
+    Create with :func:`fenced.connect`. Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, backend: CoordinatorBackend, *, clock: Clock | None = None) -> None:
+        self._backend = backend
+        self._clock: Clock = clock or SystemClock()
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self._backend.url
+
+    @property
+    def coordinator_id(self) -> str:
+        return self._backend.coordinator_id
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return self._backend.capabilities
+
+    @property
+    def backend(self) -> CoordinatorBackend:
+        """The backend (for tools and tests; not needed for normal use)."""
+        return self._backend
+
+    def require(self, capability: str) -> None:
+        """Raise :class:`ConfigurationError` unless the backend has ``capability``."""
+        if capability not in self._backend.capabilities:
+            raise ConfigurationError(f"{self.url} does not support {capability!r}")
+
+    # -- leases ---------------------------------------------------------------------------
+    def acquire(
+        self,
+        resource: str,
+        ttl: float,
+        wait: float | None,
+        holder: str | None = None,
+        request_id: str | None = None,
+        *,
+        safety_margin: float | None = None,
+    ) -> Lease:
+        """Grant a lease on ``resource`` with epoch = last epoch + 1.
+
+        ``wait=0`` tries once; ``wait=None`` waits forever; otherwise waits up to ``wait``
+        seconds, first come first served, woken by the backend's notifications, then raises
+        :class:`Busy`. A waiter that gives up leaves the queue. The epoch is durable before this
+        returns. With ``request_id``, a retry after a lost reply returns the same lease (never a
+        second epoch) and raises :class:`LeaseLost` if that lease has ended meanwhile.
+
+        Parameters are validated before any I/O (:class:`ConfigurationError`,
+        :class:`InvalidName`). The returned lease's local deadline is ``send time of the granting
+        request + ttl - safety_margin`` (default margin: 10 % of ttl).
+        """
+        name = validate_resource(resource)
+        policy = LeasePolicy.create(ttl, safety_margin)
+        patience = validate_wait(wait)
+        label = validate_holder(holder if holder is not None else default_holder())
+        rid = _validate_request_id(request_id)
+        if rid is not None:
+            self.require(CAP_REQUEST_ID)
+        request = GrantRequest(name, policy.ttl, secrets.token_hex(16), label, rid)
+        give_up = None if patience is None else self._clock.monotonic() + patience
+        ticket: Ticket | None = None
+        try:
+            while True:
+                sent = self._clock.monotonic()
+                result = self._backend.try_grant(request, ticket)
+                if isinstance(result, Granted):
+                    ticket = None  # the grant consumed it
+                    return self._lease(request, policy, result, sent)
+                now = self._clock.monotonic()
+                if give_up is not None and now >= give_up:
+                    raise self._busy(name, result)
+                if ticket is None:
+                    ticket = self._backend.enqueue(request)
+                    continue
+                timeout = math.inf if give_up is None else give_up - now
+                if result.retry_in is not None:
+                    timeout = min(timeout, max(result.retry_in, 0.0))
+                self._backend.wait(ticket, min(timeout, 3600.0))
+        finally:
+            if ticket is not None:
+                self._backend.leave(ticket)
+
+    def _lease(
+        self, request: GrantRequest, policy: LeasePolicy, granted: Granted, sent: float
+    ) -> Lease:
+        lifetime = min(granted.ttl, granted.expires_in)
+        return Lease(
+            token=FencingToken(self.coordinator_id, request.resource, granted.epoch),
+            owner=granted.owner,
+            holder=granted.holder,
+            ttl=granted.ttl,
+            safety_margin=policy.safety_margin,
+            deadline=sent + lifetime - policy.safety_margin,
+            expires_in=granted.expires_in,
+            request_id=request.request_id,
+        )
+
+    @staticmethod
+    def _busy(resource: str, blocked: Blocked) -> Busy:
+        return Busy(resource, blocked.holder, blocked.epoch, blocked.remaining)
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend ``lease`` by its ttl; returns the lease with its new local deadline.
+
+        Only the owner, only while live: raises :class:`LeaseLost` if the coordinator no longer
+        has this owner's lease at this epoch (expired, released or taken over), and without
+        asking it if the local deadline already passed — the holder treats the lease as lost
+        from then on, whatever the coordinator would say. After a loss, acquire again (a new
+        epoch). :class:`Unavailable` / :class:`OutcomeUnknown` leave the lease as it was.
+        """
+        self._check_lease(lease)
+        sent = self._clock.monotonic()
+        if sent >= lease.deadline:
+            raise LeaseLost(LossReason.EXPIRED, "the local deadline passed before renewal")
+        remaining = self._backend.renew(lease.resource, lease.epoch, lease.owner, lease.ttl)
+        return dataclasses.replace(
+            lease,
+            deadline=sent + min(remaining, lease.ttl) - lease.safety_margin,
+            expires_in=remaining,
+        )
+
+    def release(self, lease: Lease) -> bool:
+        """Release ``lease`` if it is still this owner's at this epoch; idempotent.
+
+        Returns True if it was released now; False if it had already ended or belongs to a newer
+        owner — a delayed release never affects a newer lease.
+        """
+        self._check_lease(lease)
+        return self._backend.release(lease.resource, lease.epoch, lease.owner)
+
+    def current(self, resource: str) -> LeaseInfo | None:
+        """The live lease of ``resource`` (holder, epoch, remaining time), or None."""
+        return self._backend.current(validate_resource(resource))
+
+    def last_epoch(self, resource: str) -> int:
+        """The largest epoch ever granted for ``resource`` (0 if none)."""
+        return self._backend.last_epoch(validate_resource(resource))
+
+    def resources(self) -> list[str]:
+        """Every resource that was ever granted, sorted."""
+        return self._backend.resources()
+
+    def hold(
+        self,
+        resource: str,
+        ttl: float,
+        *,
+        wait: float | None,
+        fence: Iterable[Fenceable] = (),
+        on_lost: OnLost | None = None,
+        holder: str | None = None,
+        request_id: str | None = None,
+        safety_margin: float | None = None,
+    ) -> Hold:
+        """Context manager: acquire, install at ``fence`` stores, renew, signal loss, release.
+
+        Yields a :class:`~fenced.runtime.keeper.HeldLease` (``token``, ``epoch``, ``state``,
+        ``check()``, ``lost``). See :mod:`fenced.runtime.hold` for the guarantees. Parameters are
+        validated here, before any I/O.
+        """
+        name = validate_resource(resource)
+        LeasePolicy.create(ttl, safety_margin)
+        validate_wait(wait)
+        if holder is not None:
+            validate_holder(holder)
+        _validate_request_id(request_id)
+        stores = tuple(fence)
+        for store in stores:
+            if not callable(getattr(store, "fence", None)):
+                raise ConfigurationError(f"{store!r} in fence= has no fence(token) method")
+        if on_lost is not None and not callable(on_lost):
+            raise ConfigurationError("on_lost must be callable")
+
+        def acquire() -> Lease:
+            return self.acquire(name, ttl, wait, holder, request_id, safety_margin=safety_margin)
+
+        return Hold(acquire, self, clock=self._clock, fence=stores, on_lost=on_lost)
+
+    def _check_lease(self, lease: object) -> None:
+        if not isinstance(lease, Lease):
+            raise ConfigurationError(f"expected a Lease, got {type(lease).__name__}")
+        if lease.coordinator_id != self.coordinator_id:
+            raise ConfigurationError(
+                f"this lease comes from coordinator {lease.coordinator_id}, "
+                f"not from {self.coordinator_id} ({self.url})"
+            )
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the backend's connections; idempotent. Held leases simply expire."""
+        self._backend.close()
+
+    def __enter__(self) -> Coordinator:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Coordinator {self.url}>"

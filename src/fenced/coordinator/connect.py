@@ -1,0 +1,77 @@
+"""``fenced.connect(url)``: one URL picks the backend.
+
+============================  ===============================================================
+URL                           backend
+============================  ===============================================================
+none                          ``$FENCED_URL`` if set, else ``sqlite:.fenced/fenced.db``
+``sqlite:///abs/path``        embedded: one host, many processes (``sqlite:rel/path`` too)
+``memory://NAME``             in-process reference backend, for tests
+============================  ===============================================================
+
+An unknown scheme, or a backend whose extra is not installed, is a :class:`ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fenced.coordinator.backend import CoordinatorBackend
+from fenced.coordinator.client import Coordinator
+from fenced.core.clock import Clock, HostClock
+from fenced.core.errors import ConfigurationError
+from fenced.core.urls import path_from_url, scheme_of
+
+__all__ = ["DEFAULT_URL", "connect", "open_backend", "resolve_url"]
+
+DEFAULT_URL = "sqlite:.fenced/fenced.db"
+_LATER = {
+    "postgresql": "PostgreSQL",
+    "postgres": "PostgreSQL",
+    "etcd": "etcd",
+    "http": "the fenced server",
+    "https": "the fenced server",
+}
+
+
+def resolve_url(url: str | None) -> str:
+    """The URL to use: ``url``, else ``$FENCED_URL``, else :data:`DEFAULT_URL`."""
+    if url is None:
+        url = os.environ.get("FENCED_URL") or DEFAULT_URL
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError("the coordinator URL must be a non-empty string")
+    return url.strip()
+
+
+def open_backend(url: str, *, host_clock: HostClock | None = None) -> CoordinatorBackend:
+    """Open the backend named by ``url`` (already resolved)."""
+    scheme = scheme_of(url)
+    if scheme == "sqlite":
+        from fenced.coordinator.backends.sqlite import SQLiteBackend  # noqa: PLC0415
+
+        backend: CoordinatorBackend = SQLiteBackend(
+            path_from_url(url, "sqlite"), host_clock=host_clock
+        )
+        return backend
+    if scheme == "memory":
+        from fenced.coordinator.backends.memory import MemoryBackend  # noqa: PLC0415
+
+        return MemoryBackend(url[len("memory://") :] or "default", host_clock=host_clock)
+    if scheme in _LATER:
+        raise ConfigurationError(
+            f"{url!r}: the {_LATER[scheme]} backend is not available in this version of fenced"
+        )
+    raise ConfigurationError(
+        f"unknown coordinator URL scheme {scheme!r} in {url!r}; "
+        "expected sqlite:///path or memory://name"
+    )
+
+
+def connect(
+    url: str | None = None, *, clock: Clock | None = None, host_clock: HostClock | None = None
+) -> Coordinator:
+    """Connect to the coordinator named by ``url`` (see the module docstring).
+
+    ``clock`` (local monotonic time for deadlines) and ``host_clock`` (the embedded backends'
+    expiry clock) are injectable for tests; leave them unset in production.
+    """
+    return Coordinator(open_backend(resolve_url(url), host_clock=host_clock), clock=clock)

@@ -1,0 +1,1 @@
+"""Keeping leases alive: background renewal, loss signalling, and child processes."""

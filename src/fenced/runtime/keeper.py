@@ -1,0 +1,228 @@
+"""Background renewal of one held lease, and the signal that it is gone.
+
+:class:`HeldLease` is what ``with coord.hold(...) as held`` yields. A renewer thread renews every
+``ttl/3`` (±10 % jitter) and computes each new local deadline from the moment the renewal was
+*sent*. A watchdog thread fires the loss at the deadline even while a renewal call hangs.
+
+Timeline of a pause::
+
+    t0  acquire sent; deadline = t0 + ttl - margin
+    t1  renewal fails (coordinator unreachable)  -> UNCERTAIN, retried every ttl/10
+    t2  deadline passes                          -> LOST(EXPIRED): ``lost`` is set, on_lost runs
+    t3  the coordinator grants epoch+1 to another worker; our stale writes are rejected by stores
+
+Loss is a signal the holder receives (the ``lost`` event, the ``on_lost`` callback, and
+:class:`~fenced.LeaseLost` from :meth:`HeldLease.check` and when the ``with`` block ends).
+Cancelling the holder's work is best effort; the fence at the store is the guarantee.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from fenced.core.clock import Clock
+from fenced.core.errors import LeaseLost, LossReason
+from fenced.core.lease import Lease, LeaseState, LeaseTracker
+from fenced.core.token import FencingToken
+
+__all__ = ["HeldLease", "LeaseOps", "OnLost"]
+
+log = logging.getLogger("fenced.runtime")
+
+OnLost = Callable[[LeaseLost], object]
+
+
+class LeaseOps(Protocol):
+    """What the runtime needs of a coordinator."""
+
+    def renew(self, lease: Lease) -> Lease: ...
+
+    def release(self, lease: Lease) -> bool: ...
+
+
+class HeldLease:
+    """A lease kept alive in the background until :meth:`stop`.
+
+    Guarantees: ``state`` is HELD only while the last renewal succeeded and the local deadline
+    has not passed; ``lost`` is set and ``on_lost`` is called exactly once, with the
+    :class:`LeaseLost` reason, as soon as the lease is lost (at the deadline at the latest);
+    ``check()`` raises :class:`LeaseLost` unless HELD (UNCERTAIN included).
+    """
+
+    def __init__(
+        self,
+        ops: LeaseOps,
+        lease: Lease,
+        *,
+        clock: Clock,
+        on_lost: OnLost | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._ops = ops
+        self._lease = lease
+        self._clock = clock
+        self._on_lost = on_lost
+        self._rng = rng or random.Random()
+        self._tracker = LeaseTracker(lease.deadline)
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._fired = False
+        self.lost = threading.Event()
+        """Set once the lease is lost (never cleared)."""
+        self._threads: list[threading.Thread] = []
+
+    # -- what the holder reads ------------------------------------------------------------
+    @property
+    def lease(self) -> Lease:
+        """The lease as last renewed."""
+        with self._cond:
+            return self._lease
+
+    @property
+    def token(self) -> FencingToken:
+        return self._lease.token
+
+    @property
+    def epoch(self) -> int:
+        return self._lease.epoch
+
+    @property
+    def resource(self) -> str:
+        return self._lease.resource
+
+    @property
+    def state(self) -> LeaseState:
+        """HELD, UNCERTAIN or LOST at this instant."""
+        return self._tracker.state(self._clock.monotonic())
+
+    @property
+    def deadline(self) -> float:
+        """The local monotonic deadline."""
+        return self._tracker.deadline
+
+    def loss(self) -> LeaseLost | None:
+        """Why the lease is lost, or None while it is HELD or UNCERTAIN."""
+        return self._tracker.loss(self._clock.monotonic())
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` unless the lease is HELD right now."""
+        now = self._clock.monotonic()
+        error = self._tracker.loss(now)
+        if error is not None:
+            self._fire(error)
+            raise LeaseLost(error.reason, error.detail)
+        if self._tracker.state(now) is LeaseState.UNCERTAIN:
+            raise LeaseLost(LossReason.UNCERTAIN, "a renewal failed; the lease may be lost")
+
+    def superseded(self, detail: str = "a store reported a newer epoch") -> None:
+        """Tell the runtime a store saw a newer epoch: the lease is LOST (SUPERSEDED)."""
+        self._lose(LeaseLost(LossReason.SUPERSEDED, detail))
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the renewer and the watchdog threads."""
+        for target, name in ((self._renew_loop, "renewer"), (self._watch_loop, "watchdog")):
+            thread = threading.Thread(
+                target=target, name=f"fenced-{name}:{self.resource}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def stop(self, *, release: bool = True) -> bool:
+        """Stop renewing and (by default) release the lease. Returns release()'s result.
+
+        A failure to release is logged and reported as False: the lease then simply expires.
+        """
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=self._lease.ttl)
+        if not release:
+            return False
+        try:
+            released = self._ops.release(self.lease)
+        except Exception as error:
+            log.warning("release of %s epoch %s failed: %s", self.resource, self.epoch, error)
+            return False
+        self._tracker.mark_lost(LeaseLost(LossReason.RELEASED, "released by its holder"))
+        return released
+
+    def was_lost(self) -> bool:
+        """True if the lease was lost before :meth:`stop` (released does not count)."""
+        return self.lost.is_set()
+
+    # -- internals ------------------------------------------------------------------------
+    def _lose(self, error: LeaseLost) -> None:
+        self._tracker.mark_lost(error)
+        self._fire(self._tracker.loss(self._clock.monotonic()) or error)
+
+    def _fire(self, error: LeaseLost) -> None:
+        with self._cond:
+            if self._fired:
+                return
+            self._fired = True
+            self._cond.notify_all()
+        log.warning("lease on %s epoch %s lost: %s", self.resource, self.epoch, error)
+        self.lost.set()
+        if self._on_lost is not None:
+            try:
+                self._on_lost(error)
+            except Exception:
+                log.exception("on_lost callback for %s raised", self.resource)
+
+    def _interval(self) -> float:
+        return self._lease.ttl / 3 * self._rng.uniform(0.9, 1.1)
+
+    def _retry_interval(self) -> float:
+        return max(self._lease.ttl / 10, 0.01) * self._rng.uniform(0.9, 1.1)
+
+    def _sleep_until(self, when: float) -> bool:
+        """Wait until monotonic ``when``; False if stopping or already lost."""
+        with self._cond:
+            while not self._stopping and not self._fired:
+                remaining = when - self._clock.monotonic()
+                if remaining <= 0:
+                    return True
+                self._cond.wait(remaining)
+            return False
+
+    def _renew_loop(self) -> None:
+        next_at = self._clock.monotonic() + self._interval()
+        while self._sleep_until(next_at):
+            sent = self._clock.monotonic()
+            try:
+                renewed = self._ops.renew(self.lease)
+            except LeaseLost as error:
+                self._lose(error)
+                return
+            except Exception as error:
+                self._tracker.renewal_failed()
+                log.warning("renewal of %s epoch %s failed: %s", self.resource, self.epoch, error)
+                next_at = self._clock.monotonic() + self._retry_interval()
+                continue
+            self._tracker.renewed(self._clock.monotonic(), renewed.deadline)
+            if self._tracker.loss(self._clock.monotonic()) is not None:
+                self._lose(LeaseLost(LossReason.EXPIRED, "the renewal came back too late"))
+                return
+            with self._cond:
+                self._lease = renewed
+            next_at = sent + self._interval()
+
+    def _watch_loop(self) -> None:
+        with self._cond:
+            while not self._stopping and not self._fired:
+                now = self._clock.monotonic()
+                if self._tracker.loss(now) is not None:
+                    break
+                self._cond.wait(max(self._tracker.deadline - now, 0.001))
+            if self._stopping or self._fired:
+                return
+        error = self._tracker.loss(self._clock.monotonic())
+        if error is not None:
+            self._fire(error)

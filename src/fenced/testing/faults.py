@@ -1,0 +1,130 @@
+"""Fault injection around a coordinator backend, for embedded backends and tests.
+
+:class:`FaultyBackend` forwards every call to the wrapped backend, except that an armed fault
+changes what the caller sees:
+
+``unavailable``
+    the call is not forwarded; :class:`~fenced.Unavailable` is raised (nothing happened);
+``lose_reply``
+    the call IS forwarded and takes effect, then :class:`~fenced.OutcomeUnknown` is raised (the
+    reply was lost on the way back);
+``delay``
+    the call is forwarded after sleeping ``delay`` seconds (a slow network).
+
+Faults are armed per operation name (``"try_grant"``, ``"renew"``, ``"release"``, …) for a number
+of calls (``times``, None = until disarmed). Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+from fenced.coordinator.backend import (
+    Blocked,
+    CoordinatorBackend,
+    Granted,
+    GrantRequest,
+    Ticket,
+)
+from fenced.core.errors import OutcomeUnknown, Unavailable
+from fenced.core.lease import LeaseInfo
+
+__all__ = ["Fault", "FaultyBackend"]
+
+Fault = Literal["unavailable", "lose_reply", "delay"]
+T = TypeVar("T")
+
+
+@dataclass
+class _Armed:
+    fault: Fault
+    times: int | None
+    delay: float
+
+
+class FaultyBackend:
+    """A :class:`CoordinatorBackend` that injects faults into the calls of another one."""
+
+    def __init__(self, inner: CoordinatorBackend) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.coordinator_id = inner.coordinator_id
+        self.capabilities = inner.capabilities
+        self._lock = threading.Lock()
+        self._armed: dict[str, _Armed] = {}
+        self.calls: dict[str, int] = {}
+        self.injected: dict[str, int] = {}
+
+    def arm(
+        self, operation: str, fault: Fault, *, times: int | None = 1, delay: float = 0.0
+    ) -> None:
+        """Inject ``fault`` into the next ``times`` calls of ``operation`` (None: every call)."""
+        with self._lock:
+            self._armed[operation] = _Armed(fault, times, delay)
+
+    def disarm(self, operation: str | None = None) -> None:
+        """Stop injecting into ``operation`` (or into everything)."""
+        with self._lock:
+            if operation is None:
+                self._armed.clear()
+            else:
+                self._armed.pop(operation, None)
+
+    def _take(self, operation: str) -> _Armed | None:
+        with self._lock:
+            self.calls[operation] = self.calls.get(operation, 0) + 1
+            armed = self._armed.get(operation)
+            if armed is None:
+                return None
+            if armed.times is not None:
+                armed.times -= 1
+                if armed.times <= 0:
+                    del self._armed[operation]
+            self.injected[operation] = self.injected.get(operation, 0) + 1
+            return armed
+
+    def _call(self, operation: str, forward: Callable[[], T]) -> T:
+        armed = self._take(operation)
+        if armed is None:
+            return forward()
+        if armed.fault == "unavailable":
+            raise Unavailable(f"injected fault: {operation} did not reach the coordinator")
+        if armed.fault == "delay":
+            time.sleep(armed.delay)
+            return forward()
+        forward()
+        raise OutcomeUnknown(f"injected fault: the reply to {operation} was lost")
+
+    def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
+        return self._call("try_grant", lambda: self.inner.try_grant(request, ticket))
+
+    def enqueue(self, request: GrantRequest) -> Ticket:
+        return self._call("enqueue", lambda: self.inner.enqueue(request))
+
+    def wait(self, ticket: Ticket, timeout: float) -> None:
+        self.inner.wait(ticket, timeout)
+
+    def leave(self, ticket: Ticket) -> None:
+        self.inner.leave(ticket)
+
+    def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
+        return self._call("renew", lambda: self.inner.renew(resource, epoch, owner, ttl))
+
+    def release(self, resource: str, epoch: int, owner: str) -> bool:
+        return self._call("release", lambda: self.inner.release(resource, epoch, owner))
+
+    def current(self, resource: str) -> LeaseInfo | None:
+        return self._call("current", lambda: self.inner.current(resource))
+
+    def last_epoch(self, resource: str) -> int:
+        return self.inner.last_epoch(resource)
+
+    def resources(self) -> list[str]:
+        return self.inner.resources()
+
+    def close(self) -> None:
+        self.inner.close()
