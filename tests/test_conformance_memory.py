@@ -8,7 +8,11 @@ from collections.abc import Iterator
 import pytest
 
 from fenced.coordinator.backends.memory import MemoryBackend
-from fenced.testing.conformance import CoordinatorConformance, ManualClockConformance
+from fenced.testing.conformance import (
+    CoordinatorConformance,
+    HistoryConformance,
+    ManualClockConformance,
+)
 
 
 @pytest.fixture
@@ -19,6 +23,12 @@ def memory_url() -> Iterator[str]:
 
 
 class TestMemoryCoordinator(CoordinatorConformance):
+    @pytest.fixture
+    def url(self, memory_url: str) -> str:
+        return memory_url
+
+
+class TestMemoryHistory(HistoryConformance):
     @pytest.fixture
     def url(self, memory_url: str) -> str:
         return memory_url

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fenced.core.lease import LeaseInfo
+from fenced.core.records import Record, RecordKind
 
 __all__ = [
     "CAP_RECORDS",
@@ -48,6 +49,8 @@ class GrantRequest:
     owner: str
     holder: str
     request_id: str | None = None
+    value: str | None = None
+    """An election candidate's advertised value, shown by ``current`` while it leads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,38 @@ class CoordinatorBackend(Protocol):
 
     def resources(self) -> list[str]:
         """Every resource that has ever been granted, sorted."""
+        ...
+
+    def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
+        """Replace the advertised value of this owner's live lease, same epoch; record it.
+
+        Raises LeaseLost(REJECTED) if the lease is not live or not this owner's.
+        """
+        ...
+
+    def records(self, resource: str | None, after: int = 0, limit: int = 1000) -> list[Record]:
+        """Records with ``seq > after`` (of ``resource``, or of all), oldest first.
+
+        Expiries that are due are detected and recorded first, so the answer is current.
+        """
+        ...
+
+    def report(
+        self,
+        resource: str,
+        epoch: int,
+        holder: str,
+        kind: RecordKind,
+        detail: dict[str, object],
+    ) -> None:
+        """Append a record reported by a holder (renewal failure, loss). Best effort."""
+        ...
+
+    def watch(self, resource: str, after: int, timeout: float) -> None:
+        """Block until ``resource`` has a record with ``seq > after``, or ``timeout`` passed.
+
+        Woken by notification, like :meth:`wait`; the caller re-reads :meth:`records`.
+        """
         ...
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ notifications, and ``hold()``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import secrets
@@ -27,6 +28,7 @@ from fenced.coordinator.backend import (
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import Busy, ConfigurationError, LeaseLost, LossReason
 from fenced.core.lease import Lease, LeaseInfo
+from fenced.core.records import Record, RecordKind
 from fenced.core.names import validate_resource
 from fenced.core.policy import LeasePolicy, validate_holder, validate_wait
 from fenced.core.token import FencingToken
@@ -34,6 +36,8 @@ from fenced.runtime.hold import Fenceable, Hold
 from fenced.runtime.keeper import OnLost
 
 __all__ = ["Coordinator", "default_holder"]
+
+log = logging.getLogger("fenced.coordinator")
 
 _MAX_REQUEST_ID = 200
 
@@ -203,6 +207,29 @@ class Coordinator:
     def resources(self) -> list[str]:
         """Every resource that was ever granted, sorted."""
         return self._backend.resources()
+
+    def history(self, resource: str | None = None, *, after: int = 0) -> list[Record]:
+        """The coordinator's records (of ``resource``, or all) with ``seq > after``, oldest first.
+
+        Grants, releases, expiries (detected and recorded before answering), holder-reported
+        renewal failures and losses, proclamations and restores. Never the owner secret.
+        """
+        name = None if resource is None else validate_resource(resource)
+        return self._backend.records(name, after)
+
+    def report_trouble(self, lease: Lease, error: BaseException) -> None:
+        """Record that ``lease``'s holder saw a renewal fail or lost it. Best effort, never raises.
+
+        Called by the runtime; the record lets ``fenced timeline`` show renewal failures.
+        """
+        kind = RecordKind.LOST if isinstance(error, LeaseLost) else RecordKind.RENEWAL_FAILED
+        detail: dict[str, object] = {"error": f"{type(error).__name__}: {error}"}
+        if isinstance(error, LeaseLost):
+            detail["reason"] = error.reason.value
+        try:
+            self._backend.report(lease.resource, lease.epoch, lease.holder, kind, detail)
+        except Exception as failure:  # the coordinator may well be unreachable right now
+            log.debug("could not record %s for %s: %s", kind.value, lease.resource, failure)
 
     def hold(
         self,

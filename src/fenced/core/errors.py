@@ -20,8 +20,9 @@
 Definite rejections (:class:`Rejected`, :class:`IdempotencyConflict`, :class:`VersionConflict`,
 :class:`Busy`) guarantee that nothing happened. :class:`Unavailable` guarantees nothing happened
 too but says "try again". :class:`OutcomeUnknown` guarantees nothing: the operation may or may not
-have taken effect, and a retry with the same ``op_id`` or ``request_id`` tells which. Driver errors (sqlite3, psycopg, …) are
-translated into these classes at the backend boundary with ``raise … from``.
+have taken effect, and a retry with the same ``op_id`` or ``request_id`` tells which. Driver
+errors (sqlite3, psycopg, …) are translated into these classes at the backend boundary with
+``raise … from``.
 """
 
 from __future__ import annotations

@@ -78,6 +78,8 @@ class LeaseInfo:
     expires_in: float
     ttl: float
     coordinator_id: str
+    value: str | None = None
+    """The advertised value of an election leader (None for plain leases)."""
 
     @property
     def token(self) -> FencingToken:

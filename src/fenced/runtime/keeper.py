@@ -43,6 +43,10 @@ class LeaseOps(Protocol):
 
     def release(self, lease: Lease) -> bool: ...
 
+    def report_trouble(self, lease: Lease, error: BaseException) -> None:
+        """Record a renewal failure or a loss (best effort, never raises)."""
+        ...
+
 
 class HeldLease:
     """A lease kept alive in the background until :meth:`stop`.
@@ -170,6 +174,7 @@ class HeldLease:
             self._cond.notify_all()
         log.warning("lease on %s epoch %s lost: %s", self.resource, self.epoch, error)
         self.lost.set()
+        self._ops.report_trouble(self.lease, error)
         if self._on_lost is not None:
             try:
                 self._on_lost(error)
@@ -204,6 +209,7 @@ class HeldLease:
             except Exception as error:
                 self._tracker.renewal_failed()
                 log.warning("renewal of %s epoch %s failed: %s", self.resource, self.epoch, error)
+                self._ops.report_trouble(self.lease, error)
                 next_at = self._clock.monotonic() + self._retry_interval()
                 continue
             self._tracker.renewed(self._clock.monotonic(), renewed.deadline)

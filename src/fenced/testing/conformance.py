@@ -9,6 +9,7 @@ fixture naming fresh, empty state::
             return f"sqlite://{tmp_path}/fenced.db"
 
 * :class:`CoordinatorConformance` — every backend.
+* :class:`HistoryConformance` — records, proclaim and watch (every backend, once it keeps records).
 * :class:`ManualClockConformance` — backends whose expiry clock can be injected
   (``connect(url, host_clock=ManualClock())``): exact expiry, wall-clock steps, reboots.
 
@@ -41,10 +42,11 @@ from fenced.core.errors import (
     StaleToken,
 )
 from fenced.core.lease import LeaseState
+from fenced.core.records import RecordKind
 from fenced.core.token import FencingToken
 from fenced.testing.faults import FaultyBackend
 
-__all__ = ["CoordinatorConformance", "ManualClockConformance", "wait_for"]
+__all__ = ["CoordinatorConformance", "HistoryConformance", "ManualClockConformance", "wait_for"]
 
 R = "exports/daily"
 
@@ -561,3 +563,78 @@ class ManualClockConformance:
         result = backend.try_grant(GrantRequest(R, 10.0, "1" * 32, "h"), None)
         assert isinstance(result, Granted) and result.epoch == 1 and result.ttl == 10.0
         backend.close()
+
+
+class HistoryConformance:
+    """Records (DESIGN §7), proclaim and watch: what timelines, metrics and elections build on."""
+
+    @pytest.fixture
+    def url(self) -> str:
+        raise NotImplementedError("the backend's test module provides the url fixture")
+
+    @pytest.fixture
+    def coord(self, url: str) -> Iterator[Coordinator]:
+        coordinator = Coordinator(open_backend(url))
+        yield coordinator
+        coordinator.close()
+
+    def test_grants_releases_and_expiries_are_recorded_in_order(self, coord: Coordinator) -> None:
+        first = coord.acquire(R, ttl=5, wait=0, holder="a")
+        coord.release(first)
+        second = coord.acquire(R, ttl=0.2, wait=0, holder="b", safety_margin=0.01)
+        wait_for(lambda: coord.current(R) is None, timeout=3, what="expiry")
+        third = coord.acquire(R, ttl=5, wait=0, holder="c")
+        history = coord.history(R)
+        assert [(r.kind, r.epoch, r.holder) for r in history] == [
+            (RecordKind.GRANTED, first.epoch, "a"),
+            (RecordKind.RELEASED, first.epoch, "a"),
+            (RecordKind.GRANTED, second.epoch, "b"),
+            (RecordKind.EXPIRED, second.epoch, "b"),
+            (RecordKind.GRANTED, third.epoch, "c"),
+        ]
+        assert [r.detail.get("after") for r in history if r.kind is RecordKind.GRANTED] == [
+            "none",
+            "released",
+            "expired",
+        ]
+        seqs = [r.seq for r in history]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        assert history[3].at <= history[4].at  # the expiry is dated when it happened
+        assert coord.history(R, after=seqs[2]) == history[3:]
+        assert all(first.owner not in str(r.to_json()) for r in history)
+
+    def test_holder_reported_renewal_failures_are_recorded(self, url: str) -> None:
+        backend = FaultyBackend(open_backend(url))
+        coordinator = Coordinator(backend)
+        with (
+            pytest.raises(LeaseLost),
+            coordinator.hold(R, ttl=0.6, wait=0, holder="flaky") as held,
+        ):
+            backend.arm("renew", "unavailable", times=None)
+            assert held.lost.wait(3)
+        kinds = [r.kind for r in coordinator.history(R)]
+        assert RecordKind.RENEWAL_FAILED in kinds
+        assert RecordKind.LOST in kinds
+        coordinator.close()
+
+    def test_proclaim_changes_the_value_not_the_epoch(self, coord: Coordinator) -> None:
+        lease = coord.acquire(R, ttl=5, wait=0)
+        coord.backend.proclaim(R, lease.epoch, lease.owner, "10.0.0.7:8080")
+        info = coord.current(R)
+        assert info is not None and (info.epoch, info.value) == (lease.epoch, "10.0.0.7:8080")
+        assert coord.history(R)[-1].kind is RecordKind.PROCLAIMED
+        with pytest.raises(LeaseLost):
+            coord.backend.proclaim(R, lease.epoch, "0" * 32, "forged")
+
+    def test_watch_is_woken_by_a_change(self, coord: Coordinator) -> None:
+        last = coord.history(R)[-1].seq if coord.history(R) else 0
+        lease = coord.acquire(R, ttl=30, wait=0)
+        started = time.monotonic()
+        coord.backend.watch(R, last, timeout=10)  # a grant is already there: returns at once
+        last = coord.history(R)[-1].seq
+        waker = threading.Timer(0.2, lambda: coord.release(lease))
+        waker.start()
+        coord.backend.watch(R, last, timeout=10)
+        waker.join()
+        assert time.monotonic() - started < 5  # woken by the release, not the 10 s timeout
+        assert coord.history(R, after=last)[0].kind is RecordKind.RELEASED

@@ -32,6 +32,7 @@ from fenced.coordinator.backend import (
 )
 from fenced.core.errors import OutcomeUnknown, Unavailable
 from fenced.core.lease import LeaseInfo
+from fenced.core.records import Record, RecordKind
 
 __all__ = ["Fault", "FaultyBackend"]
 
@@ -125,6 +126,25 @@ class FaultyBackend:
 
     def resources(self) -> list[str]:
         return self.inner.resources()
+
+    def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
+        self._call("proclaim", lambda: self.inner.proclaim(resource, epoch, owner, value))
+
+    def records(self, resource: str | None, after: int = 0, limit: int = 1000) -> list[Record]:
+        return self._call("records", lambda: self.inner.records(resource, after, limit))
+
+    def report(
+        self,
+        resource: str,
+        epoch: int,
+        holder: str,
+        kind: RecordKind,
+        detail: dict[str, object],
+    ) -> None:
+        self._call("report", lambda: self.inner.report(resource, epoch, holder, kind, detail))
+
+    def watch(self, resource: str, after: int, timeout: float) -> None:
+        self.inner.watch(resource, after, timeout)
 
     def close(self) -> None:
         self.inner.close()

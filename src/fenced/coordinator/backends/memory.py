@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 
 from fenced.coordinator.backend import (
@@ -26,6 +27,7 @@ from fenced.coordinator.backends.hostclock import SystemHostClock
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, LeaseLost, LossReason
 from fenced.core.lease import LeaseInfo
+from fenced.core.records import Record, RecordKind
 
 __all__ = ["MemoryBackend", "MemoryState"]
 
@@ -38,6 +40,7 @@ class _Lease:
     ttl: float
     expires_at: float
     boot_id: str
+    value: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,22 @@ class MemoryState:
     queues: dict[str, list[int]] = field(default_factory=dict)
     counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     cond: threading.Condition = field(default_factory=threading.Condition)
+    log: list[Record] = field(default_factory=list)
+    ended: dict[str, str] = field(default_factory=dict)
+
+    def append(
+        self,
+        at: float,
+        kind: RecordKind,
+        resource: str,
+        epoch: int,
+        holder: str | None,
+        detail: dict[str, object] | None = None,
+    ) -> None:
+        """Append a record (the caller holds ``cond``) and wake watchers."""
+        seq = len(self.log) + 1
+        self.log.append(Record(seq, at, kind, resource, epoch, holder, detail or {}))
+        self.cond.notify_all()
 
 
 _STATES: dict[str, MemoryState] = {}
@@ -87,11 +106,22 @@ class MemoryBackend:
         lease = self._state.leases.get(resource)
         if lease is None:
             return None
-        if lease.boot_id != self._clock.boot_id() or lease.expires_at <= self._clock.boottime():
+        now = self._clock.boottime()
+        if lease.boot_id != self._clock.boot_id() or lease.expires_at <= now:
             del self._state.leases[resource]
-            self._state.cond.notify_all()
+            expired_at = (
+                self._wall(lease.expires_at)
+                if lease.boot_id == self._clock.boot_id()
+                else time.time()
+            )
+            self._state.ended[resource] = "expired"
+            self._state.append(expired_at, RecordKind.EXPIRED, resource, lease.epoch, lease.holder)
             return None
         return lease
+
+    def _wall(self, boottime: float) -> float:
+        """The wall-clock instant of a boottime instant (for records only)."""
+        return time.time() - (self._clock.boottime() - boottime)
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
         state = self._state
@@ -123,6 +153,16 @@ class MemoryBackend:
                 request.ttl,
                 now + request.ttl,
                 self._clock.boot_id(),
+                request.value,
+            )
+            after = state.ended.pop(request.resource, "none")
+            state.append(
+                time.time(),
+                RecordKind.GRANTED,
+                request.resource,
+                epoch,
+                request.holder,
+                {"after": after},
             )
             if mine is not None:
                 queue.remove(mine)
@@ -164,7 +204,8 @@ class MemoryBackend:
             if lease is None or lease.epoch != epoch or lease.owner != owner:
                 return False
             del self._state.leases[resource]
-            self._state.cond.notify_all()
+            self._state.ended[resource] = "released"
+            self._state.append(time.time(), RecordKind.RELEASED, resource, epoch, lease.holder)
             return True
 
     def current(self, resource: str) -> LeaseInfo | None:
@@ -179,6 +220,7 @@ class MemoryBackend:
                 lease.expires_at - self._clock.boottime(),
                 lease.ttl,
                 self.coordinator_id,
+                lease.value,
             )
 
     def last_epoch(self, resource: str) -> int:
@@ -188,6 +230,55 @@ class MemoryBackend:
     def resources(self) -> list[str]:
         with self._state.cond:
             return sorted(self._state.epochs)
+
+    def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
+        with self._state.cond:
+            lease = self._live(resource)
+            if lease is None or lease.epoch != epoch or lease.owner != owner:
+                raise LeaseLost(
+                    LossReason.REJECTED, f"{resource} epoch {epoch} is no longer this owner's"
+                )
+            lease.value = value
+            self._state.append(
+                time.time(), RecordKind.PROCLAIMED, resource, epoch, lease.holder, {"value": value}
+            )
+
+    def records(self, resource: str | None, after: int = 0, limit: int = 1000) -> list[Record]:
+        with self._state.cond:
+            for name in list(self._state.leases):
+                self._live(name)
+            found = [
+                record
+                for record in self._state.log[max(after, 0) :]
+                if resource is None or record.resource == resource
+            ]
+            return found[:limit]
+
+    def report(
+        self,
+        resource: str,
+        epoch: int,
+        holder: str,
+        kind: RecordKind,
+        detail: dict[str, object],
+    ) -> None:
+        with self._state.cond:
+            self._state.append(time.time(), kind, resource, epoch, holder, detail)
+
+    def watch(self, resource: str, after: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._state.cond:
+            while True:
+                self._live(resource)
+                if any(r.resource == resource for r in self._state.log[max(after, 0) :]):
+                    return
+                remaining = deadline - time.monotonic()
+                lease = self._state.leases.get(resource)
+                if lease is not None:
+                    remaining = min(remaining, lease.expires_at - self._clock.boottime())
+                if deadline - time.monotonic() <= 0:
+                    return
+                self._state.cond.wait(max(remaining, 0.001))
 
     def close(self) -> None:
         """Nothing to close: the state lives as long as the process (see :meth:`forget`)."""

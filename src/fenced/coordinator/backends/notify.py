@@ -1,0 +1,151 @@
+"""Cross-process wake-ups on one host: Linux abstract-namespace Unix datagram sockets.
+
+A waiter binds a :class:`WakeSocket` to a random abstract address (``"\\0fenced-<16 hex>"``),
+publishes the address in the database, and blocks in :meth:`WakeSocket.wait`. Whoever frees the
+resource sends one datagram to that address with :meth:`Waker.wake` after its commit. Abstract
+addresses live in the kernel, not in the file system: nothing is left behind when a process dies,
+and a dead waiter's address refuses datagrams at once, so the sender learns that the waiter is
+gone (:attr:`Delivery.DEAD`) and can skip it.
+
+Guarantees and limits:
+
+- A datagram is a hint, never a grant: the woken waiter still asks the database. Lost, duplicate
+  or late datagrams cost at most one extra database round; they never break mutual exclusion.
+- A sender never blocks: when a waiter's receive buffer is full (it is stopped and many wakes are
+  queued) the datagram is dropped and the waiter, which already has one pending, loses nothing.
+- Abstract addresses are per network namespace. A waiter in another namespace (a container that
+  shares the database file through a volume) cannot be reached: :meth:`Waker.wake` reports
+  :attr:`Delivery.UNREACHABLE` and that waiter relies on its ``retry_in`` timer. It is never
+  mistaken for a dead one, because the waiter row records its namespace (:data:`NETNS`).
+- Linux only (abstract namespace). On other systems :class:`WakeSocket` raises ``OSError``.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import math
+import os
+import secrets
+import select
+import socket
+
+__all__ = ["NETNS", "Delivery", "WakeSocket", "Waker"]
+
+
+def _netns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
+NETNS = _netns()
+"""This process's network namespace (``"net:[4026531840]"``), or ``""`` if unknown."""
+
+_PREFIX = "fenced-"
+_DEAD = frozenset({errno.ECONNREFUSED, errno.ENOENT})
+_FULL = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS})
+
+
+class Delivery(enum.Enum):
+    """What happened to one wake-up datagram."""
+
+    DELIVERED = "delivered"
+    """Queued at the waiter's socket (or its buffer was already full of wake-ups)."""
+    DEAD = "dead"
+    """Nobody is bound to the address: the waiting process or its ticket is gone."""
+    UNREACHABLE = "unreachable"
+    """The waiter lives in another network namespace; it wakes by its own timer."""
+
+
+class WakeSocket:
+    """One waiter's receiving socket, bound to a fresh random abstract address.
+
+    ``address`` is the printable name (without the leading NUL) to publish for senders. Not
+    thread-safe: one thread waits on it at a time. Close it when the ticket ends.
+    """
+
+    __slots__ = ("_poll", "_sock", "address")
+
+    def __init__(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            while True:
+                address = _PREFIX + secrets.token_hex(8)
+                try:
+                    sock.bind("\0" + address)
+                    break
+                except OSError as error:
+                    if error.errno != errno.EADDRINUSE:
+                        raise
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self.address = address
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a datagram arrives or ``timeout`` seconds pass; True if woken.
+
+        Every datagram already queued is consumed, so one wake-up ends one wait. Returns at once
+        (False) when the socket is closed. A signal handler that raises interrupts the wait.
+        """
+        if self._sock.fileno() < 0:
+            return False
+        woken = bool(self._poll.poll(max(0, math.ceil(timeout * 1000))))
+        if woken:
+            self._drain()
+        return woken
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._sock.recv(16, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+
+    def close(self) -> None:
+        """Release the address (senders then see the waiter as gone); idempotent."""
+        if self._sock.fileno() >= 0:
+            self._poll.unregister(self._sock.fileno())
+            self._sock.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._sock.fileno() < 0
+
+
+class Waker:
+    """The sending side: one unbound, non-blocking datagram socket, safe to share by threads."""
+
+    __slots__ = ("_sock",)
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self._sock.setblocking(False)
+
+    def wake(self, address: str, netns: str) -> Delivery:
+        """Send one wake-up datagram to ``address`` (as stored by a waiter in ``netns``).
+
+        Never blocks. ``DEAD`` means nobody is bound there any more (safe to forget the waiter);
+        ``UNREACHABLE`` means the waiter cannot be reached from here (it may be alive). Other
+        socket errors propagate as ``OSError``.
+        """
+        if netns != NETNS:
+            return Delivery.UNREACHABLE
+        try:
+            self._sock.sendto(b"w", "\0" + address)
+        except OSError as error:
+            if error.errno in _DEAD:
+                return Delivery.DEAD
+            if error.errno in _FULL:
+                return Delivery.DELIVERED
+            raise
+        return Delivery.DELIVERED
+
+    def close(self) -> None:
+        """Close the sending socket; idempotent."""
+        self._sock.close()

@@ -1,0 +1,259 @@
+"""The embedded coordinator's database file: opening, schema versions, migrations, errors.
+
+The schema is versioned from the first release. ``meta`` holds ``schema_version`` and the
+``coordinator_id`` (32 lowercase hex digits, created once when the file is initialised and kept
+forever); the SQLite header's ``application_id`` marks the file as fenced's. :data:`MIGRATIONS`
+lists every schema change in order; :func:`open_database` applies the missing ones in one write
+transaction, so a crash mid-upgrade leaves the previous version intact, and concurrent openers
+serialise on the write lock (exactly one of them initialises or upgrades). To change the schema,
+append a :class:`Migration`; never edit a released one.
+
+Failure behaviour: a file that is not a database, a database that is not fenced's, a database
+written by a newer fenced, and a path that cannot be created or written all raise a one-line
+:class:`~fenced.ConfigurationError` (driver errors are chained with ``raise … from``).
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+from fenced.core.token import validate_coordinator_id
+
+__all__ = [
+    "APPLICATION_ID",
+    "BUSY_TIMEOUT",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Migration",
+    "connect",
+    "is_busy",
+    "open_database",
+    "translate",
+]
+
+APPLICATION_ID = 0x46454E43
+"""``PRAGMA application_id`` of a fenced database ("FENC")."""
+BUSY_TIMEOUT = 5.0
+"""Seconds a statement waits for another process's write lock before :class:`Unavailable`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema step: the statements that take a database from ``version - 1`` to ``version``."""
+
+    version: int
+    summary: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "resources with their lease, request_id dedup, waiting queue",
+        (
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+            # One row per resource ever granted: ``epoch`` is the last granted epoch (durable,
+            # never decreases); the lease columns describe the lease *of that epoch*, which is
+            # live iff owner IS NOT NULL AND boot_id = current boot AND expires_at > boottime.
+            """CREATE TABLE resources (
+                name TEXT PRIMARY KEY,
+                epoch INTEGER NOT NULL CHECK (epoch > 0),
+                owner TEXT,
+                holder TEXT,
+                ttl REAL,
+                expires_at REAL,
+                boot_id TEXT
+            ) WITHOUT ROWID""",
+            # Grants made with a request_id, kept for a retention period (pruned oldest first).
+            """CREATE TABLE requests (
+                seq INTEGER PRIMARY KEY,
+                request_id TEXT NOT NULL UNIQUE,
+                name TEXT NOT NULL,
+                epoch INTEGER NOT NULL,
+                owner TEXT NOT NULL,
+                holder TEXT NOT NULL,
+                ttl REAL NOT NULL,
+                created_wall REAL NOT NULL
+            )""",
+            # The waiting queue: id order is arrival order (AUTOINCREMENT: never reused).
+            """CREATE TABLE waiters (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                name TEXT NOT NULL,
+                addr TEXT NOT NULL,
+                netns TEXT NOT NULL,
+                pid INTEGER NOT NULL,
+                holder TEXT NOT NULL,
+                expires_at REAL NOT NULL,
+                boot_id TEXT NOT NULL
+            )""",
+            "CREATE INDEX waiters_by_name ON waiters (name, id)",
+        ),
+    ),
+)
+
+SCHEMA_VERSION = MIGRATIONS[-1].version
+"""The newest schema this code knows."""
+
+# SQLite primary result codes (sqlite3.Error.sqlite_errorcode & 0xFF).
+_PERM, _BUSY, _LOCKED, _READONLY, _CORRUPT, _CANTOPEN, _NOTADB = 3, 5, 6, 8, 11, 14, 26
+_AUTH = 23
+
+
+def is_busy(error: sqlite3.Error) -> bool:
+    """True for SQLITE_BUSY / SQLITE_LOCKED (another connection holds the lock)."""
+    return _code(error) in (_BUSY, _LOCKED)
+
+
+def _code(error: sqlite3.Error) -> int:
+    code = getattr(error, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else -1
+
+
+def translate(error: sqlite3.Error, path: Path, doing: str, *, committing: bool = False) -> FencedError:
+    """Map a driver error to the fenced error a caller can act on (the caller chains it).
+
+    Busy or locked → :class:`Unavailable` (nothing happened). A corrupt, foreign or unwritable
+    file → :class:`ConfigurationError`. Any other failure while committing a write →
+    :class:`OutcomeUnknown` (the commit may have reached the disk); otherwise → ``Unavailable``.
+    """
+    code = _code(error)
+    name = getattr(error, "sqlite_errorname", "") or type(error).__name__
+    if code in (_BUSY, _LOCKED):
+        return Unavailable(
+            f"{doing}: the database {path} stayed locked by another process for "
+            f"{BUSY_TIMEOUT:g}s ({name}); nothing was changed, retry"
+        )
+    if code in (_CORRUPT, _NOTADB):
+        return ConfigurationError(f"{path} is not a usable fenced database: {error} ({name})")
+    if code in (_READONLY, _CANTOPEN, _PERM, _AUTH):
+        return ConfigurationError(f"cannot write the fenced database {path}: {error} ({name})")
+    if committing:
+        return OutcomeUnknown(f"{doing}: the commit to {path} failed ({error}, {name}); it may "
+                              "or may not have taken effect")
+    return Unavailable(f"{doing}: {path}: {error} ({name}); nothing was changed")
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open a connection with fenced's settings: WAL, synchronous=FULL, busy timeout.
+
+    Autocommit mode (``isolation_level=None``): every write step issues its own
+    ``BEGIN IMMEDIATE`` … ``COMMIT``. The connection may be used from any thread; the caller
+    serialises access.
+    """
+    try:
+        conn = sqlite3.connect(
+            str(path), timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as error:
+        raise ConfigurationError(f"cannot open the fenced database {path}: {error}") from error
+    try:
+        (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        if str(mode).lower() != "wal":
+            raise ConfigurationError(
+                f"{path}: SQLite refused WAL mode (journal_mode={mode}); fenced needs a local "
+                "file system"
+            )
+        conn.execute("PRAGMA synchronous=FULL")
+    except sqlite3.Error as error:
+        conn.close()
+        raise translate(error, path, "opening the database") from error
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def open_database(path: Path, coordinator_id_for_new: str | None = None) -> tuple[sqlite3.Connection, str]:
+    """Create or open the database at ``path``; return the connection and the coordinator id.
+
+    Creates missing parent directories. A new (or empty) file is initialised with a fresh random
+    coordinator id, or ``coordinator_id_for_new`` if given (ignored for an existing database).
+    An older schema is migrated in one transaction; a newer one is refused.
+    """
+    if coordinator_id_for_new is not None:
+        validate_coordinator_id(coordinator_id_for_new)
+    if path.is_dir():
+        raise ConfigurationError(f"the fenced database path {path} is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigurationError(
+            f"cannot create the directory {path.parent} for the fenced database: "
+            f"{error.strerror or error}"
+        ) from error
+    conn = connect(path)
+    try:
+        coordinator_id = _prepare(conn, path, coordinator_id_for_new)
+    except sqlite3.Error as error:
+        _rollback_quietly(conn)
+        conn.close()
+        raise translate(error, path, "initialising the database") from error
+    except BaseException:
+        _rollback_quietly(conn)
+        conn.close()
+        raise
+    return conn, coordinator_id
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+def _prepare(conn: sqlite3.Connection, path: Path, new_id: str | None) -> str:
+    """Check identity and version; initialise or migrate in one write transaction."""
+    conn.execute("BEGIN IMMEDIATE")
+    (app_id,) = conn.execute("PRAGMA application_id").fetchone()
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    if not tables and app_id in (0, APPLICATION_ID):
+        version = 0
+    elif app_id != APPLICATION_ID or "meta" not in tables:
+        raise ConfigurationError(f"{path} is an SQLite database, but not a fenced one")
+    else:
+        version = _schema_version(conn, path)
+    if version > SCHEMA_VERSION:
+        raise ConfigurationError(
+            f"{path} has schema version {version}, created by a newer fenced (this one knows up "
+            f"to {SCHEMA_VERSION}); upgrade fenced"
+        )
+    for migration in MIGRATIONS:
+        if migration.version > version:
+            for statement in migration.statements:
+                conn.execute(statement)
+    if version == 0:
+        conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        conn.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?)",
+            [
+                ("coordinator_id", new_id or secrets.token_hex(16)),
+                ("created_wall", repr(time.time())),
+            ],
+        )
+    if version < SCHEMA_VERSION:
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+    row = conn.execute("SELECT value FROM meta WHERE key = 'coordinator_id'").fetchone()
+    conn.execute("COMMIT")
+    try:
+        return validate_coordinator_id(row[0] if row else None)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"{path}: damaged meta table: {error}") from None
+
+
+def _schema_version(conn: sqlite3.Connection, path: Path) -> int:
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    try:
+        return int(row[0])
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{path}: damaged meta table: no valid schema_version") from None

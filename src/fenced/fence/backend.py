@@ -1,0 +1,157 @@
+"""The narrow contract a store backend implements; :class:`~fenced.fence.store.Store` does the rest.
+
+A backend only stores and retrieves. It makes no decision: validation, op ids, the fencing rules
+and the pointer rule live once, above the backends, in :class:`~fenced.fence.store.Store` and
+:mod:`fenced.fence.rules`. What a backend must guarantee:
+
+* :meth:`Backend.transaction` is the critical section of one fencing domain (one resource):
+  everything read through the :class:`Transaction` is current and stays so until the block ends,
+  across threads and processes; the writes made through it become visible and durable together
+  when the block ends normally, and not at all when it raises. If the commit itself fails in a
+  way that leaves the outcome unknown, it raises :class:`~fenced.OutcomeUnknown`.
+* :meth:`Backend.stage` stores an object's bytes durably under a fresh id *before* any pointer
+  can reference it; an interrupted stage leaves nothing that :meth:`Transaction.has_object` sees.
+* Reads (:meth:`Backend.head`, :meth:`Backend.get`, :meth:`Backend.pointer`,
+  :meth:`Backend.open_current`) see committed state only.
+* Driver errors are translated at this boundary (``raise Unavailable(...) from error`` and so on).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol
+
+from fenced.core.clock import Clock
+from fenced.fence.ops import OpRecord
+from fenced.fence.rules import Head, StoredObject
+from fenced.fence.values import Item, Mode, Publication
+
+__all__ = ["Backend", "Capability", "Chooser", "StoreOptions", "Transaction"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """The validated options of ``open_store`` (see its docstring)."""
+
+    op_retention: float
+    gc_grace: float
+    busy_timeout: float
+    clock: Clock
+
+
+class Capability(enum.StrEnum):
+    """What a store can do; the conformance suite has one test class per capability."""
+
+    KEYS = "keys"
+    """put / get with ``if_version``."""
+    PUBLICATION = "publication"
+    """publish / latest / read / open / gc."""
+    OP_IDS = "op_ids"
+    """Operation ids with recorded outcomes."""
+    MULTI_PROCESS = "multi_process"
+    """Many processes may open the same store at once."""
+    LOCAL_FILES = "local_files"
+    """The store lives under one local path and writes nothing outside it."""
+
+
+Chooser = Callable[[list[StoredObject], set[str]], list[str]]
+"""Given one resource's objects and current pointer targets, the ids gc may delete."""
+
+
+class Transaction(Protocol):
+    """The critical section of one resource (see the module docstring)."""
+
+    def head(self) -> Head:
+        """The domain's binding and floor."""
+        ...
+
+    def set_head(self, head: Head) -> None:
+        """Replace the domain's binding and floor."""
+        ...
+
+    def op(self, op_id: str) -> OpRecord | None:
+        """The record of ``op_id`` in this resource, if any."""
+        ...
+
+    def record_op(self, op_id: str, record: OpRecord) -> None:
+        """Record (or replace) the outcome of ``op_id``."""
+        ...
+
+    def prune_ops(self, before: float) -> None:
+        """Delete this resource's op records recorded before ``before`` (wall time)."""
+        ...
+
+    def version_of(self, key: str) -> int | None:
+        """The current version of ``key``, None if it does not exist."""
+        ...
+
+    def put_item(self, item: Item) -> None:
+        """Write ``item`` (insert or replace)."""
+        ...
+
+    def pointer(self, name: str) -> Publication | None:
+        """The current publication of ``name``."""
+        ...
+
+    def has_object(self, object_id: str) -> bool:
+        """Whether ``object_id`` was staged completely for this resource and still exists."""
+        ...
+
+    def set_pointer(self, publication: Publication, now: float) -> None:
+        """Point ``publication.name`` at ``publication``; the previous target is superseded now."""
+        ...
+
+
+class Backend(Protocol):
+    """Storage for many fencing domains; chosen by URL scheme (see ``open_store``)."""
+
+    url: str
+    mode: Mode
+    capabilities: frozenset[Capability]
+
+    def transaction(self, resource: str) -> AbstractContextManager[Transaction, None]:
+        """The critical section of ``resource`` (see the module docstring)."""
+        ...
+
+    def head(self, resource: str) -> Head:
+        """The committed binding and floor of ``resource``."""
+        ...
+
+    def get(self, resource: str, key: str) -> Item | None:
+        """The committed item, or None."""
+        ...
+
+    def pointer(self, resource: str, name: str) -> Publication | None:
+        """The committed publication of ``(resource, name)``, or None."""
+        ...
+
+    def stage(self, resource: str, object_id: str, chunks: Iterable[bytes], now: float) -> None:
+        """Store the concatenated ``chunks`` durably as object ``object_id`` of ``resource``."""
+        ...
+
+    def discard(self, resource: str, object_id: str) -> None:
+        """Delete an object that no pointer references (best effort)."""
+        ...
+
+    def open_current(self, resource: str, name: str) -> tuple[Publication, BinaryIO] | None:
+        """The current publication and a stream of its bytes, from one consistent snapshot.
+
+        The stream keeps reading that object even if a newer one is published meanwhile, at
+        least until the gc grace period after it was superseded has passed.
+        """
+        ...
+
+    def gc(self, choose: Chooser, cutoff: float) -> int:
+        """Delete, per resource and inside its critical section, the objects ``choose`` picks.
+
+        Also removes the backend's own debris (temporary files of interrupted writes) last
+        touched before ``cutoff`` (wall time). Returns the number of objects deleted.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections and file handles. Idempotent."""
+        ...

@@ -1,0 +1,94 @@
+"""The data of a publish, read in chunks while its SHA-256 and size are computed.
+
+A path or a stream is never read into memory as a whole: backends receive an iterator of chunks of
+at most :data:`CHUNK_SIZE` bytes and the digest is complete once the iterator is exhausted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from typing import IO
+
+from fenced.core.errors import ConfigurationError
+
+__all__ = ["CHUNK_SIZE", "PublishData", "Source"]
+
+CHUNK_SIZE = 1024 * 1024
+
+PublishData = bytes | bytearray | memoryview | os.PathLike[str] | IO[bytes]
+"""What ``publish`` accepts: bytes, a path, or a binary stream opened for reading."""
+
+
+class Source:
+    """Chunks of the data of one publish; :attr:`sha256` and :attr:`size` once exhausted.
+
+    Raises :class:`ConfigurationError` at construction for data of another type (a ``str`` is
+    refused: pass ``pathlib.Path(name)`` for a file or ``text.encode()`` for text). Opening or
+    reading a path raises :class:`OSError` as usual.
+    """
+
+    def __init__(self, data: object) -> None:
+        if isinstance(data, str):
+            raise ConfigurationError(
+                "publish takes bytes, a path or a binary stream, not str: pass "
+                "pathlib.Path(name) for a file or text.encode() for text"
+            )
+        if not isinstance(data, bytes | bytearray | memoryview | os.PathLike) and not callable(
+            getattr(data, "read", None)
+        ):
+            raise ConfigurationError(
+                f"publish takes bytes, a path or a binary stream, not {type(data).__name__}"
+            )
+        self._data = data
+        self._hash = hashlib.sha256()
+        self._size = 0
+        self._done = False
+
+    @property
+    def sha256(self) -> str:
+        """The SHA-256 of all the data, lowercase hex (after the chunks were consumed)."""
+        self._require_done()
+        return self._hash.hexdigest()
+
+    @property
+    def size(self) -> int:
+        """The number of bytes (after the chunks were consumed)."""
+        self._require_done()
+        return self._size
+
+    def _require_done(self) -> None:
+        if not self._done:
+            raise RuntimeError("the data was not read to its end")
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks():
+            self._hash.update(chunk)
+            self._size += len(chunk)
+            yield chunk
+        self._done = True
+
+    def _chunks(self) -> Iterator[bytes]:
+        data = self._data
+        if isinstance(data, bytes) and 0 < len(data) <= CHUNK_SIZE:
+            yield data
+        elif isinstance(data, bytes | bytearray | memoryview):
+            view = memoryview(data).cast("B")
+            for start in range(0, len(view), CHUNK_SIZE):
+                yield bytes(view[start : start + CHUNK_SIZE])
+        elif isinstance(data, os.PathLike):
+            with open(data, "rb") as stream:
+                yield from _read_stream(stream)
+        else:
+            yield from _read_stream(data)  # type: ignore[arg-type]
+
+
+def _read_stream(stream: IO[bytes]) -> Iterator[bytes]:
+    while chunk := stream.read(CHUNK_SIZE):
+        if not isinstance(chunk, bytes):
+            raise ConfigurationError(
+                f"publish needs a stream opened in binary mode; read() returned "
+                f"{type(chunk).__name__}"
+            )
+        yield chunk

@@ -1,0 +1,519 @@
+"""The ``sqlite:///path`` store backend: one SQLite database, WAL, ``synchronous=FULL``.
+
+* **Critical section**: one ``BEGIN IMMEDIATE`` write transaction per mutation. It takes the
+  database's write lock, so the checks and the change are atomic across threads and processes;
+  a writer waits up to ``busy_timeout`` for another one, then gets :class:`Unavailable` (nothing
+  happened). A failed ``COMMIT`` is :class:`OutcomeUnknown`.
+* **Durability**: WAL with ``synchronous=FULL``: a commit is on disk when it returns.
+* **Objects**: staged as 1 MiB chunk rows, each in its own short transaction (a slow or huge
+  publish never holds the write lock for long), then sealed by inserting the ``objects`` row in
+  a final transaction that first checks that every chunk is present. An object row therefore
+  exists only for a complete object; chunks of a killed publisher are debris for ``gc``.
+* **Snapshot reads**: :meth:`SqliteBackend.open_current` reads the pointer and the chunks in one
+  read transaction of a connection of its own, so the stream is unaffected by later
+  publications or gc until it is closed. Close the stream: an open read transaction keeps the
+  WAL from being checkpointed past it.
+* **Schema**: versioned in the ``meta`` table (``format``, ``schema_version``, ``mode``), with a
+  list of migrations from the first version on. A database that is not a fenced store, a newer
+  schema, a corrupt or unwritable file is a :class:`ConfigurationError`.
+* **Threads and processes**: one connection per thread (and per process after a fork).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+from fenced.core.errors import (
+    ConfigurationError,
+    FencedError,
+    OutcomeUnknown,
+    Unavailable,
+)
+from fenced.fence.backend import Capability, Chooser, StoreOptions
+from fenced.fence.ops import OpRecord
+from fenced.fence.rules import Head, StoredObject, resolve_mode
+from fenced.fence.values import Item, Mode, Publication
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+__all__ = ["SCHEMA_VERSION", "SqliteBackend", "open_sqlite_backend", "translate_error"]
+
+FORMAT = "fenced.sqlite-store"
+
+_SCHEMA_1 = (
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE domains(resource TEXT PRIMARY KEY, coordinator_id TEXT NOT NULL,"
+    " floor INTEGER NOT NULL)",
+    "CREATE TABLE items(resource TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
+    " epoch INTEGER NOT NULL, version INTEGER NOT NULL, PRIMARY KEY(resource, key))",
+    "CREATE TABLE pointers(resource TEXT NOT NULL, name TEXT NOT NULL, object_id TEXT NOT NULL,"
+    " epoch INTEGER NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,"
+    " published_at REAL NOT NULL, PRIMARY KEY(resource, name))",
+    "CREATE TABLE objects(object_id TEXT PRIMARY KEY, resource TEXT NOT NULL,"
+    " chunks INTEGER NOT NULL, size INTEGER NOT NULL, staged_at REAL NOT NULL,"
+    " name TEXT, epoch INTEGER, published_at REAL, superseded_at REAL)",
+    "CREATE INDEX objects_by_resource ON objects(resource)",
+    "CREATE TABLE chunks(object_id TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL,"
+    " staged_at REAL NOT NULL, PRIMARY KEY(object_id, seq))",
+    "CREATE TABLE ops(resource TEXT NOT NULL, op_id TEXT NOT NULL, digest TEXT NOT NULL,"
+    " outcome TEXT NOT NULL, recorded_at REAL NOT NULL, PRIMARY KEY(resource, op_id))",
+    "CREATE INDEX ops_by_age ON ops(resource, recorded_at)",
+)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_1,)
+"""``MIGRATIONS[n]`` brings a database from schema version n to n + 1 (0: empty database)."""
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_BUSY = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+_CORRUPT = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+_UNUSABLE = {sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM}
+
+
+def translate_error(error: sqlite3.Error, what: str) -> FencedError:
+    """The fenced error for a sqlite3 error that happened while doing ``what``."""
+    code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
+    if code in _BUSY:
+        return Unavailable(f"{what}: the database is busy ({error}); nothing changed, retry")
+    if code in _CORRUPT:
+        return ConfigurationError(f"{what}: not a usable SQLite database ({error})")
+    if code in _UNUSABLE:
+        return ConfigurationError(f"{what}: cannot open or write the database ({error})")
+    if isinstance(error, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+        return ConfigurationError(f"{what}: {error}")
+    return Unavailable(f"{what}: {error}")
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as error:
+        raise translate_error(error, what) from error
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the transaction is gone either way: SQLite rolls back on error or close
+
+
+def open_sqlite_backend(path: str, mode: Mode | None, options: StoreOptions) -> SqliteBackend:
+    """Open (or create) the SQLite store at ``path``; see the module docstring."""
+    if os.path.isdir(path):
+        raise ConfigurationError(f"sqlite store {path!r} is a directory; name a database file")
+    backend = SqliteBackend(path, options)
+    try:
+        backend.initialise(mode)
+    except BaseException:
+        backend.close()
+        raise
+    return backend
+
+
+class SqliteBackend:
+    """See the module docstring. Created by :func:`open_sqlite_backend`."""
+
+    capabilities = frozenset(Capability)
+
+    def __init__(self, path: str, options: StoreOptions) -> None:
+        self.path = path
+        self.url = f"sqlite://{os.path.abspath(path)}"
+        self.mode: Mode = "strict"
+        self._busy_timeout = options.busy_timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[tuple[int, sqlite3.Connection]] = []
+
+    def _connect(self) -> sqlite3.Connection:
+        with _translated(f"opening the sqlite store {self.path!r}"):
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            try:
+                conn.execute("PRAGMA synchronous=FULL")
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        """This thread's connection (a new one in a forked child: never share across fork)."""
+        local = self._local
+        conn: sqlite3.Connection | None = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            conn = self._connect()
+            local.conn, local.pid = conn, os.getpid()
+            with self._lock:
+                self._connections.append((os.getpid(), conn))
+        return conn
+
+    def initialise(self, requested: Mode | None) -> None:
+        """Set WAL, create or migrate the schema, resolve the mode."""
+        conn = self._conn()
+        with _translated(f"opening the sqlite store {self.path!r}"):
+            (journal,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            if str(journal).lower() != "wal":
+                raise ConfigurationError(f"{self.path!r}: cannot use WAL (got {journal})")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                self.mode = self._migrate(conn, requested)
+            except BaseException:
+                _rollback(conn)
+                raise
+            conn.execute("COMMIT")
+
+    def _migrate(self, conn: sqlite3.Connection, requested: Mode | None) -> Mode:
+        where = f"sqlite store {self.path!r}"
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        stored: dict[str, str] = {}
+        if "meta" in tables:
+            stored = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        elif tables:
+            raise ConfigurationError(f"{where} is a database but not a fenced store (no meta)")
+        if tables and stored.get("format") != FORMAT:
+            raise ConfigurationError(f"{where} is not a fenced store (format {stored.get('format')})")
+        try:
+            version = int(stored.get("schema_version", "0"))
+        except ValueError as error:
+            raise ConfigurationError(f"{where} has a corrupt schema version") from error
+        if version > SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"{where} has schema version {version}, newer than this fenced understands "
+                f"({SCHEMA_VERSION}): upgrade fenced"
+            )
+        mode = resolve_mode(stored.get("mode"), requested, where)
+        for step in MIGRATIONS[version:]:
+            for statement in step:
+                conn.execute(statement)
+        conn.executemany(
+            "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+            [("format", FORMAT), ("schema_version", str(SCHEMA_VERSION)), ("mode", mode)],
+        )
+        return mode
+
+    # -- the critical section --------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self, resource: str) -> Iterator[_SqliteTransaction]:
+        conn = self._conn()
+        with _translated(f"writing {resource!r}"):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield _SqliteTransaction(conn, resource)
+            except BaseException:
+                _rollback(conn)
+                raise
+        _commit(conn, f"committing a write to {resource!r}")
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def head(self, resource: str) -> Head:
+        with _translated(f"reading {resource!r}"):
+            return _head(self._conn(), resource)
+
+    def get(self, resource: str, key: str) -> Item | None:
+        with _translated(f"reading {resource!r}"):
+            row = self._conn().execute(
+                "SELECT value, epoch, version FROM items WHERE resource = ? AND key = ?",
+                (resource, key),
+            ).fetchone()
+        return None if row is None else Item(resource, key, bytes(row[0]), row[1], row[2])
+
+    def pointer(self, resource: str, name: str) -> Publication | None:
+        with _translated(f"reading {resource!r}"):
+            return _pointer(self._conn(), resource, name)
+
+    def open_current(self, resource: str, name: str) -> tuple[Publication, BinaryIO] | None:
+        conn = self._connect()
+        try:
+            with _translated(f"reading {resource!r}"):
+                conn.execute("BEGIN")
+                publication = _pointer(conn, resource, name)
+                row = None
+                if publication is not None:
+                    row = conn.execute(
+                        "SELECT chunks FROM objects WHERE object_id = ?",
+                        (publication.object_id,),
+                    ).fetchone()
+            if publication is None:
+                conn.close()
+                return None
+            if row is None:
+                raise ConfigurationError(
+                    f"the pointer of {resource!r} names a missing object: the store is corrupt"
+                )
+        except BaseException:
+            conn.close()
+            raise
+        reader = _ChunkReader(conn, publication.object_id, row[0])
+        return publication, cast(BinaryIO, reader)
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def stage(self, resource: str, object_id: str, chunks: Iterable[bytes], now: float) -> None:
+        conn = self._conn()
+        count = size = 0
+        with _translated(f"staging an object of {resource!r}"):
+            for seq, chunk in enumerate(chunks):
+                conn.execute(
+                    "INSERT INTO chunks(object_id, seq, data, staged_at) VALUES (?, ?, ?, ?)",
+                    (object_id, seq, chunk, now),
+                )
+                count, size = seq + 1, size + len(chunk)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                found = conn.execute(
+                    "SELECT count(*), coalesce(sum(length(data)), 0) FROM chunks"
+                    " WHERE object_id = ?",
+                    (object_id,),
+                ).fetchone()
+                if tuple(found) != (count, size):
+                    raise Unavailable(
+                        f"object {object_id} lost chunks while it was staged (gc removed them "
+                        "after a pause longer than the gc grace); nothing was published, retry"
+                    )
+                conn.execute(
+                    "INSERT INTO objects(object_id, resource, chunks, size, staged_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (object_id, resource, count, size, now),
+                )
+            except BaseException:
+                _rollback(conn)
+                raise
+        _commit(conn, f"staging an object of {resource!r}")
+
+    def discard(self, resource: str, object_id: str) -> None:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            _delete_object(conn, object_id)
+            conn.execute("COMMIT")
+        except sqlite3.Error:
+            _rollback(conn)  # best effort: gc removes it later
+
+    def gc(self, choose: Chooser, cutoff: float) -> int:
+        conn = self._conn()
+        removed = 0
+        with _translated("collecting garbage"):
+            resources = [row[0] for row in conn.execute("SELECT DISTINCT resource FROM objects")]
+            for resource in resources:
+                with self.transaction(resource):
+                    objects = [
+                        StoredObject(
+                            object_id,
+                            idle_since=superseded_at or published_at or staged_at,
+                            name=name,
+                            epoch=epoch,
+                            published_at=published_at,
+                        )
+                        for object_id, staged_at, name, epoch, published_at, superseded_at in (
+                            conn.execute(
+                                "SELECT object_id, staged_at, name, epoch, published_at,"
+                                " superseded_at FROM objects WHERE resource = ?",
+                                (resource,),
+                            )
+                        )
+                    ]
+                    current = {
+                        row[0]
+                        for row in conn.execute(
+                            "SELECT object_id FROM pointers WHERE resource = ?", (resource,)
+                        )
+                    }
+                    for object_id in choose(objects, current):
+                        _delete_object(conn, object_id)
+                        removed += 1
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "DELETE FROM chunks WHERE staged_at < ?"
+                " AND object_id NOT IN (SELECT object_id FROM objects)",
+                (cutoff,),
+            )
+        _commit(conn, "collecting garbage")
+        return removed
+
+    def close(self) -> None:
+        with self._lock:
+            mine = [conn for pid, conn in self._connections if pid == os.getpid()]
+            self._connections.clear()
+        for conn in mine:
+            conn.close()
+        self._local = threading.local()
+
+
+def _commit(conn: sqlite3.Connection, what: str) -> None:
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as error:
+        busy = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF in _BUSY
+        _rollback(conn)
+        if busy:
+            raise Unavailable(f"{what}: the database is busy; nothing changed, retry") from error
+        raise OutcomeUnknown(
+            f"{what}: COMMIT failed ({error}); the change may or may not have been applied: "
+            "retry with the same op_id to find out"
+        ) from error
+
+
+def _delete_object(conn: sqlite3.Connection, object_id: str) -> None:
+    conn.execute("DELETE FROM chunks WHERE object_id = ?", (object_id,))
+    conn.execute("DELETE FROM objects WHERE object_id = ?", (object_id,))
+
+
+def _head(conn: sqlite3.Connection, resource: str) -> Head:
+    row = conn.execute(
+        "SELECT coordinator_id, floor FROM domains WHERE resource = ?", (resource,)
+    ).fetchone()
+    return Head() if row is None else Head(row[0], row[1])
+
+
+def _pointer(conn: sqlite3.Connection, resource: str, name: str) -> Publication | None:
+    row = conn.execute(
+        "SELECT epoch, object_id, sha256, size, published_at FROM pointers"
+        " WHERE resource = ? AND name = ?",
+        (resource, name),
+    ).fetchone()
+    return None if row is None else Publication(resource, name, *row)
+
+
+class _SqliteTransaction:
+    """The :class:`~fenced.fence.backend.Transaction` of one ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, resource: str) -> None:
+        self._conn = conn
+        self._resource = resource
+
+    def head(self) -> Head:
+        return _head(self._conn, self._resource)
+
+    def set_head(self, head: Head) -> None:
+        self._conn.execute(
+            "INSERT INTO domains(resource, coordinator_id, floor) VALUES (?, ?, ?)"
+            " ON CONFLICT(resource) DO UPDATE SET"
+            " coordinator_id = excluded.coordinator_id, floor = excluded.floor",
+            (self._resource, head.coordinator_id, head.floor),
+        )
+
+    def op(self, op_id: str) -> OpRecord | None:
+        row = self._conn.execute(
+            "SELECT digest, outcome, recorded_at FROM ops WHERE resource = ? AND op_id = ?",
+            (self._resource, op_id),
+        ).fetchone()
+        return None if row is None else OpRecord(*row)
+
+    def record_op(self, op_id: str, record: OpRecord) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO ops(resource, op_id, digest, outcome, recorded_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (self._resource, op_id, record.digest, record.outcome, record.recorded_at),
+        )
+
+    def prune_ops(self, before: float) -> None:
+        self._conn.execute(
+            "DELETE FROM ops WHERE resource = ? AND recorded_at < ?", (self._resource, before)
+        )
+
+    def version_of(self, key: str) -> int | None:
+        row = self._conn.execute(
+            "SELECT version FROM items WHERE resource = ? AND key = ?", (self._resource, key)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def put_item(self, item: Item) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO items(resource, key, value, epoch, version)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (item.resource, item.key, item.value, item.epoch, item.version),
+        )
+
+    def pointer(self, name: str) -> Publication | None:
+        return _pointer(self._conn, self._resource, name)
+
+    def has_object(self, object_id: str) -> bool:
+        row = self._conn.execute(
+            "SELECT 1 FROM objects WHERE object_id = ? AND resource = ?",
+            (object_id, self._resource),
+        ).fetchone()
+        return row is not None
+
+    def set_pointer(self, publication: Publication, now: float) -> None:
+        p = publication
+        self._conn.execute(
+            "UPDATE objects SET superseded_at = ? WHERE object_id ="
+            " (SELECT object_id FROM pointers WHERE resource = ? AND name = ?)",
+            (now, p.resource, p.name),
+        )
+        self._conn.execute(
+            "INSERT OR REPLACE INTO pointers"
+            "(resource, name, object_id, epoch, sha256, size, published_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (p.resource, p.name, p.object_id, p.epoch, p.sha256, p.size, p.published_at),
+        )
+        self._conn.execute(
+            "UPDATE objects SET name = ?, epoch = ?, published_at = ? WHERE object_id = ?",
+            (p.name, p.epoch, p.published_at, p.object_id),
+        )
+
+
+class _ChunkReader(io.RawIOBase):
+    """A stream over one object's chunks, read inside its own connection's read transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, object_id: str, chunks: int) -> None:
+        super().__init__()
+        self._db = conn
+        self._object_id = object_id
+        self._chunks = chunks
+        self._next = 0
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def _fetch(self) -> bytes | None:
+        if self._next >= self._chunks:
+            return None
+        with _translated(f"reading object {self._object_id}"):
+            row = self._db.execute(
+                "SELECT data FROM chunks WHERE object_id = ? AND seq = ?",
+                (self._object_id, self._next),
+            ).fetchone()
+        if row is None:
+            raise ConfigurationError(f"object {self._object_id} misses a chunk: corrupt store")
+        self._next += 1
+        return bytes(row[0])
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        while not self._pending:
+            chunk = self._fetch()
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk)
+        target = memoryview(buffer).cast("B")
+        n = min(len(target), len(self._pending))
+        target[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def readall(self) -> bytes:
+        parts = [bytes(self._pending)]
+        self._pending = memoryview(b"")
+        while (chunk := self._fetch()) is not None:
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        if not self.closed:
+            _rollback(self._db)
+            self._db.close()
+        super().close()

@@ -1,0 +1,415 @@
+"""Fenced stores: :func:`open_store` and the :class:`Store` every backend is used through.
+
+A store keeps, per resource (a *fencing domain*), a floor (the largest epoch accepted or
+installed), the coordinator the domain is bound to, keys with versioned values, and publication
+pointers. Every mutation is checked against the token it carries **in the same atomic step** as
+the change; a rejected mutation changes nothing. Why the check must sit at the store (a worker's
+own lease check is always too early)::
+
+    worker A (81):  check lease: ok ── GC pause / SIGSTOP ─────────────── put(81)  → StaleToken
+    coordinator:          A's lease expires │ grants 82 to B
+    worker B (82):                          │ fence(82) ── put(82) ok
+    store floor:    81 ─────────────────────────── 82 ──────────────────────────────
+
+Backends (chosen by URL scheme) only store; this module validates, applies op ids and asks
+:mod:`fenced.fence.rules` for every decision, so all backends behave the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from types import TracebackType
+from typing import BinaryIO
+
+from fenced.core.clock import Clock, SystemClock
+from fenced.core.errors import ConfigurationError, IdempotencyConflict, Rejected, Unavailable
+from fenced.core.names import validate_key, validate_publication_name, validate_resource
+from fenced.core.token import FencingToken
+from fenced.core.urls import path_from_url, scheme_of
+from fenced.fence import ops, rules
+from fenced.fence.backend import Backend, Capability, StoreOptions, Transaction
+from fenced.fence.file_store import open_file_backend
+from fenced.fence.source import PublishData, Source
+from fenced.fence.sqlite_store import open_sqlite_backend
+from fenced.fence.values import Item, Mode, Publication, Version
+
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT",
+    "DEFAULT_GC_GRACE",
+    "DEFAULT_OP_RETENTION",
+    "MAX_VALUE_BYTES",
+    "Store",
+    "open_store",
+]
+
+DEFAULT_OP_RETENTION = 7 * 24 * 3600.0
+"""Seconds an op id's recorded outcome is honoured (7 days)."""
+DEFAULT_GC_GRACE = 3600.0
+"""Seconds an unreferenced object is kept before ``gc`` may remove it (1 hour)."""
+DEFAULT_BUSY_TIMEOUT = 5.0
+"""Seconds a mutation waits for another writer of the same store before :class:`Unavailable`."""
+MAX_VALUE_BYTES = 16 * 1024 * 1024
+"""The largest value ``put`` accepts; publish larger data."""
+_PRUNE_EVERY = 64
+
+Opener = Callable[[str, Mode | None, StoreOptions], Backend]
+_OPENERS: dict[str, Opener] = {"sqlite": open_sqlite_backend, "file": open_file_backend}
+
+
+def open_store(
+    url: str,
+    mode: Mode | None = None,
+    *,
+    op_retention: float = DEFAULT_OP_RETENTION,
+    gc_grace: float = DEFAULT_GC_GRACE,
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    clock: Clock | None = None,
+) -> Store:
+    """Open (creating it if needed) the store at ``url``: ``sqlite:///path`` or ``file:///dir``.
+
+    ``mode`` (``"strict"`` or ``"monotonic"``) is chosen when the store is created (None →
+    strict) and stored; it applies to every resource of the store. None opens an existing store
+    in its mode; the other mode is a :class:`ConfigurationError`.
+
+    ``op_retention``: seconds an op id is remembered. ``gc_grace``: the default grace of
+    :meth:`Store.gc`. ``busy_timeout``: seconds to wait for a concurrent writer before
+    :class:`Unavailable`. ``clock``: wall time for records and gc (tests pass a ManualClock).
+
+    Raises :class:`ConfigurationError` for a bad URL or option, a path that is not a fenced store,
+    a store of a newer format, a corrupt or unwritable store.
+    """
+    scheme = scheme_of(url)
+    opener = _OPENERS.get(scheme)
+    if opener is None:
+        known = ", ".join(f"{name}://" for name in sorted(_OPENERS))
+        raise ConfigurationError(f"no store for {scheme}: URLs (available: {known})")
+    options = StoreOptions(
+        op_retention=_positive("op_retention", op_retention, allow_zero=False),
+        gc_grace=_positive("gc_grace", gc_grace),
+        busy_timeout=_positive("busy_timeout", busy_timeout),
+        clock=clock if clock is not None else SystemClock(),
+    )
+    rules.resolve_mode(None, mode, "open_store")  # reject an unknown mode before any I/O
+    return Store(opener(path_from_url(url, scheme), mode, options), options)
+
+
+class Store:
+    """A fenced store. Thread-safe; many processes may open the same URL at once.
+
+    Every method that takes a token checks it atomically with its change and raises, without
+    changing anything: :class:`~fenced.ForeignToken` (the resource is bound to another
+    coordinator), :class:`~fenced.StaleToken` (epoch below the floor), or, in strict mode,
+    :class:`~fenced.NotInstalled` (epoch above the floor that nobody installed with
+    :meth:`fence`). :class:`~fenced.Unavailable` means nothing happened and a retry is safe;
+    :class:`~fenced.OutcomeUnknown` means the commit may or may not have happened: retry with
+    the same ``op_id`` to find out.
+    """
+
+    def __init__(self, backend: Backend, options: StoreOptions) -> None:
+        self._backend = backend
+        self._options = options
+        self._clock = options.clock
+        self._writes = itertools.count(1)
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The URL the store was opened with."""
+        return self._backend.url
+
+    @property
+    def mode(self) -> Mode:
+        """``"strict"`` or ``"monotonic"``, as stored when the store was created."""
+        return self._backend.mode
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this store's backend can do."""
+        return self._backend.capabilities
+
+    def __repr__(self) -> str:
+        return f"<fenced.Store {self.url} mode={self.mode}>"
+
+    # -- mutations -------------------------------------------------------------------------
+
+    def fence(self, token: FencingToken) -> int:
+        """Install ``token.epoch`` as the floor of its resource; return the floor.
+
+        Raises StaleToken if the floor is already higher (nothing changes). Installing the
+        current floor again is a no-op, so a retry is safe. From the moment this returns,
+        every operation with a lower epoch is rejected, even before the new owner writes.
+        Binds an unbound resource to the token's coordinator.
+        """
+        token = _check_token(token)
+        with self._write(token.resource) as tx:
+            head = tx.head()
+            new = rules.admit_fence(head, token)
+            if new != head:
+                tx.set_head(new)
+        return token.epoch
+
+    def put(
+        self,
+        token: FencingToken,
+        key: str,
+        value: bytes,
+        *,
+        op_id: str | None = None,
+        if_version: int | None = None,
+    ) -> Version:
+        """Write ``value`` under ``key`` of the token's resource; return the new version.
+
+        ``if_version``: None writes unconditionally; 0 requires that the key does not exist; n
+        requires that its version is n, else :class:`~fenced.VersionConflict` (nothing changes).
+        ``op_id``: see :mod:`fenced.fence.ops` — a retry returns the first outcome.
+        Values are at most :data:`MAX_VALUE_BYTES` (bad input is :class:`ConfigurationError`).
+        """
+        token = _check_token(token)
+        validate_key(key)
+        data = _check_value(value)
+        if_version = _check_if_version(if_version)
+        op_id = None if op_id is None else ops.validate_op_id(op_id)
+        digest = ops.put_digest(token, key, data, if_version) if op_id is not None else ""
+        now = self._clock.wall()
+        with self._write(token.resource) as tx:
+            recorded = self._replay(tx, op_id, digest, now)
+            if recorded is not None:
+                result = ops.decode_version(recorded)
+            else:
+                head = tx.head()
+                new = rules.admit_mutation(self.mode, head, token)
+                number = rules.next_version(token.resource, key, tx.version_of(key), if_version)
+                result = Version(token.resource, key, token.epoch, number)
+                tx.put_item(Item(token.resource, key, data, token.epoch, number))
+                if new != head:
+                    tx.set_head(new)
+                self._record(tx, op_id, digest, result, now)
+        return result
+
+    def publish(
+        self,
+        token: FencingToken,
+        data: PublishData,
+        *,
+        name: str = "",
+        op_id: str | None = None,
+    ) -> Publication:
+        """Publish ``data`` (bytes, a path or a binary stream) as ``(token.resource, name)``.
+
+        1. The bytes are staged durably as an immutable object with a fresh id (a path or stream
+           is streamed in chunks, never read whole into memory), outside the critical section.
+        2. In the critical section: op id, binding and fence checks as for :meth:`put`, then the
+           pointer moves to the new object only if ``token.epoch`` is at or above the pointer's.
+
+        The pointer never moves backwards and never shows a missing or partial object, even if
+        the publisher is killed at any instant. A rejected publication's object is deleted (or,
+        after a crash, left for :meth:`gc`). A resource whose floor is already above the token,
+        or that is bound to another coordinator, is refused before staging (without ``op_id``).
+        """
+        token = _check_token(token)
+        validate_publication_name(name)
+        op_id = None if op_id is None else ops.validate_op_id(op_id)
+        source = Source(data)
+        resource = token.resource
+        backend = self._open_backend()
+        if op_id is None:  # these refusals are permanent: save the staging of doomed data
+            rules.admit_fence(backend.head(resource), token)
+        object_id = f"{token.epoch:020d}-{uuid.uuid4().hex}"
+        backend.stage(resource, object_id, source, self._clock.wall())
+        digest = ops.publish_digest(token, name, source.sha256, source.size) if op_id else ""
+        now = self._clock.wall()
+        try:
+            with self._write(resource) as tx:
+                recorded = self._replay(tx, op_id, digest, now)
+                if recorded is not None:
+                    result = ops.decode_publication(recorded)
+                else:
+                    head = tx.head()
+                    new = rules.admit_mutation(self.mode, head, token)
+                    current = tx.pointer(name)
+                    rules.check_pointer(token, None if current is None else current.epoch)
+                    if not tx.has_object(object_id):
+                        raise Unavailable(
+                            f"the staged object {object_id} was removed by gc before the "
+                            "publication committed (was the publisher paused for longer than "
+                            "the gc grace period?); nothing was published, retry"
+                        )
+                    result = Publication(
+                        resource, name, token.epoch, object_id, source.sha256, source.size, now
+                    )
+                    tx.set_pointer(result, now)
+                    if new != head:
+                        tx.set_head(new)
+                    self._record(tx, op_id, digest, result, now)
+        except (Rejected, IdempotencyConflict):
+            backend.discard(resource, object_id)
+            raise
+        if result.object_id != object_id:  # replayed: this attempt's object is not needed
+            backend.discard(resource, object_id)
+        return result
+
+    def gc(self, keep: int = 1, grace: float | None = None) -> int:
+        """Delete unreferenced objects idle for longer than ``grace`` seconds; return how many.
+
+        Never deletes a current pointer target nor one of the ``keep`` newest publications of a
+        ``(resource, name)``. An object is idle from the moment it was superseded (or staged,
+        if it was never published), so a reader that opened a publication can finish reading
+        within the grace period. ``grace`` defaults to the store's ``gc_grace``. Also removes
+        temporary files of interrupted writes older than the grace period.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise ConfigurationError(f"keep must be an integer >= 0, got {keep!r}")
+        grace = self._options.gc_grace if grace is None else _positive("grace", grace)
+        cutoff = self._clock.wall() - grace
+        return self._open_backend().gc(partial(rules.gc_victims, keep=keep, cutoff=cutoff), cutoff)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, resource: str, key: str) -> Item | None:
+        """The current item of ``key`` in ``resource``, or None. Reads need no token."""
+        validate_resource(resource)
+        validate_key(key)
+        return self._open_backend().get(resource, key)
+
+    def latest(self, resource: str, name: str = "") -> Publication | None:
+        """The current publication of ``(resource, name)``, or None."""
+        validate_resource(resource)
+        validate_publication_name(name)
+        return self._open_backend().pointer(resource, name)
+
+    def open(self, resource: str, name: str = "") -> BinaryIO:
+        """A binary stream of the current publication's bytes (a snapshot).
+
+        The stream keeps reading the object it opened even if a newer one is published
+        meanwhile, for at least the gc grace period. Raises :class:`LookupError` if nothing is
+        published under that name. Close it (``with store.open(...) as f``).
+        """
+        validate_resource(resource)
+        validate_publication_name(name)
+        found = self._open_backend().open_current(resource, name)
+        if found is None:
+            raise LookupError(f"nothing is published as {_shown(resource, name)}")
+        return found[1]
+
+    def read(self, resource: str, name: str = "") -> bytes:
+        """All bytes of the current publication, checked against its size and SHA-256.
+
+        Raises :class:`LookupError` if nothing is published, :class:`ConfigurationError` if the
+        stored bytes do not match their publication (a corrupt store).
+        """
+        validate_resource(resource)
+        validate_publication_name(name)
+        found = self._open_backend().open_current(resource, name)
+        if found is None:
+            raise LookupError(f"nothing is published as {_shown(resource, name)}")
+        publication, stream = found
+        with stream:
+            data = stream.read()
+        if len(data) != publication.size or hashlib.sha256(data).hexdigest() != publication.sha256:
+            raise ConfigurationError(
+                f"object {publication.object_id} of {_shown(resource, name)} does not match its "
+                "recorded size and SHA-256: the store is corrupt"
+            )
+        return data
+
+    def floor(self, resource: str) -> int | None:
+        """The largest epoch accepted or installed for ``resource``; None if it has none."""
+        validate_resource(resource)
+        return self._open_backend().head(resource).floor
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the store; later calls raise :class:`ConfigurationError`. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _open_backend(self) -> Backend:
+        if self._closed:
+            raise ConfigurationError(f"the store {self.url} is closed")
+        return self._backend
+
+    @contextmanager
+    def _write(self, resource: str) -> Iterator[Transaction]:
+        """The backend's critical section; now and then prunes expired op records in it."""
+        with self._open_backend().transaction(resource) as tx:
+            yield tx
+            if next(self._writes) % _PRUNE_EVERY == 0:
+                tx.prune_ops(self._clock.wall() - self._options.op_retention)
+
+    def _replay(self, tx: Transaction, op_id: str | None, digest: str, now: float) -> str | None:
+        if op_id is None:
+            return None
+        retention = self._options.op_retention
+        return ops.replay(tx.op(op_id), digest, now=now, retention=retention)
+
+    def _record(
+        self,
+        tx: Transaction,
+        op_id: str | None,
+        digest: str,
+        outcome: Version | Publication,
+        now: float,
+    ) -> None:
+        if op_id is not None:
+            tx.record_op(op_id, ops.OpRecord(digest, ops.encode_outcome(outcome), now))
+
+
+def _shown(resource: str, name: str) -> str:
+    return f"{resource!r}" + (f" name {name!r}" if name else "")
+
+
+def _check_token(token: object) -> FencingToken:
+    if not isinstance(token, FencingToken):
+        raise ConfigurationError(
+            f"expected a fenced.FencingToken, got {type(token).__name__} "
+            "(parse text with FencingToken.parse)"
+        )
+    return token
+
+
+def _check_value(value: object) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise ConfigurationError(f"a value must be bytes, not {type(value).__name__}")
+    data = bytes(value)
+    if len(data) > MAX_VALUE_BYTES:
+        raise ConfigurationError(
+            f"a value is at most {MAX_VALUE_BYTES} bytes, got {len(data)}: publish large data"
+        )
+    return data
+
+
+def _check_if_version(if_version: object) -> int | None:
+    if if_version is None:
+        return None
+    if isinstance(if_version, bool) or not isinstance(if_version, int) or if_version < 0:
+        raise ConfigurationError(f"if_version must be None or an integer >= 0, got {if_version!r}")
+    return if_version
+
+
+def _positive(what: str, value: object, *, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigurationError(f"{what} must be a finite number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigurationError(f"{what} must be {'>=' if allow_zero else '>'} 0, got {value}")
+    return float(value)

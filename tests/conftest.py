@@ -1,0 +1,8 @@
+"""Test-session set-up shared by every test module."""
+
+from __future__ import annotations
+
+import pytest
+
+# The conformance suites live in the public package fenced.testing: rewrite their asserts too.
+pytest.register_assert_rewrite("fenced.testing")

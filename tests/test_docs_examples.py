@@ -1,0 +1,39 @@
+"""Every ```python block in the README and docs/ runs, as a user would run it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def _examples() -> list[tuple[str, str]]:
+    found = []
+    for doc in DOCS:
+        for number, match in enumerate(BLOCK.finditer(doc.read_text()), 1):
+            found.append((f"{doc.relative_to(ROOT)}#{number}", match.group(1)))
+    return found
+
+
+EXAMPLES = _examples()
+
+
+def test_the_readme_has_a_runnable_example() -> None:
+    assert any(name.startswith("README.md") for name, _ in EXAMPLES)
+
+
+@pytest.mark.parametrize(("name", "code"), EXAMPLES, ids=[name for name, _ in EXAMPLES])
+def test_example_runs(name: str, code: str, tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
