@@ -6,3 +6,4 @@ import pytest
 
 # The conformance suites live in the public package fenced.testing: rewrite their asserts too.
 pytest.register_assert_rewrite("fenced.testing")
+from postgres_fixtures import postgres_server  # noqa: E402, F401

@@ -5,8 +5,10 @@ Workers are ``tests/workers.py`` run with ``sys.executable``; they record JSON-l
 with deadlines. No assertion here is about speed except the takeover bound after a crash, which
 DESIGN §2 promises (ttl + one renewal interval + 0.5 s).
 
-A wall-clock jump is covered by :class:`fenced.testing.conformance.ManualClockConformance` in
-``test_conformance_sqlite.py``.
+A wall-clock jump with an injected clock is covered by
+:class:`fenced.testing.conformance.ManualClockConformance` in ``test_conformance_sqlite.py``; the
+last test here checks the production clock path (CLOCK_BOOTTIME, no injection) across processes
+whose wall clocks disagree by a day.
 """
 
 from __future__ import annotations
@@ -281,3 +283,25 @@ def test_kill_9_in_acquire_release_loops_never_duplicates_an_epoch(
     last = coord.last_epoch(R)
     assert last >= max(everything)
     assert coord.acquire(R, ttl=5, wait=10).epoch == last + 1
+
+
+@pytest.mark.parametrize("skew", [86400.0, -86400.0])
+def test_processes_whose_wall_clocks_disagree_see_the_same_expiry(
+    spawn: Spawn, coord: fenced.Coordinator, skew: float
+) -> None:
+    mine = coord.acquire(R, ttl=30, wait=0, holder="parent")
+    worker = spawn("skewed", "skewed", "--skew", str(skew), "--ttl", "1", "--wait", "20")
+    seen = worker.wait_event("current", STARTUP)
+    info = coord.current(R)
+    assert info is not None
+    assert seen["epoch"] == mine.epoch
+    assert abs(seen["expires_in"] - info.expires_in) < 5  # not a day apart
+    assert worker.wait_event("busy", 10)["epoch"] == mine.epoch
+    assert coord.release(mine)
+    taken = worker.wait_event("acquired", 10)
+    assert taken["epoch"] == mine.epoch + 1
+    assert worker.wait_exit(10) == 0, worker.diagnostics()
+    started = time.monotonic()
+    after = coord.acquire(R, ttl=5, wait=10)  # its 1 s lease expires by CLOCK_BOOTTIME
+    assert after.epoch == mine.epoch + 2
+    assert time.monotonic() - started < 5

@@ -20,6 +20,7 @@ PUBLIC = {
     "LeaseLost",
     "LeaseState",
     "LossReason",
+    "NotFound",
     "NotInstalled",
     "OutcomeUnknown",
     "Publication",

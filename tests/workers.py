@@ -14,6 +14,9 @@ Modes:
               ``renew``, ``release`` and leaving the ``with`` block said.
 ``renewloop`` the same with a plain acquire and a renew loop in the main thread.
 ``loop``      acquire / release forever; each granted epoch is written and fsynced first.
+``skewed``    with ``time.time`` stepped by ``--skew`` seconds (as NTP or an operator would):
+              reads the parent's lease, tries to take it, waits for its release, then takes
+              the resource with ``--ttl`` and exits without releasing.
 """
 
 from __future__ import annotations
@@ -146,7 +149,33 @@ def loop(args: argparse.Namespace, out: Recorder) -> None:
         coord.release(lease)
 
 
-MODES = {"contend": contend, "hold": hold, "renewloop": renewloop, "loop": loop}
+def skewed(args: argparse.Namespace, out: Recorder) -> None:
+    real_time = time.time
+    time.time = lambda: real_time() + args.skew
+    coord = fenced.connect(args.url)
+    info = coord.current(args.resource)
+    out.emit(
+        "current",
+        epoch=None if info is None else info.epoch,
+        expires_in=None if info is None else info.expires_in,
+    )
+    try:
+        coord.acquire(args.resource, ttl=args.ttl, wait=0, holder=args.holder)
+        out.emit("acquired-while-held")
+    except fenced.Busy as error:
+        out.emit("busy", epoch=error.epoch, remaining=error.remaining)
+    lease = coord.acquire(args.resource, ttl=args.ttl, wait=args.wait, holder=args.holder)
+    out.emit("acquired", epoch=lease.epoch)
+    coord.close()  # no release: the lease must expire after ttl on the coordinator's clock
+
+
+MODES = {
+    "contend": contend,
+    "hold": hold,
+    "renewloop": renewloop,
+    "loop": loop,
+    "skewed": skewed,
+}
 
 
 def main() -> None:
@@ -161,6 +190,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--ready", default="")
     parser.add_argument("--go", default="")
+    parser.add_argument("--skew", type=float, default=0.0)
     args = parser.parse_args()
     out = Recorder(args.out, durable=args.mode == "loop")
     MODES[args.mode](args, out)

@@ -11,11 +11,38 @@ from typing import Any
 import click
 
 from fenced.cli.exitcodes import BAD_INPUT, exit_code_for
-from fenced.core.errors import FencedError
+from fenced.core.errors import ConfigurationError, FencedError
+
+
+class OneLineUsageCommand(click.Command):
+    """A click command whose usage errors are one line (``fenced: …``) with exit code 2.
+
+    Click's own format (usage, hint, blank line, error) is turned into a
+    :class:`ConfigurationError`, which the ``fenced`` group prints as one line.
+    """
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as error:
+            where = f"fenced {info_name}" if info_name else "fenced"
+            message = error.format_message().rstrip(".")
+            raise ConfigurationError(f"{message} (see '{where} --help')") from None
 
 
 class FencedGroup(click.Group):
-    """A click group that turns fenced errors into one-line messages and exit codes."""
+    """A click group that turns fenced errors into one-line messages and exit codes.
+
+    Its commands are :class:`OneLineUsageCommand`s: usage errors are one line too.
+    """
+
+    command_class = OneLineUsageCommand
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -8,6 +8,7 @@ from fenced.core.errors import (
     FencedError,
     IdempotencyConflict,
     LeaseLost,
+    NotFound,
     OutcomeUnknown,
     Rejected,
     Unavailable,
@@ -16,9 +17,10 @@ from fenced.core.errors import (
 __all__ = [
     "BAD_INPUT",
     "CONFLICT",
-    "FAILURE",
+    "INTERNAL_ERROR",
     "LEASE_LOST",
     "NOT_ACQUIRED",
+    "NOT_FOUND",
     "OK",
     "OUTCOME_UNKNOWN",
     "REJECTED",
@@ -27,8 +29,8 @@ __all__ = [
 ]
 
 OK = 0
-FAILURE = 1
-"""An unexpected failure (a bug): reported with a one-line message."""
+NOT_FOUND = 1
+"""Nothing found: ``get``, ``latest`` or ``read`` of something never written (like grep)."""
 BAD_INPUT = 2
 """Bad usage or bad input (invalid name, malformed token, bad URL, bad ttl, …)."""
 REJECTED = 3
@@ -37,7 +39,9 @@ CONFLICT = 4
 """A compare-and-set or op_id conflict: nothing was applied."""
 UNAVAILABLE = 69
 """The coordinator or store could not be reached; nothing happened; retry is safe."""
-OUTCOME_UNKNOWN = 70
+INTERNAL_ERROR = 70
+"""An unexpected failure (a bug in fenced): reported with a one-line message."""
+OUTCOME_UNKNOWN = 74
 """The request was sent but the outcome is unknown; retry with the same op id."""
 NOT_ACQUIRED = 75
 """The lease was not acquired within --wait."""
@@ -47,6 +51,8 @@ LEASE_LOST = 76
 
 def exit_code_for(error: FencedError) -> int:
     """Map a fenced error to its documented exit code."""
+    if isinstance(error, NotFound):
+        return NOT_FOUND
     if isinstance(error, ConfigurationError):
         return BAD_INPUT
     if isinstance(error, Rejected):
@@ -61,4 +67,4 @@ def exit_code_for(error: FencedError) -> int:
         return OUTCOME_UNKNOWN
     if isinstance(error, IdempotencyConflict) or type(error).__name__ == "VersionConflict":
         return CONFLICT
-    return FAILURE
+    return INTERNAL_ERROR

@@ -6,18 +6,31 @@ import line here per module.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
 
+from fenced.cli import demo, run_cmd, status_cmd, store_cmds  # noqa: F401
 from fenced.cli.app import cli
-from fenced.cli.exitcodes import FAILURE
+from fenced.cli.exitcodes import INTERNAL_ERROR
 
 __all__ = ["cli", "main"]
 
 
+def _log_to_stderr() -> None:
+    """Warnings of the library (lease lost, renewal failed) as ``fenced: …`` lines on stderr."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("fenced: %(message)s"))
+    root = logging.getLogger("fenced")
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    root.propagate = False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the command line; never lets a traceback reach the user."""
+    _log_to_stderr()
     try:
         cli.main(args=argv, prog_name="fenced", standalone_mode=True)
     except KeyboardInterrupt:
@@ -25,4 +38,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except Exception as error:  # a bug: one line, distinct exit code
         click.echo(f"fenced: internal error: {type(error).__name__}: {error}", err=True)
-        sys.exit(FAILURE)
+        sys.exit(INTERNAL_ERROR)

@@ -105,7 +105,7 @@ class CoordinatorBackend(Protocol):
     capabilities: frozenset[str]
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
-        """Grant with epoch = last epoch + 1 if free and ``ticket`` is first in line.
+        """Grant with epoch = max(last epoch, minimum epoch) + 1 if free and first in line.
 
         The new epoch is durable before this returns. A granted ticket leaves the queue in the
         same step. A ``request_id`` seen before returns its earlier grant while that lease lives,
@@ -146,7 +146,10 @@ class CoordinatorBackend(Protocol):
         ...
 
     def last_epoch(self, resource: str) -> int:
-        """The largest epoch ever granted for ``resource`` (0 if none)."""
+        """The largest epoch granted or reserved for ``resource``: the next grant gets this + 1.
+
+        0 for a resource never granted on a coordinator never restored.
+        """
         ...
 
     def resources(self) -> list[str]:
@@ -182,6 +185,16 @@ class CoordinatorBackend(Protocol):
         """Block until ``resource`` has a record with ``seq > after``, or ``timeout`` passed.
 
         Woken by notification, like :meth:`wait`; the caller re-reads :meth:`records`.
+        """
+        ...
+
+    def advance(self, minimum: int, floors: dict[str, int], detail: dict[str, object]) -> int:
+        """Restore safety: no later grant of any resource gets an epoch ≤ ``minimum``.
+
+        Raises the coordinator-wide minimum epoch to ``minimum`` (never lowers it) and each
+        resource's last epoch to ``floors[resource]`` where that is higher; ends every live lease
+        (they belong to the state before the restore); appends a RESTORED record per resource with
+        ``detail``. One atomic step. Returns the new coordinator-wide minimum.
         """
         ...
 

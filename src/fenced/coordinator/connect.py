@@ -6,6 +6,7 @@ URL                           backend
 none                          ``$FENCED_URL`` if set, else ``sqlite:.fenced/fenced.db``
 ``sqlite:///abs/path``        embedded: one host, many processes (``sqlite:rel/path`` too)
 ``memory://NAME``             in-process reference backend, for tests
+``postgresql://…``            PostgreSQL (``postgres://`` too; see docs/postgres.md)
 ============================  ===============================================================
 
 An unknown scheme, or a backend whose extra is not installed, is a :class:`ConfigurationError`.
@@ -25,8 +26,6 @@ __all__ = ["DEFAULT_URL", "connect", "open_backend", "resolve_url"]
 
 DEFAULT_URL = "sqlite:.fenced/fenced.db"
 _LATER = {
-    "postgresql": "PostgreSQL",
-    "postgres": "PostgreSQL",
     "etcd": "etcd",
     "http": "the fenced server",
     "https": "the fenced server",
@@ -56,13 +55,26 @@ def open_backend(url: str, *, host_clock: HostClock | None = None) -> Coordinato
         from fenced.coordinator.backends.memory import MemoryBackend  # noqa: PLC0415
 
         return MemoryBackend(url[len("memory://") :] or "default", host_clock=host_clock)
+    if scheme in ("postgresql", "postgres"):
+        if host_clock is not None:
+            raise ConfigurationError(
+                f"{scheme}:// decides expiry by the PostgreSQL server's clock; "
+                "host_clock cannot be injected"
+            )
+        try:
+            from fenced.coordinator.backends.postgres import PostgresBackend  # noqa: PLC0415
+        except ImportError as error:
+            raise ConfigurationError(
+                f"the PostgreSQL backend needs psycopg: pip install 'fenced[postgres]' ({error})"
+            ) from error
+        return PostgresBackend(url)
     if scheme in _LATER:
         raise ConfigurationError(
             f"{url!r}: the {_LATER[scheme]} backend is not available in this version of fenced"
         )
     raise ConfigurationError(
         f"unknown coordinator URL scheme {scheme!r} in {url!r}; "
-        "expected sqlite:///path or memory://name"
+        "expected sqlite:///path, postgresql://... or memory://name"
     )
 
 

@@ -11,6 +11,7 @@
     │   ├── StaleToken               presented epoch below the domain's floor
     │   ├── NotInstalled             strict mode: a newer epoch that nobody installed with fence()
     │   └── ForeignToken             a token of another coordinator than the domain's
+    ├── NotFound                     nothing stored under that name (also a LookupError)
     ├── IdempotencyConflict          an op_id reused with different content; nothing was applied
     ├── VersionConflict              a put's if_version did not match the key; nothing was applied
     ├── Unavailable                  retryable: the request was not carried out at all
@@ -38,6 +39,7 @@ __all__ = [
     "InvalidName",
     "LeaseLost",
     "LossReason",
+    "NotFound",
     "NotInstalled",
     "OutcomeUnknown",
     "Rejected",
@@ -149,6 +151,10 @@ class ForeignToken(Rejected):
             f"token for {resource} comes from coordinator {presented}, "
             f"but this store is bound to coordinator {bound}"
         )
+
+
+class NotFound(FencedError, LookupError):
+    """Nothing is published or stored under that name. Nothing was changed."""
 
 
 class IdempotencyConflict(FencedError):

@@ -9,8 +9,10 @@ and the pointer rule live once, above the backends, in :class:`~fenced.fence.sto
   across threads and processes; the writes made through it become visible and durable together
   when the block ends normally, and not at all when it raises. If the commit itself fails in a
   way that leaves the outcome unknown, it raises :class:`~fenced.OutcomeUnknown`.
-* :meth:`Backend.stage` stores an object's bytes durably under a fresh id *before* any pointer
-  can reference it; an interrupted stage leaves nothing that :meth:`Transaction.has_object` sees.
+* :meth:`Backend.stage` stores an object's bytes under a fresh id *before* any pointer can
+  reference it; the object is durable at the latest when the transaction that first points at
+  it commits (and before that commit's own change is). An interrupted stage leaves nothing
+  that :meth:`Transaction.has_object` sees.
 * Reads (:meth:`Backend.head`, :meth:`Backend.get`, :meth:`Backend.pointer`,
   :meth:`Backend.open_current`) see committed state only.
 * Driver errors are translated at this boundary (``raise Unavailable(...) from error`` and so on).
@@ -112,7 +114,7 @@ class Backend(Protocol):
     mode: Mode
     capabilities: frozenset[Capability]
 
-    def transaction(self, resource: str) -> AbstractContextManager[Transaction, None]:
+    def transaction(self, resource: str) -> AbstractContextManager[Transaction]:
         """The critical section of ``resource`` (see the module docstring)."""
         ...
 
@@ -129,7 +131,7 @@ class Backend(Protocol):
         ...
 
     def stage(self, resource: str, object_id: str, chunks: Iterable[bytes], now: float) -> None:
-        """Store the concatenated ``chunks`` durably as object ``object_id`` of ``resource``."""
+        """Store the concatenated ``chunks`` as object ``object_id`` of ``resource``."""
         ...
 
     def discard(self, resource: str, object_id: str) -> None:

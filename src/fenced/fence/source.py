@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 from collections.abc import Iterator
 from typing import IO
 
@@ -23,6 +25,10 @@ PublishData = bytes | bytearray | memoryview | os.PathLike[str] | IO[bytes]
 
 class Source:
     """Chunks of the data of one publish; :attr:`sha256` and :attr:`size` once exhausted.
+
+    Large chunks are hashed on a helper thread, in order, so that hashing overlaps the backend's
+    writes and its ``fsync`` (hashlib and fsync both release the GIL); at most
+    :data:`_QUEUED` chunks wait for it, so memory stays bounded.
 
     Raises :class:`ConfigurationError` at construction for data of another type (a ``str`` is
     refused: pass ``pathlib.Path(name)`` for a file or ``text.encode()`` for text). Opening or
@@ -43,6 +49,7 @@ class Source:
             )
         self._data = data
         self._hash = hashlib.sha256()
+        self._hasher: _Hasher | None = None
         self._size = 0
         self._done = False
 
@@ -50,6 +57,8 @@ class Source:
     def sha256(self) -> str:
         """The SHA-256 of all the data, lowercase hex (after the chunks were consumed)."""
         self._require_done()
+        if self._hasher is not None:
+            self._hasher.finish()
         return self._hash.hexdigest()
 
     @property
@@ -63,11 +72,20 @@ class Source:
             raise RuntimeError("the data was not read to its end")
 
     def __iter__(self) -> Iterator[bytes]:
-        for chunk in self._chunks():
-            self._hash.update(chunk)
-            self._size += len(chunk)
-            yield chunk
-        self._done = True
+        try:
+            for chunk in self._chunks():
+                if self._hasher is None and len(chunk) >= _THREADED:
+                    self._hasher = _Hasher(self._hash)
+                if self._hasher is None:
+                    self._hash.update(chunk)
+                else:
+                    self._hasher.feed(chunk)
+                self._size += len(chunk)
+                yield chunk
+            self._done = True
+        finally:
+            if self._hasher is not None:
+                self._hasher.close()  # no more chunks, whether done or abandoned
 
     def _chunks(self) -> Iterator[bytes]:
         data = self._data
@@ -82,6 +100,40 @@ class Source:
                 yield from _read_stream(stream)
         else:
             yield from _read_stream(data)  # type: ignore[arg-type]
+
+
+_THREADED = 64 * 1024
+"""Chunks at least this large are hashed on the helper thread (smaller ones inline)."""
+_QUEUED = 4
+
+
+class _Hasher:
+    """Feeds chunks, in order, to a hash object on a thread of its own."""
+
+    def __init__(self, target: hashlib._Hash) -> None:
+        self._target = target
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=_QUEUED)
+        self._thread = threading.Thread(target=self._run, name="fenced-sha256", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            self._target.update(chunk)
+
+    def feed(self, chunk: bytes) -> None:
+        self._queue.put(chunk)
+
+    def close(self) -> None:
+        """No more chunks: the thread ends once it has hashed those fed so far."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+
+    def finish(self) -> None:
+        """Wait until every chunk fed so far is hashed."""
+        self.close()
+        self._thread.join()
 
 
 def _read_stream(stream: IO[bytes]) -> Iterator[bytes]:

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sqlite3
@@ -99,10 +100,9 @@ def _translated(what: str) -> Iterator[None]:
 
 def _rollback(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
-        try:
+        # if ROLLBACK fails the transaction is gone anyway: SQLite rolls back on error or close
+        with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass  # the transaction is gone either way: SQLite rolls back on error or close
 
 
 def open_sqlite_backend(path: str, mode: Mode | None, options: StoreOptions) -> SqliteBackend:
@@ -159,9 +159,10 @@ class SqliteBackend:
         return conn
 
     def initialise(self, requested: Mode | None) -> None:
-        """Set WAL, create or migrate the schema, resolve the mode."""
+        """Check the database is a fenced store (or empty), set WAL, create or migrate."""
         conn = self._conn()
         with _translated(f"opening the sqlite store {self.path!r}"):
+            self._stored_meta(conn)  # refuse a foreign database before changing anything
             (journal,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
             if str(journal).lower() != "wal":
                 raise ConfigurationError(f"{self.path!r}: cannot use WAL (got {journal})")
@@ -173,16 +174,26 @@ class SqliteBackend:
                 raise
             conn.execute("COMMIT")
 
+    def _stored_meta(self, conn: sqlite3.Connection) -> dict[str, str]:
+        """The ``meta`` rows ({} for an empty database); refuses a database of something else."""
+        where = f"sqlite store {self.path!r}"
+        tables = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if not tables:
+            return {}
+        if "meta" not in tables:
+            raise ConfigurationError(f"{where} is a database but not a fenced store (no meta)")
+        stored: dict[str, str] = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        if stored.get("format") != FORMAT:
+            raise ConfigurationError(
+                f"{where} is not a fenced store (format {stored.get('format')})"
+            )
+        return stored
+
     def _migrate(self, conn: sqlite3.Connection, requested: Mode | None) -> Mode:
         where = f"sqlite store {self.path!r}"
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-        stored: dict[str, str] = {}
-        if "meta" in tables:
-            stored = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        elif tables:
-            raise ConfigurationError(f"{where} is a database but not a fenced store (no meta)")
-        if tables and stored.get("format") != FORMAT:
-            raise ConfigurationError(f"{where} is not a fenced store (format {stored.get('format')})")
+        stored = self._stored_meta(conn)
         try:
             version = int(stored.get("schema_version", "0"))
         except ValueError as error:
@@ -193,6 +204,8 @@ class SqliteBackend:
                 f"({SCHEMA_VERSION}): upgrade fenced"
             )
         mode = resolve_mode(stored.get("mode"), requested, where)
+        if version == SCHEMA_VERSION:
+            return mode
         for step in MIGRATIONS[version:]:
             for statement in step:
                 conn.execute(statement)
@@ -224,10 +237,14 @@ class SqliteBackend:
 
     def get(self, resource: str, key: str) -> Item | None:
         with _translated(f"reading {resource!r}"):
-            row = self._conn().execute(
-                "SELECT value, epoch, version FROM items WHERE resource = ? AND key = ?",
-                (resource, key),
-            ).fetchone()
+            row = (
+                self._conn()
+                .execute(
+                    "SELECT value, epoch, version FROM items WHERE resource = ? AND key = ?",
+                    (resource, key),
+                )
+                .fetchone()
+            )
         return None if row is None else Item(resource, key, bytes(row[0]), row[1], row[2])
 
     def pointer(self, resource: str, name: str) -> Publication | None:
@@ -264,15 +281,23 @@ class SqliteBackend:
     def stage(self, resource: str, object_id: str, chunks: Iterable[bytes], now: float) -> None:
         conn = self._conn()
         count = size = 0
+        last: bytes | None = None  # the last chunk goes into the sealing transaction
+
+        def insert(seq: int, chunk: bytes) -> None:
+            conn.execute(
+                "INSERT INTO chunks(object_id, seq, data, staged_at) VALUES (?, ?, ?, ?)",
+                (object_id, seq, chunk, now),
+            )
+
         with _translated(f"staging an object of {resource!r}"):
-            for seq, chunk in enumerate(chunks):
-                conn.execute(
-                    "INSERT INTO chunks(object_id, seq, data, staged_at) VALUES (?, ?, ?, ?)",
-                    (object_id, seq, chunk, now),
-                )
-                count, size = seq + 1, size + len(chunk)
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                for chunk in chunks:
+                    if last is not None:
+                        insert(count - 1, last)
+                    last, count, size = chunk, count + 1, size + len(chunk)
+                conn.execute("BEGIN IMMEDIATE")
+                if last is not None:
+                    insert(count - 1, last)
                 found = conn.execute(
                     "SELECT count(*), coalesce(sum(length(data)), 0) FROM chunks"
                     " WHERE object_id = ?",
@@ -290,6 +315,7 @@ class SqliteBackend:
                 )
             except BaseException:
                 _rollback(conn)
+                self.discard(resource, object_id)
                 raise
         _commit(conn, f"staging an object of {resource!r}")
 

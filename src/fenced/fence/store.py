@@ -25,10 +25,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from types import TracebackType
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from fenced.core.clock import Clock, SystemClock
-from fenced.core.errors import ConfigurationError, IdempotencyConflict, Rejected, Unavailable
+from fenced.core.errors import (
+    ConfigurationError,
+    IdempotencyConflict,
+    NotFound,
+    Rejected,
+    Unavailable,
+)
 from fenced.core.names import validate_key, validate_publication_name, validate_resource
 from fenced.core.token import FencingToken
 from fenced.core.urls import path_from_url, scheme_of
@@ -59,6 +65,7 @@ MAX_VALUE_BYTES = 16 * 1024 * 1024
 _PRUNE_EVERY = 64
 
 Opener = Callable[[str, Mode | None, StoreOptions], Backend]
+_Outcome = TypeVar("_Outcome", Version, Publication)
 _OPENERS: dict[str, Opener] = {"sqlite": open_sqlite_backend, "file": open_file_backend}
 
 
@@ -158,7 +165,7 @@ class Store:
         self,
         token: FencingToken,
         key: str,
-        value: bytes,
+        value: bytes | bytearray | memoryview,
         *,
         op_id: str | None = None,
         if_version: int | None = None,
@@ -178,18 +185,13 @@ class Store:
         digest = ops.put_digest(token, key, data, if_version) if op_id is not None else ""
         now = self._clock.wall()
         with self._write(token.resource) as tx:
-            recorded = self._replay(tx, op_id, digest, now)
-            if recorded is not None:
-                result = ops.decode_version(recorded)
-            else:
-                head = tx.head()
-                new = rules.admit_mutation(self.mode, head, token)
+
+            def change() -> Version:
                 number = rules.next_version(token.resource, key, tx.version_of(key), if_version)
-                result = Version(token.resource, key, token.epoch, number)
                 tx.put_item(Item(token.resource, key, data, token.epoch, number))
-                if new != head:
-                    tx.set_head(new)
-                self._record(tx, op_id, digest, result, now)
+                return Version(token.resource, key, token.epoch, number)
+
+            result = self._mutate(tx, token, op_id, digest, now, ops.decode_version, change)
         return result
 
     def publish(
@@ -222,16 +224,13 @@ class Store:
             rules.admit_fence(backend.head(resource), token)
         object_id = f"{token.epoch:020d}-{uuid.uuid4().hex}"
         backend.stage(resource, object_id, source, self._clock.wall())
-        digest = ops.publish_digest(token, name, source.sha256, source.size) if op_id else ""
+        sha256, size = source.sha256, source.size
+        digest = ops.publish_digest(token, name, sha256, size) if op_id else ""
         now = self._clock.wall()
         try:
             with self._write(resource) as tx:
-                recorded = self._replay(tx, op_id, digest, now)
-                if recorded is not None:
-                    result = ops.decode_publication(recorded)
-                else:
-                    head = tx.head()
-                    new = rules.admit_mutation(self.mode, head, token)
+
+                def change() -> Publication:
                     current = tx.pointer(name)
                     rules.check_pointer(token, None if current is None else current.epoch)
                     if not tx.has_object(object_id):
@@ -240,14 +239,14 @@ class Store:
                             "publication committed (was the publisher paused for longer than "
                             "the gc grace period?); nothing was published, retry"
                         )
-                    result = Publication(
-                        resource, name, token.epoch, object_id, source.sha256, source.size, now
+                    publication = Publication(
+                        resource, name, token.epoch, object_id, sha256, size, now
                     )
-                    tx.set_pointer(result, now)
-                    if new != head:
-                        tx.set_head(new)
-                    self._record(tx, op_id, digest, result, now)
-        except (Rejected, IdempotencyConflict):
+                    tx.set_pointer(publication, now)
+                    return publication
+
+                result = self._mutate(tx, token, op_id, digest, now, ops.decode_publication, change)
+        except (Rejected, IdempotencyConflict, Unavailable):  # definitely not committed
             backend.discard(resource, object_id)
             raise
         if result.object_id != object_id:  # replayed: this attempt's object is not needed
@@ -287,28 +286,18 @@ class Store:
         """A binary stream of the current publication's bytes (a snapshot).
 
         The stream keeps reading the object it opened even if a newer one is published
-        meanwhile, for at least the gc grace period. Raises :class:`LookupError` if nothing is
-        published under that name. Close it (``with store.open(...) as f``).
+        meanwhile, for at least the gc grace period. Raises :class:`~fenced.NotFound` (a
+        :class:`LookupError`) if nothing is published under that name. Close it (``with store.open(...) as f``).
         """
-        validate_resource(resource)
-        validate_publication_name(name)
-        found = self._open_backend().open_current(resource, name)
-        if found is None:
-            raise LookupError(f"nothing is published as {_shown(resource, name)}")
-        return found[1]
+        return self._current(resource, name)[1]
 
     def read(self, resource: str, name: str = "") -> bytes:
         """All bytes of the current publication, checked against its size and SHA-256.
 
-        Raises :class:`LookupError` if nothing is published, :class:`ConfigurationError` if the
-        stored bytes do not match their publication (a corrupt store).
+        Raises :class:`~fenced.NotFound` (a :class:`LookupError`) if nothing is published,
+        :class:`ConfigurationError` if the stored bytes do not match their publication (a corrupt store).
         """
-        validate_resource(resource)
-        validate_publication_name(name)
-        found = self._open_backend().open_current(resource, name)
-        if found is None:
-            raise LookupError(f"nothing is published as {_shown(resource, name)}")
-        publication, stream = found
+        publication, stream = self._current(resource, name)
         with stream:
             data = stream.read()
         if len(data) != publication.size or hashlib.sha256(data).hexdigest() != publication.sha256:
@@ -349,6 +338,14 @@ class Store:
             raise ConfigurationError(f"the store {self.url} is closed")
         return self._backend
 
+    def _current(self, resource: str, name: str) -> tuple[Publication, BinaryIO]:
+        validate_resource(resource)
+        validate_publication_name(name)
+        found = self._open_backend().open_current(resource, name)
+        if found is None:
+            raise NotFound(f"nothing is published as {_shown(resource, name)}")
+        return found
+
     @contextmanager
     def _write(self, resource: str) -> Iterator[Transaction]:
         """The backend's critical section; now and then prunes expired op records in it."""
@@ -357,22 +354,36 @@ class Store:
             if next(self._writes) % _PRUNE_EVERY == 0:
                 tx.prune_ops(self._clock.wall() - self._options.op_retention)
 
-    def _replay(self, tx: Transaction, op_id: str | None, digest: str, now: float) -> str | None:
-        if op_id is None:
-            return None
-        retention = self._options.op_retention
-        return ops.replay(tx.op(op_id), digest, now=now, retention=retention)
-
-    def _record(
+    def _mutate(
         self,
         tx: Transaction,
+        token: FencingToken,
         op_id: str | None,
         digest: str,
-        outcome: Version | Publication,
         now: float,
-    ) -> None:
+        decode: Callable[[str], _Outcome],
+        change: Callable[[], _Outcome],
+    ) -> _Outcome:
+        """Every mutation's steps inside the critical section, in this order.
+
+        1. ``op_id``: a recorded outcome with the same digest is returned, nothing is applied;
+           another digest is IdempotencyConflict. 2. Binding and fence (rules.admit_mutation).
+        3. ``change()`` applies the operation (and may still refuse). 4. The new floor and the
+        op record are written. Any exception leaves the transaction uncommitted.
+        """
+        if op_id is not None:
+            retention = self._options.op_retention
+            recorded = ops.replay(tx.op(op_id), digest, now=now, retention=retention)
+            if recorded is not None:
+                return decode(recorded)
+        head = tx.head()
+        new = rules.admit_mutation(self.mode, head, token)
+        outcome = change()
+        if new != head:
+            tx.set_head(new)
         if op_id is not None:
             tx.record_op(op_id, ops.OpRecord(digest, ops.encode_outcome(outcome), now))
+        return outcome
 
 
 def _shown(resource: str, name: str) -> str:

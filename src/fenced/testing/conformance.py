@@ -638,3 +638,17 @@ class HistoryConformance:
         waker.join()
         assert time.monotonic() - started < 5  # woken by the release, not the 10 s timeout
         assert coord.history(R, after=last)[0].kind is RecordKind.RELEASED
+
+    def test_advance_puts_every_later_epoch_above_the_minimum(self, coord: Coordinator) -> None:
+        old = coord.acquire(R, ttl=30, wait=0)
+        coord.acquire("exports/weekly", ttl=30, wait=0)
+        minimum = coord.backend.advance(1 << 40, {"exports/monthly": (1 << 41) + 5}, {"why": "t"})
+        assert minimum == 1 << 40
+        assert coord.current(R) is None  # leases of the state before the restore are gone
+        assert coord.release(old) is False
+        assert coord.acquire(R, ttl=5, wait=0).epoch == (1 << 40) + 1
+        assert coord.acquire("exports/never-seen", ttl=5, wait=0).epoch == (1 << 40) + 1
+        assert coord.acquire("exports/monthly", ttl=5, wait=0).epoch == (1 << 41) + 6
+        assert coord.backend.advance(5, {}, {}) == 1 << 40  # never lowered
+        restored = [r for r in coord.history(R) if r.kind is RecordKind.RESTORED]
+        assert len(restored) == 2 and restored[0].detail["why"] == "t"

@@ -146,5 +146,8 @@ class FaultyBackend:
     def watch(self, resource: str, after: int, timeout: float) -> None:
         self.inner.watch(resource, after, timeout)
 
+    def advance(self, minimum: int, floors: dict[str, int], detail: dict[str, object]) -> int:
+        return self._call("advance", lambda: self.inner.advance(minimum, floors, detail))
+
     def close(self) -> None:
         self.inner.close()

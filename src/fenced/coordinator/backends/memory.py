@@ -61,6 +61,7 @@ class MemoryState:
     counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     cond: threading.Condition = field(default_factory=threading.Condition)
     log: list[Record] = field(default_factory=list)
+    minimum: int = 0
     ended: dict[str, str] = field(default_factory=dict)
 
     def append(
@@ -136,7 +137,7 @@ class MemoryBackend:
                     )
                 return Granted(epoch, owner, lease.holder, lease.ttl, lease.expires_at - now)
             lease = self._live(request.resource)
-            last = state.epochs.get(request.resource, 0)
+            last = max(state.epochs.get(request.resource, 0), state.minimum)
             if lease is not None:
                 remaining = lease.expires_at - now
                 return Blocked(lease.holder, lease.epoch, remaining, remaining)
@@ -225,7 +226,26 @@ class MemoryBackend:
 
     def last_epoch(self, resource: str) -> int:
         with self._state.cond:
-            return self._state.epochs.get(resource, 0)
+            return max(self._state.epochs.get(resource, 0), self._state.minimum)
+
+    def advance(self, minimum: int, floors: dict[str, int], detail: dict[str, object]) -> int:
+        state = self._state
+        with state.cond:
+            state.minimum = max(state.minimum, minimum)
+            for resource, floor in floors.items():
+                state.epochs[resource] = max(state.epochs.get(resource, 0), floor)
+            state.leases.clear()
+            for resource in sorted(set(state.epochs) | set(floors)):
+                state.ended[resource] = "restored"
+                state.append(
+                    time.time(),
+                    RecordKind.RESTORED,
+                    resource,
+                    max(state.epochs.get(resource, 0), state.minimum),
+                    None,
+                    {**detail, "minimum": state.minimum},
+                )
+            return state.minimum
 
     def resources(self) -> list[str]:
         with self._state.cond:

@@ -2,75 +2,85 @@
 
 Guarantees
 ----------
-- **Epochs never repeat.** A grant increments the resource's epoch and writes the lease in one
-  ``BEGIN IMMEDIATE`` transaction whose ``COMMIT`` runs at ``synchronous=FULL``: the WAL is
-  fsynced before :meth:`SQLiteBackend.try_grant` returns, so a kill -9 (or a power cut) at any
-  instant can never let the same epoch be granted twice.
+- **Epochs never repeat.** A grant raises the resource's epoch and writes the lease in one
+  statement whose commit runs at ``synchronous=FULL``: the WAL is fsynced before
+  :meth:`SQLiteBackend.try_grant` returns, so a kill -9 (or a power cut) at any instant can
+  never let the same epoch be granted twice.
 - **Expiry by the host's boot-time clock plus the boot id**, never the wall clock. A lease is
   live iff its row has an owner, its ``boot_id`` is the current boot's and ``expires_at >
   boottime()``. Every expiry decision reads the injected :class:`~fenced.core.clock.HostClock`.
-- **Release and renew cost no fsync.** They commit at ``synchronous=NORMAL``: the WAL write
-  reaches the OS at once (it survives the death of any process) and the disk at the next FULL
-  commit. Only an OS crash or power cut can lose them, and that changes the boot id, which
-  expires every lease of the old boot anyway: a lost release or renewal after a reboot changes
-  nothing. (Without a reboot nothing is lost at all.)
-- **First come, first served, woken by notification.** A waiter takes a :class:`SQLiteTicket`: a
-  row in ``waiters`` (its id is its place in line) and an abstract Unix datagram socket
-  (:mod:`.notify`). Whoever frees a resource (release, the head's leave, a caller that finds
-  the head gone) sends one datagram to the head live waiter after its commit; a dead head
-  (its socket refuses the datagram) is deleted and the next one is woken. A waiter's row stays
-  live for :data:`QUEUE_KEEPALIVE` seconds after its last ``try_grant``; a stopped (SIGSTOP)
-  waiter is skipped once that passes. A lease that simply expires wakes nobody: waiters retry
-  at ``Blocked.retry_in``, which is never later than the lease's expiry (a timer, not a poll).
+- **Release, renew, proclaim and queue changes cost no fsync.** They commit at
+  ``synchronous=NORMAL``: the WAL write reaches the OS at once (it survives the death of any
+  process) and the disk with the next FULL commit. Only an OS crash or power cut can lose them,
+  and that changes the boot id, which expires every lease of the old boot anyway: after the
+  reboot a lost release or renewal changes nothing; without a reboot nothing is lost.
+- **First come, first served, woken by notification.** A waiter takes a :class:`SQLiteTicket`:
+  a row in ``waiters`` (its id is its place in line) and an abstract Unix datagram socket
+  (:mod:`.notify`). Whoever frees a resource (a release, the head's leave, a caller that finds
+  the resource free but the head not taking it) sends one datagram to the head live waiter after
+  its commit; a dead head (its socket refuses the datagram) is deleted and the next one woken.
+  A waiter's row stays live for :data:`QUEUE_KEEPALIVE` seconds after its last ``try_grant``; a
+  stopped (SIGSTOP) waiter is skipped once that passes. A lease that simply expires wakes
+  nobody: waiters retry at ``Blocked.retry_in``, never later than the expiry (a timer, not a
+  poll).
+- **Records** are written by database triggers in the statement that changes the lease (see
+  :mod:`.sqlite_schema`): a grant records itself, preceded by the end of the previous lease if
+  that is not recorded yet. A release only marks its row (``end_recorded = 0``: no record page
+  in its commit); its record is written by the next grant of that resource or by the next
+  reader of the records, dated at the release. Expiries are recorded when first noticed (a grant,
+  :meth:`~SQLiteBackend.records`, :meth:`~SQLiteBackend.watch`), dated at the expiry.
 
 Race timeline (release → handoff)::
 
-    holder A                      waiter B (head)                  waiter C
-    release: UPDATE owner=NULL
-    COMMIT (NORMAL, no fsync)
-    sendto(B) ──────────────────▶ poll() returns
-                                  try_grant(ticket B):
-                                    BEGIN IMMEDIATE
-                                    no live lease, no live ticket
-                                    ahead of B → epoch+1
-                                    COMMIT (FULL: fsync) → Granted  (C still ahead of nobody:
-                                                                     B's row is gone, C is head)
+    holder A                        waiter B (head)                   waiter C (behind B)
+    release: UPDATE … owner = NULL
+      (autocommit, NORMAL: no fsync)
+    sendto(B) ────────────────────▶ poll() returns
+                                    try_grant(ticket B):
+                                      BEGIN IMMEDIATE
+                                      no live lease, no live
+                                      ticket ahead of B → epoch + 1,
+                                      B's row deleted
+                                      COMMIT (FULL: fsync)
+                                    → Granted                     C is head now; B's release
+                                                                  will wake it
 
 Failure behaviour: another process holding the write lock longer than the busy timeout →
-:class:`~fenced.Unavailable`; a failed COMMIT of a write → :class:`~fenced.OutcomeUnknown`; a
-corrupt, foreign, newer-schema or unwritable database → :class:`~fenced.ConfigurationError`.
-Nothing here logs or raises with an owner secret.
+:class:`~fenced.Unavailable`; a write whose commit may or may not have happened →
+:class:`~fenced.OutcomeUnknown`; a corrupt, foreign, newer-schema or unwritable database →
+:class:`~fenced.ConfigurationError`. Nothing here logs or raises with an owner secret.
 
-Thread-safe: one connection guarded by a lock (measured faster than one connection per thread
-for the single-threaded cycle, and writes serialise in SQLite anyway). After ``fork()`` the
-child transparently opens its own connection; the inherited one is never touched.
+Thread-safe (:class:`~.sqlite_db.Database`: one connection behind a lock; measured as fast as a
+connection per thread for one thread, and SQLite serialises writers anyway). Linux only (the
+wake-up sockets).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from fenced.coordinator.backend import (
     CAP_REQUEST_ID,
     CAP_WAIT_NOTIFY,
     Blocked,
-    GrantRequest,
     Granted,
+    GrantRequest,
     Ticket,
 )
 from fenced.coordinator.backends.hostclock import SystemHostClock
-from fenced.coordinator.backends.notify import NETNS, Delivery, WakeSocket, Waker
-from fenced.coordinator.backends.sqlite_schema import connect, open_database, translate
+from fenced.coordinator.backends.notify import NETNS, Delivery, Waker, WakeSocket
+from fenced.coordinator.backends.sqlite_db import Database
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, FencedError, LeaseLost, LossReason
 from fenced.core.lease import LeaseInfo
+from fenced.core.records import Record, RecordKind
 
 __all__ = ["QUEUE_KEEPALIVE", "REQUEST_RETENTION", "SQLiteBackend", "SQLiteTicket"]
 
@@ -83,61 +93,89 @@ _RETRY_CAP = QUEUE_KEEPALIVE / 3  # a queued waiter retries at least this often 
 _REFRESH_BELOW = QUEUE_KEEPALIVE * 2 / 3  # refresh a ticket row when less life than this is left
 _EPSILON = 0.001  # retry just after an expiry, not just before it
 _NO_TICKET = 2**63 - 1  # "behind every queued waiter"
-_MAX_DEAD_SKIPS = 16  # dead waiters skipped in one call before giving up to the timers
+_MAX_ATTEMPTS = 16  # grant attempts in one try_grant (after dead heads or a race with a release)
 _PRUNE_EVERY = 256  # request rows inserted between two prunes
 _PRUNE_BATCH = 512  # oldest request rows examined by one prune
 
 _LIVE = "owner IS NOT NULL AND boot_id = :boot AND expires_at > :now"
 _LIVE_WAITER = "boot_id = :boot AND expires_at > :now"
+_MINIMUM = "(SELECT epoch FROM minimum_epoch WHERE id = 1)"
 
+# Grant if no live lease and no live waiter ahead of :ticket (0: no ticket, behind everyone).
+# The record_first_grant / record_grant triggers write the records.
 _GRANT = f"""
-INSERT INTO resources (name, epoch, owner, holder, ttl, expires_at, boot_id)
-SELECT :name, 1, :owner, :holder, :ttl, :now + :ttl, :boot
+INSERT INTO resources (name, epoch, owner, holder, ttl, expires_at, boot_id, value, granted_at,
+                       ended, ended_at, end_recorded)
+SELECT :name, {_MINIMUM} + 1, :owner, :holder, :ttl, :now + :ttl, :boot, :value, :wall,
+       NULL, NULL, 1
 WHERE NOT EXISTS (
     SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
         (SELECT id FROM waiters WHERE id = :ticket AND name = :name), {_NO_TICKET}))
 ON CONFLICT (name) DO UPDATE SET
-    epoch = epoch + 1, owner = excluded.owner, holder = excluded.holder, ttl = excluded.ttl,
-    expires_at = excluded.expires_at, boot_id = excluded.boot_id
+    epoch = max(epoch, {_MINIMUM}) + 1, owner = excluded.owner, holder = excluded.holder,
+    ttl = excluded.ttl, expires_at = excluded.expires_at, boot_id = excluded.boot_id,
+    value = excluded.value, granted_at = excluded.granted_at, ended = NULL, ended_at = NULL,
+    end_recorded = 1
 WHERE NOT (resources.owner IS NOT NULL AND resources.boot_id = :boot
            AND resources.expires_at > :now)
-RETURNING epoch
+RETURNING epoch, EXISTS (SELECT 1 FROM watchers WHERE name = :name)
 """
 _RELEASE = f"""
-UPDATE resources SET owner = NULL
+UPDATE resources SET owner = NULL, ended = 'released', ended_at = :wall, end_recorded = 0
 WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE}
-RETURNING (SELECT id FROM waiters WHERE name = :name AND {_LIVE_WAITER} ORDER BY id LIMIT 1)
+RETURNING (SELECT id FROM waiters WHERE name = :name AND {_LIVE_WAITER} ORDER BY id LIMIT 1),
+    EXISTS (SELECT 1 FROM watchers WHERE name = :name)
 """
 _RENEW = f"""
 UPDATE resources SET ttl = :ttl, expires_at = :now + :ttl
-WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE}
+WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE} RETURNING 1
 """
-_LEASE = f"""
-SELECT epoch, holder, ttl, expires_at, {_LIVE} FROM resources WHERE name = :name
+_PROCLAIM = f"""
+UPDATE resources SET value = :value
+WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE} RETURNING holder
 """
+# A resource's state as a caller in line sees it (one row even for an unknown name).
+_STATE = f"""
+SELECT coalesce(r.epoch, 0), r.holder, r.expires_at,
+       r.owner IS NOT NULL AND r.boot_id = :boot AND r.expires_at > :now, {_MINIMUM},
+       (SELECT expires_at FROM waiters WHERE id = :ticket AND name = :name)
+FROM (SELECT 1) LEFT JOIN resources AS r ON r.name = :name
+"""
+_LEASE = (
+    f"SELECT epoch, holder, ttl, expires_at, value FROM resources WHERE name = :name AND {_LIVE}"
+)
 _HEAD = f"""
 SELECT id, addr, netns, expires_at FROM waiters
 WHERE name = :name AND {_LIVE_WAITER} AND id < :before ORDER BY id LIMIT 1
 """
-_DROP_EXPIRED_WAITERS = f"DELETE FROM waiters WHERE name = :name AND NOT ({_LIVE_WAITER})"
+# The first live waiter ahead of :ticket (of anyone, if :ticket has no row).
+_HEAD_AHEAD = f"""
+SELECT id, addr, netns, expires_at FROM waiters
+WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
+    (SELECT id FROM waiters WHERE id = :ticket AND name = :name), {_NO_TICKET})
+ORDER BY id LIMIT 1
+"""
 _ENQUEUE = """
 INSERT INTO waiters (name, addr, netns, pid, holder, expires_at, boot_id)
 VALUES (:name, :addr, :netns, :pid, :holder, :now + :keepalive, :boot) RETURNING id
 """
-
-
-# Connections inherited through fork() are parked here and never used or closed in the child
-# (SQLite forbids carrying a connection across fork).
-_inherited: list[sqlite3.Connection] = []
-_fork_generation = 0
-
-
-def _after_fork_in_child() -> None:
-    global _fork_generation  # noqa: PLW0603 - a process-wide fact, set once per fork
-    _fork_generation += 1
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_DROP_EXPIRED_WAITERS = f"DELETE FROM waiters WHERE name = :name AND NOT ({_LIVE_WAITER})"
+_RECORD = (
+    "INSERT INTO records (at, kind, resource, epoch, holder, detail) VALUES (?, ?, ?, ?, ?, ?)"
+)
+# Lease ends not recorded yet: unnoticed expiries, and releases (see the module doc).
+_ONE_OR_ALL = "(:name IS NULL OR name = :name)"
+_UNSETTLED = f"""
+SELECT name FROM resources
+WHERE {_ONE_OR_ALL} AND (NOT end_recorded OR (owner IS NOT NULL AND NOT ({_LIVE})))
+"""
+_END_EXPIRED = f"""
+UPDATE resources SET owner = NULL, ended = 'expired', end_recorded = 0,
+    ended_at = CASE WHEN boot_id = :boot THEN :wall - max(0.0, :now - expires_at) ELSE :wall END
+WHERE {_ONE_OR_ALL} AND owner IS NOT NULL AND NOT ({_LIVE})
+"""
+# The record_end trigger writes the records.
+_RECORD_ENDS = f"UPDATE resources SET end_recorded = 1 WHERE {_ONE_OR_ALL} AND NOT end_recorded"
 
 
 class SQLiteTicket:
@@ -154,24 +192,21 @@ class SQLiteTicket:
         self.resource = resource
         self.waiter_id = 0
         self._socket = socket
-        self._pending = False  # woken before the first wait (free and first in line at enqueue)
+        self._pending = False  # free and first in line at enqueue: the first wait returns
 
     @property
     def ended(self) -> bool:
         return self._socket.closed
-
-    def _end(self) -> None:
-        self._socket.close()
 
     def __repr__(self) -> str:
         return f"SQLiteTicket({self.resource!r}, waiter_id={self.waiter_id})"
 
 
 @dataclass(frozen=True, slots=True)
-class _Head:
-    """The first live waiter of a resource."""
+class _Peer:
+    """A waiter or watcher to wake: its row and its socket address."""
 
-    waiter_id: int
+    row_id: int
     addr: str
     netns: str
 
@@ -194,169 +229,133 @@ class SQLiteBackend:
         coordinator_id_for_new: str | None = None,
     ) -> None:
         self.path = Path(path).expanduser().absolute()
-        self.url = f"sqlite://{self.path}"
+        self.url = "sqlite://" + quote(str(self.path))
         self.capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID})
         self._clock: HostClock = host_clock if host_clock is not None else SystemHostClock()
-        conn, self.coordinator_id = open_database(self.path, coordinator_id_for_new)
-        self._conn: sqlite3.Connection | None = conn
-        self._lock = threading.Lock()
-        self._generation = _fork_generation
+        self._db = Database(self.path, coordinator_id_for_new)
+        self.coordinator_id = self._db.coordinator_id
         self._waker = Waker()
         self._tickets: set[SQLiteTicket] = set()
+        self._contended: set[str] = set()  # resources where this process recently met waiters
         self._requests_since_prune = 0
 
     def __repr__(self) -> str:
         return f"SQLiteBackend({self.url!r})"
 
-    # -- transactions ---------------------------------------------------------------------------
-
-    def _check_fork(self) -> None:
-        """In a forked child: park the inherited connection, open a fresh one and a new lock."""
-        if self._generation == _fork_generation:
-            return
-        self._lock = threading.Lock()  # the parent's may have been held by another thread
-        self._waker = Waker()
-        self._tickets = set()
-        self._generation = _fork_generation
-        if self._conn is not None:
-            _inherited.append(self._conn)
-            try:
-                self._conn = connect(self.path)
-            except FencedError:
-                self._conn = None
-                raise
-
-    @contextmanager
-    def _transaction(self, doing: str, *, durable: bool) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection lock.
-
-        ``durable=False`` commits at ``synchronous=NORMAL`` (no fsync; see the module doc). A
-        driver error before the commit rolls back → Unavailable/ConfigurationError; a failed
-        commit → OutcomeUnknown. Fenced errors raised by the body roll back and propagate.
-        """
-        self._check_fork()
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise ConfigurationError(f"{self!r} is closed")
-            try:
-                if not durable:
-                    conn.execute("PRAGMA synchronous=NORMAL")
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    try:
-                        yield conn
-                    except BaseException:
-                        _rollback_quietly(conn)
-                        raise
-                    try:
-                        conn.execute("COMMIT")
-                    except sqlite3.Error as error:
-                        _rollback_quietly(conn)
-                        raise translate(error, self.path, doing, committing=True) from error
-                finally:
-                    if not durable:
-                        conn.execute("PRAGMA synchronous=FULL")
-            except sqlite3.Error as error:
-                raise translate(error, self.path, doing) from error
-
-    def _read(self, sql: str, params: dict[str, object], doing: str) -> list[sqlite3.Row]:
-        """One autocommit SELECT (WAL: readers never wait for writers)."""
-        self._check_fork()
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise ConfigurationError(f"{self!r} is closed")
-            try:
-                rows: list[sqlite3.Row] = conn.execute(sql, params).fetchall()
-            except sqlite3.Error as error:
-                raise translate(error, self.path, doing) from error
-            return rows
-
-    def _now(self) -> dict[str, object]:
-        return {"now": self._clock.boottime(), "boot": self._clock.boot_id()}
+    def _params(self, **fixed: object) -> tuple[float, dict[str, object]]:
+        """Statement parameters plus the host clock's ``now`` and ``boot``, read right now."""
+        now = self._clock.boottime()
+        fixed["now"] = now
+        fixed["boot"] = self._clock.boot_id()
+        return now, fixed
 
     # -- leases ---------------------------------------------------------------------------------
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
-        """Grant with epoch = last epoch + 1 if no live lease and no live ticket is ahead.
+        """Grant with epoch = max(last epoch, minimum epoch) + 1 if free and first in line.
 
-        One write transaction; a grant is fsynced before this returns. A caller without a ticket
-        is behind every live waiter. ``Blocked.retry_in`` is the lease's remaining time (plus a
-        millisecond), or the head waiter's remaining keep-alive when waiters are ahead; for a
-        queued caller never more than ``QUEUE_KEEPALIVE / 3``, so its ticket stays live. Each
-        call by a queued caller keeps its ticket alive; a ticket whose row was dropped (its
-        keep-alive lapsed) rejoins at the end of the line.
+        The grant is one statement (one ``BEGIN IMMEDIATE`` transaction with a ticket or a
+        request_id), fsynced before this returns. A caller without a ticket is behind every live
+        waiter. ``Blocked.retry_in`` is the lease's remaining time (plus a millisecond), or the
+        head waiter's remaining keep-alive when waiters are ahead; for a queued caller never more
+        than ``QUEUE_KEEPALIVE / 3``, so that its ticket stays live. Each call by a queued caller
+        keeps its ticket alive; a ticket whose row was dropped (its keep-alive lapsed) rejoins
+        at the end of the line.
 
         A known ``request_id`` returns its original grant (owner, epoch) while that lease lives
         and raises ``LeaseLost(REJECTED)`` once it has ended; reusing it for another resource is
         a ``ConfigurationError``.
         """
         mine = self._own_ticket(ticket, request.resource)
-        for _ in range(_MAX_DEAD_SKIPS):
-            outcome = self._grant_step(request, mine)
-            if not isinstance(outcome, tuple):
-                return outcome
-            blocked, head = outcome
-            if head is None or self._wake(request.resource, head) is not Delivery.DEAD:
-                return blocked
-            # The head waiter is gone (its row is deleted now): ask again at once.
-        return blocked
-
-    def _grant_step(
-        self, request: GrantRequest, ticket: SQLiteTicket | None
-    ) -> Granted | tuple[Blocked, _Head | None]:
-        """One grant transaction; when blocked, also the head waiter to wake (if any)."""
-        with self._transaction(f"acquiring {request.resource}", durable=True) as conn:
-            now, params = self._params(
-                name=request.resource,
-                owner=request.owner,
-                holder=request.holder,
-                ttl=request.ttl,
-                ticket=ticket.waiter_id if ticket is not None else 0,
-            )
-            if request.request_id is not None:
-                replayed = self._replay(conn, request, ticket, now, params)
-                if replayed is not None:
-                    return replayed
-            granted = conn.execute(_GRANT, params).fetchone()
+        name = request.resource
+        blocked = None
+        for _ in range(_MAX_ATTEMPTS):
+            # A queued caller, or one that recently met waiters here, looks before it writes:
+            # a blocked look takes no write lock (the lock the head needs to take its grant).
+            if mine is not None or name in self._contended:
+                blocked, head = self._blocked(request, mine)
+                if blocked is not None:
+                    if head is not None and self._wake_waiter(name, head) is Delivery.DEAD:
+                        continue  # the head waiter is gone (its row is deleted now): again
+                    return blocked
+            granted = self._grant(request, mine)
             if granted is not None:
-                if ticket is not None:
-                    conn.execute("DELETE FROM waiters WHERE id = ?", (ticket.waiter_id,))
+                self._contended.discard(name)
+                return granted
+            blocked, head = self._blocked(request, mine)
+            if blocked is None:
+                continue  # free again already: try again at once
+            self._contended.add(name)
+            if head is None or self._wake_waiter(name, head) is not Delivery.DEAD:
+                return blocked
+        return blocked or Blocked(None, self.last_epoch(name), 0.0, _EPSILON)
+
+    def _grant(self, request: GrantRequest, ticket: SQLiteTicket | None) -> Granted | None:
+        """One grant step; None if not granted (a live lease, or a live waiter ahead)."""
+        doing = f"acquiring {request.resource}"
+        wall = time.time()
+        now, params = self._params(
+            name=request.resource,
+            owner=request.owner,
+            holder=request.holder,
+            ttl=request.ttl,
+            value=request.value,
+            ticket=ticket.waiter_id if ticket is not None else 0,
+            wall=wall,
+        )
+        if request.request_id is None and ticket is None:
+            rows = self._db.write(_GRANT, params, doing, durable=True)
+        else:
+            with self._db.transaction(doing, durable=True) as conn:
                 if request.request_id is not None:
-                    self._remember(conn, request, granted[0])
-            else:
-                lease = conn.execute(_LEASE, params).fetchone()
-                own_row = None
-                if ticket is not None:
-                    own_row = conn.execute(
-                        "SELECT expires_at FROM waiters WHERE id = :ticket AND name = :name",
-                        params,
-                    ).fetchone()
-                params["before"] = params["ticket"] if own_row is not None else _NO_TICKET
-                head = None if lease and lease[4] else conn.execute(_HEAD, params).fetchone()
-        if granted is not None:
-            if ticket is not None:
+                    replayed = self._replay(conn, request, now, params)
+                    if replayed is not None:
+                        if ticket is not None:
+                            conn.execute("DELETE FROM waiters WHERE id = ?", (ticket.waiter_id,))
+                        return replayed
+                rows = conn.execute(_GRANT, params).fetchall()
+                if rows and ticket is not None:
+                    conn.execute("DELETE FROM waiters WHERE id = ?", (ticket.waiter_id,))
+                if rows and request.request_id is not None:
+                    self._remember(conn, request, rows[0][0], wall)
+            if rows and ticket is not None:
                 self._forget_ticket(ticket)
-            return Granted(granted[0], request.owner, request.holder, request.ttl, request.ttl)
-        if ticket is not None and (own_row is None or own_row[0] - now < _REFRESH_BELOW):
+        if not rows:
+            return None
+        epoch, watched = rows[0]
+        if watched:
+            self._wake_watchers(request.resource)
+        return Granted(epoch, request.owner, request.holder, request.ttl, request.ttl)
+
+    def _blocked(
+        self, request: GrantRequest, ticket: SQLiteTicket | None
+    ) -> tuple[Blocked | None, _Peer | None]:
+        """Why ``request`` would not be granted now, and the head waiter to wake if waiters are
+        ahead; ``(None, None)`` if it would be. Keeps the caller's ticket alive when due.
+
+        Reads only (and a keep-alive write every ``QUEUE_KEEPALIVE / 3`` or so).
+        """
+        now, params = self._params(
+            name=request.resource, ticket=ticket.waiter_id if ticket is not None else 0
+        )
+        doing = f"acquiring {request.resource}"
+        epoch, holder, expires_at, live, minimum, own_row = self._db.read(_STATE, params, doing)[0]
+        if ticket is not None and (own_row is None or own_row - now < _REFRESH_BELOW):
             self._keep_alive(ticket, request.holder)
+            params["ticket"] = ticket.waiter_id  # a new row if the old one was dropped
         cap = _RETRY_CAP if ticket is not None else None
-        if lease is not None and lease[4]:
-            remaining = max(0.0, lease[3] - now)
-            return Blocked(lease[1], lease[0], remaining, _cap(remaining + _EPSILON, cap)), None
-        epoch = lease[0] if lease is not None else 0
-        if head is None:  # impossible inside one transaction; be safe: retry soon
-            return Blocked(None, epoch, 0.0, _EPSILON), None
-        retry_in = _cap(max(0.0, head[3] - now) + _EPSILON, cap)
-        return Blocked(None, epoch, 0.0, retry_in), _Head(head[0], head[1], head[2])
+        if live:
+            remaining = max(0.0, expires_at - now)
+            return Blocked(holder, epoch, remaining, _cap(remaining + _EPSILON, cap)), None
+        heads = self._db.read(_HEAD_AHEAD, params, doing)
+        if not heads:
+            return None, None
+        head_id, addr, netns, head_expires = heads[0]
+        retry_in = _cap(max(0.0, head_expires - now) + _EPSILON, cap)
+        return Blocked(None, max(epoch, minimum), 0.0, retry_in), _Peer(head_id, addr, netns)
 
     def _replay(
-        self,
-        conn: sqlite3.Connection,
-        request: GrantRequest,
-        ticket: SQLiteTicket | None,
-        params: dict[str, object],
+        self, conn: sqlite3.Connection, request: GrantRequest, now: float, params: dict[str, object]
     ) -> Granted | None:
         """The earlier grant of ``request.request_id``, if any (inside the grant transaction)."""
         row = conn.execute(
@@ -377,26 +376,24 @@ class SQLiteBackend:
             {**params, "epoch": epoch, "found": owner},
         ).fetchone()
         if live is None:
-            raise LeaseLost(
-                LossReason.REJECTED, "the lease granted for this request_id has ended"
-            )
-        if ticket is not None:
-            conn.execute("DELETE FROM waiters WHERE id = ?", (ticket.waiter_id,))
-            self._forget_ticket(ticket)
-        return Granted(epoch, owner, holder, ttl, max(0.0, live[0] - float(params["now"])))  # type: ignore[arg-type]
+            raise LeaseLost(LossReason.REJECTED, "the lease granted for this request_id has ended")
+        return Granted(epoch, owner, holder, ttl, max(0.0, live[0] - now))
 
-    def _remember(self, conn: sqlite3.Connection, request: GrantRequest, epoch: int) -> None:
+    def _remember(
+        self, conn: sqlite3.Connection, request: GrantRequest, epoch: int, wall: float
+    ) -> None:
         """Record a grant's request_id (inside the grant transaction); prune now and then."""
-        wall = time.time()  # retention only: a wall-clock step can only shorten it
         conn.execute(
             "INSERT INTO requests (request_id, name, epoch, owner, holder, ttl, created_wall) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (request.request_id, request.resource, epoch, request.owner, request.holder,
              request.ttl, wall),
-        )
+        )  # fmt: skip
         self._requests_since_prune += 1
         if self._requests_since_prune >= _PRUNE_EVERY:
             self._requests_since_prune = 0
+            # Oldest first, a bounded batch. Retention is by wall clock: a step forward can only
+            # shorten it (a very late retry may then get a new epoch, never a duplicate one).
             conn.execute(
                 "DELETE FROM requests WHERE seq IN "
                 "(SELECT seq FROM requests ORDER BY seq LIMIT ?) AND created_wall < ?",
@@ -410,11 +407,8 @@ class SQLiteBackend:
         over, or from another boot): an expired lease is never revived, even if nobody took the
         resource. Commits without fsync (see the module doc: only a reboot can lose it).
         """
-        with self._transaction(f"renewing {resource}", durable=False) as conn:
-            params = {"name": resource, "epoch": epoch, "owner": owner, "ttl": ttl}
-            params.update(self._now())
-            renewed = conn.execute(_RENEW, params).rowcount == 1
-        if not renewed:
+        _, params = self._params(name=resource, epoch=epoch, owner=owner, ttl=ttl)
+        if not self._db.write(_RENEW, params, f"renewing {resource}", durable=False):
             raise LeaseLost(
                 LossReason.REJECTED,
                 f"the coordinator has no live lease of {resource} at epoch {epoch} for this owner",
@@ -422,46 +416,184 @@ class SQLiteBackend:
         return ttl
 
     def release(self, resource: str, epoch: int, owner: str) -> bool:
-        """End the live lease of this owner and epoch; wake the head waiter. True if ended.
+        """End the live lease of this owner and epoch; wake the head waiter. True if ended now.
 
-        Compare and delete in one transaction: a delayed release from an older owner (or of an
-        expired lease) changes nothing and returns False. Commits without fsync: a release lost
-        to an OS crash is moot, because the reboot expires the lease anyway.
+        Compare and delete in one statement: a delayed release from an older owner, or of a
+        lease that already expired, changes nothing and returns False. Commits without fsync: a
+        release lost to an OS crash is moot, because the reboot expires the lease anyway.
         """
-        with self._transaction(f"releasing {resource}", durable=False) as conn:
-            params = {"name": resource, "epoch": epoch, "owner": owner}
-            params.update(self._now())
-            row = conn.execute(_RELEASE, params).fetchone()
-            head = None
-            if row is not None and row[0] is not None:
-                head = conn.execute(
-                    "SELECT id, addr, netns FROM waiters WHERE id = ?", (row[0],)
-                ).fetchone()
-        if head is not None:
-            self._wake_first(resource, _Head(*head))
-        return row is not None
+        _, params = self._params(name=resource, epoch=epoch, owner=owner, wall=time.time())
+        rows = self._db.write(_RELEASE, params, f"releasing {resource}", durable=False)
+        if not rows:
+            return False
+        head_id, watched = rows[0]
+        if head_id is not None:
+            self._contended.add(resource)
+            self._wake_first(resource, head_id)
+        if watched:
+            self._wake_watchers(resource)
+        return True
+
+    def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
+        """Replace the advertised value of this owner's live lease (same epoch); record it.
+
+        Raises ``LeaseLost(REJECTED)`` if the lease is not live or not this owner's.
+        """
+        with self._db.transaction(f"proclaiming on {resource}", durable=False) as conn:
+            _, params = self._params(name=resource, epoch=epoch, owner=owner, value=value)
+            row = conn.execute(_PROCLAIM, params).fetchone()
+            if row is not None:
+                detail = json.dumps({"value": value})
+                conn.execute(_RECORD, (time.time(), "proclaimed", resource, epoch, row[0], detail))
+        if row is None:
+            raise LeaseLost(
+                LossReason.REJECTED,
+                f"the coordinator has no live lease of {resource} at epoch {epoch} for this owner",
+            )
+        self._wake_watchers(resource)
 
     def current(self, resource: str) -> LeaseInfo | None:
         """The live lease of ``resource``, or None (expired and released leases are not live)."""
-        params: dict[str, object] = {"name": resource, **self._now()}
-        rows = self._read(_LEASE, params, f"reading {resource}")
-        if not rows or not rows[0][4]:
+        now, params = self._params(name=resource)
+        rows = self._db.read(_LEASE, params, f"reading {resource}")
+        if not rows:
             return None
-        epoch, holder, ttl, expires_at, _ = rows[0]
-        now = float(params["now"])  # type: ignore[arg-type]
-        return LeaseInfo(resource, epoch, holder, expires_at - now, ttl, self.coordinator_id)
+        epoch, holder, ttl, expires_at, value = rows[0]
+        return LeaseInfo(resource, epoch, holder, expires_at - now, ttl, self.coordinator_id, value)
 
     def last_epoch(self, resource: str) -> int:
-        """The last epoch granted for ``resource`` (0 if never). Survives restarts."""
-        rows = self._read(
-            "SELECT epoch FROM resources WHERE name = :name", {"name": resource}, "reading epochs"
+        """The last epoch granted or reserved for ``resource``: the next grant gets this + 1."""
+        rows = self._db.read(
+            f"SELECT max(coalesce((SELECT epoch FROM resources WHERE name = :name), 0), "
+            f"{_MINIMUM})",
+            {"name": resource},
+            f"reading the epoch of {resource}",
         )
-        return int(rows[0][0]) if rows else 0
+        return int(rows[0][0])
 
     def resources(self) -> list[str]:
-        """Every resource ever granted, sorted."""
-        rows = self._read("SELECT name FROM resources ORDER BY name", {}, "listing resources")
+        """Every resource ever granted (or given a floor by a restore), sorted."""
+        rows = self._db.read("SELECT name FROM resources ORDER BY name", (), "listing resources")
         return [str(row[0]) for row in rows]
+
+    def advance(self, minimum: int, floors: dict[str, int], detail: dict[str, object]) -> int:
+        """Restore safety: no later grant of any resource gets an epoch ≤ ``minimum``.
+
+        In one durable transaction: record pending lease ends, raise the coordinator-wide
+        minimum epoch (never lower it) and each resource's last epoch to its floor where higher,
+        end every live lease, and append a RESTORED record per resource. Then wakes every waiter
+        and watcher. Returns the new minimum.
+        """
+        with self._db.transaction("advancing epochs", durable=True) as conn:
+            _, params = self._params(name=None, wall=time.time())
+            conn.execute(_END_EXPIRED, params)
+            conn.execute(_RECORD_ENDS, params)
+            conn.execute("UPDATE minimum_epoch SET epoch = max(epoch, ?) WHERE id = 1", (minimum,))
+            (new_minimum,) = conn.execute(f"SELECT {_MINIMUM}").fetchone()
+            conn.execute(
+                "UPDATE resources SET owner = NULL, ended = 'restored', ended_at = :wall", params
+            )
+            conn.executemany(
+                "INSERT INTO resources (name, epoch, ended, ended_at) "
+                "VALUES (?, ?, 'restored', ?) "
+                "ON CONFLICT (name) DO UPDATE SET epoch = max(epoch, excluded.epoch)",
+                [(name, floor, params["wall"]) for name, floor in sorted(floors.items())],
+            )
+            recorded = json.dumps({**detail, "minimum": new_minimum}, default=str)
+            names = conn.execute("SELECT name, epoch FROM resources ORDER BY name").fetchall()
+            conn.executemany(
+                _RECORD,
+                [
+                    (params["wall"], "restored", name, max(epoch, new_minimum), None, recorded)
+                    for name, epoch in names
+                ],
+            )
+        for name, _ in names:
+            self._wake_all(name)
+        return int(new_minimum)
+
+    # -- records --------------------------------------------------------------------------------
+
+    def _settle(self, resource: str | None) -> None:
+        """Record the lease ends of ``resource`` (or all) not recorded yet; wake their waiters."""
+        _, params = self._params(name=resource)
+        pending = self._db.read(_UNSETTLED, params, "reading records")
+        if not pending:
+            return
+        with self._db.transaction("recording lease ends", durable=False) as conn:
+            _, params = self._params(name=resource, wall=time.time())
+            conn.execute(_END_EXPIRED, params)
+            conn.execute(_RECORD_ENDS, params)
+        for (name,) in pending:
+            self._wake_all(name)
+
+    def records(self, resource: str | None, after: int = 0, limit: int = 1000) -> list[Record]:
+        """Records with ``seq > after`` (of ``resource``, or of all), oldest first.
+
+        Lease ends not recorded yet (releases, unnoticed expiries) are recorded first, so the
+        answer is current.
+        """
+        self._settle(resource)
+        where = "" if resource is None else "resource = :name AND "
+        rows = self._db.read(
+            "SELECT seq, at, kind, resource, epoch, holder, detail FROM records "
+            f"WHERE {where}seq > :after ORDER BY seq LIMIT :limit",
+            {"name": resource, "after": after, "limit": limit},
+            "reading records",
+        )
+        return [
+            Record(seq, at, RecordKind(kind), name, epoch, holder, json.loads(detail))
+            for seq, at, kind, name, epoch, holder, detail in rows
+        ]
+
+    def report(
+        self,
+        resource: str,
+        epoch: int,
+        holder: str,
+        kind: RecordKind,
+        detail: dict[str, object],
+    ) -> None:
+        """Append a record reported by a holder (renewal failure, loss). Not fsynced."""
+        self._settle(resource)  # a pending release of this lease comes first
+        row = (time.time(), kind.value, resource, epoch, holder, json.dumps(detail, default=str))
+        with self._db.transaction(f"recording {kind.value} of {resource}", durable=False) as conn:
+            conn.execute(_RECORD, row)
+        self._wake_watchers(resource)
+
+    def watch(self, resource: str, after: int, timeout: float) -> None:
+        """Block until ``resource`` has a record with ``seq > after``, or ``timeout`` passed.
+
+        Woken by a datagram after every change of ``resource``, and at the live lease's expiry
+        (which it then records). The caller re-reads :meth:`records`.
+        """
+        deadline = time.monotonic() + timeout
+        sock = WakeSocket()
+        try:
+            with self._db.transaction(f"watching {resource}", durable=False) as conn:
+                _, params = self._params(
+                    name=resource, addr=sock.address, netns=NETNS, until=timeout + QUEUE_KEEPALIVE
+                )
+                conn.execute(f"DELETE FROM watchers WHERE NOT ({_LIVE_WAITER})", params)
+                (row_id,) = conn.execute(
+                    "INSERT INTO watchers (name, addr, netns, expires_at, boot_id) "
+                    "VALUES (:name, :addr, :netns, :now + :until, :boot) RETURNING id",
+                    params,
+                ).fetchone()
+            try:
+                while not self.records(resource, after, limit=1):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    lease = self.current(resource)
+                    if lease is not None:
+                        left = min(left, lease.expires_in + _EPSILON)
+                    sock.wait(left)
+            finally:
+                with suppress(FencedError), self._db.transaction("unwatching", durable=False) as c:
+                    c.execute("DELETE FROM watchers WHERE id = ?", (row_id,))
+        finally:
+            sock.close()
 
     # -- waiting --------------------------------------------------------------------------------
 
@@ -469,37 +601,35 @@ class SQLiteBackend:
         """Take a place at the end of ``request.resource``'s queue.
 
         If the resource is free and nobody is ahead, the first :meth:`wait` returns at once, so
-        a grant freed between the caller's last ``try_grant`` and this call is not missed.
+        a release between the caller's last ``try_grant`` and this call is not missed.
         """
-        self._check_fork()
         ticket = SQLiteTicket(self, request.resource, WakeSocket())
         try:
-            with self._transaction(f"queueing for {request.resource}", durable=False) as conn:
-                params: dict[str, object] = {
-                    "name": request.resource,
-                    "addr": ticket._socket.address,
-                    "netns": NETNS,
-                    "pid": os.getpid(),
-                    "holder": request.holder,
-                    "keepalive": QUEUE_KEEPALIVE,
-                    **self._now(),
-                }
+            with self._db.transaction(f"queueing for {request.resource}", durable=False) as conn:
+                _, params = self._params(
+                    name=request.resource,
+                    addr=ticket._socket.address,
+                    netns=NETNS,
+                    pid=os.getpid(),
+                    holder=request.holder,
+                    keepalive=QUEUE_KEEPALIVE,
+                )
                 conn.execute(_DROP_EXPIRED_WAITERS, params)
                 (ticket.waiter_id,) = conn.execute(_ENQUEUE, params).fetchone()
                 params["before"] = ticket.waiter_id
-                lease = conn.execute(_LEASE, params).fetchone()
+                held = conn.execute(_LEASE, params).fetchone() is not None
                 first = conn.execute(_HEAD, params).fetchone() is None
         except BaseException:
-            ticket._end()
+            ticket._socket.close()
             raise
-        ticket._pending = first and not (lease is not None and lease[4])
+        ticket._pending = first and not held
         self._tickets.add(ticket)
         return ticket
 
     def wait(self, ticket: Ticket, timeout: float) -> None:
         """Block until woken for ``ticket`` or ``timeout`` seconds pass (no database access).
 
-        Returns at once for an ended ticket. Consumes every queued wake-up.
+        Returns at once for an ended ticket. Consumes every wake-up queued for it.
         """
         mine = self._own_ticket(ticket, ticket.resource)
         assert mine is not None
@@ -517,24 +647,17 @@ class SQLiteBackend:
             return
         head = None
         try:
-            with self._transaction(f"leaving the queue of {mine.resource}", durable=False) as conn:
-                params: dict[str, object] = {
-                    "name": mine.resource,
-                    "before": mine.waiter_id,
-                    **self._now(),
-                }
-                first = conn.execute(_HEAD, params).fetchone() is None
-                deleted = conn.execute(
-                    "DELETE FROM waiters WHERE id = ?", (mine.waiter_id,)
-                ).rowcount
-                lease = conn.execute(_LEASE, params).fetchone()
-                if deleted and first and not (lease is not None and lease[4]):
+            with self._db.transaction(f"leaving the queue of {mine.resource}", durable=False) as c:
+                _, params = self._params(name=mine.resource, before=mine.waiter_id)
+                first = c.execute(_HEAD, params).fetchone() is None
+                deleted = c.execute("DELETE FROM waiters WHERE id = ?", (mine.waiter_id,)).rowcount
+                if deleted and first and c.execute(_LEASE, params).fetchone() is None:
                     params["before"] = _NO_TICKET
-                    head = conn.execute(_HEAD, params).fetchone()
+                    head = c.execute(_HEAD, params).fetchone()
         finally:
             self._forget_ticket(mine)
         if head is not None:
-            self._wake_first(mine.resource, _Head(head[0], head[1], head[2]))
+            self._wake_first(mine.resource, head[0])
 
     def _own_ticket(self, ticket: Ticket | None, resource: str) -> SQLiteTicket | None:
         if ticket is None:
@@ -548,18 +671,15 @@ class SQLiteBackend:
         return ticket
 
     def _forget_ticket(self, ticket: SQLiteTicket) -> None:
-        ticket._end()
+        ticket._socket.close()
         self._tickets.discard(ticket)
 
     def _keep_alive(self, ticket: SQLiteTicket, holder: str) -> None:
         """Extend the ticket's row; re-insert it at the end of the line if it was dropped."""
-        with self._transaction(f"queueing for {ticket.resource}", durable=False) as conn:
-            params: dict[str, object] = {
-                "name": ticket.resource,
-                "ticket": ticket.waiter_id,
-                "keepalive": QUEUE_KEEPALIVE,
-                **self._now(),
-            }
+        with self._db.transaction(f"queueing for {ticket.resource}", durable=False) as conn:
+            _, params = self._params(
+                name=ticket.resource, ticket=ticket.waiter_id, keepalive=QUEUE_KEEPALIVE
+            )
             kept = conn.execute(
                 "UPDATE waiters SET expires_at = :now + :keepalive, boot_id = :boot "
                 "WHERE id = :ticket AND name = :name",
@@ -572,34 +692,61 @@ class SQLiteBackend:
                 conn.execute(_DROP_EXPIRED_WAITERS, params)
                 (ticket.waiter_id,) = conn.execute(_ENQUEUE, params).fetchone()
 
-    def _wake(self, resource: str, head: _Head) -> Delivery:
+    # -- wake-ups -------------------------------------------------------------------------------
+
+    def _wake_waiter(self, resource: str, head: _Peer) -> Delivery:
         """Wake one waiter; a dead one's row is deleted (and DEAD returned)."""
         try:
             delivery = self._waker.wake(head.addr, head.netns)
         except OSError:
             return Delivery.UNREACHABLE
         if delivery is Delivery.DEAD:
-            with self._transaction(f"dropping a dead waiter of {resource}", durable=False) as conn:
-                conn.execute(
-                    "DELETE FROM waiters WHERE id = ? AND addr = ?", (head.waiter_id, head.addr)
-                )
+            with self._db.transaction(f"dropping a dead waiter of {resource}", durable=False) as c:
+                c.execute("DELETE FROM waiters WHERE id = ? AND addr = ?", (head.row_id, head.addr))
         return delivery
 
-    def _wake_first(self, resource: str, head: _Head) -> None:
-        """After a commit that freed ``resource``: wake its first live waiter, skipping dead
-        ones. Best effort: a failure here only leaves waiters to their retry timers."""
+    def _wake_first(self, resource: str, head_id: int | None) -> None:
+        """After a commit that freed ``resource``: wake its first live waiter (``head_id``, if
+        known), skipping dead ones. Best effort: on failure waiters keep their retry timers."""
         try:
-            for _ in range(_MAX_DEAD_SKIPS):
-                if self._wake(resource, head) is not Delivery.DEAD:
+            for _ in range(_MAX_ATTEMPTS):
+                _, params = self._params(name=resource, before=_NO_TICKET, id=head_id)
+                sql = "SELECT id, addr, netns FROM waiters WHERE id = :id" if head_id else _HEAD
+                rows = self._db.read(sql, params, f"waking waiters of {resource}")
+                if (
+                    not rows
+                    or self._wake_waiter(resource, _Peer(*rows[0][:3])) is not Delivery.DEAD
+                ):
                     return
-                params: dict[str, object] = {"name": resource, "before": _NO_TICKET, **self._now()}
-                rows = self._read(_HEAD, params, f"waking waiters of {resource}")
-                lease = self._read(_LEASE, params, f"waking waiters of {resource}")
-                if not rows or (lease and lease[0][4]):
-                    return
-                head = _Head(rows[0][0], rows[0][1], rows[0][2])
+                if self._db.read(_LEASE, params, f"waking waiters of {resource}"):
+                    return  # taken meanwhile: nobody to wake
+                head_id = None
         except FencedError:
             return
+
+    def _wake_watchers(self, resource: str) -> None:
+        """Wake every watcher of ``resource`` (best effort; dead ones are dropped)."""
+        try:
+            rows = self._db.read(
+                "SELECT id, addr, netns FROM watchers WHERE name = ?", (resource,), "waking"
+            )
+            dead = [
+                (row_id,)
+                for row_id, addr, netns in rows
+                if self._waker.wake(addr, netns) is Delivery.DEAD
+            ]
+            if dead:
+                with self._db.transaction("dropping dead watchers", durable=False) as conn:
+                    conn.executemany("DELETE FROM watchers WHERE id = ?", dead)
+        except (FencedError, OSError):
+            return
+
+    def _wake_all(self, resource: str) -> None:
+        """After ``resource`` was freed by an expiry or a restore: wake its head and watchers."""
+        self._wake_first(resource, None)
+        self._wake_watchers(resource)
+
+    # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Leave every open ticket's queue (best effort), close the connection and sockets.
@@ -610,11 +757,8 @@ class SQLiteBackend:
             with suppress(FencedError):
                 self.leave(ticket)
             self._forget_ticket(ticket)
-        with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None and self._generation == _fork_generation:
-                conn.close()
-            self._waker.close()
+        self._db.close()
+        self._waker.close()
 
     def __enter__(self) -> SQLiteBackend:
         return self
@@ -625,9 +769,3 @@ class SQLiteBackend:
 
 def _cap(value: float, cap: float | None) -> float:
     return value if cap is None else min(value, cap)
-
-
-def _rollback_quietly(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
-        with suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")

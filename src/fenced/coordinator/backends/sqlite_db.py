@@ -1,0 +1,202 @@
+"""One SQLite connection shared by the threads of a process: the driver boundary.
+
+:class:`Database` runs the three kinds of step the embedded backend needs, each under one lock
+and with every ``sqlite3`` error translated into a fenced error (``raise … from``):
+
+- :meth:`Database.read` — autocommit SELECTs (in WAL mode readers never wait for writers);
+- :meth:`Database.write` — one data-changing statement in autocommit mode: SQLite wraps it in
+  its own write transaction, so it is atomic and costs no ``BEGIN``/``COMMIT`` round trips;
+- :meth:`Database.transaction` — ``BEGIN IMMEDIATE`` … ``COMMIT`` for several statements.
+
+``durable=True`` commits at ``synchronous=FULL`` (the WAL is fsynced before the call returns);
+``durable=False`` at ``synchronous=NORMAL`` (written to the OS, fsynced by the next FULL commit;
+only an OS crash or power cut can lose it). SQLite refuses to change ``synchronous`` inside a
+transaction, so the choice is made per step, before it begins.
+
+Waiting for the write lock: SQLite's own busy handler sleeps 1, 2, 5, 10 … ms between attempts,
+which would turn a 0.3 ms wait behind another process's commit into milliseconds and let the
+process that just released win again and again. Writers here retry ``BEGIN IMMEDIATE`` (or the
+autocommit statement) themselves after sleeps of 50 µs doubling up to 1 ms, for at most
+:data:`~.sqlite_schema.BUSY_TIMEOUT` seconds.
+
+Errors: the write lock held by another process for longer than the busy timeout →
+:class:`~fenced.Unavailable`; a failure while committing a write (or anywhere in an autocommit
+write) → :class:`~fenced.OutcomeUnknown`; an unusable file → :class:`~fenced.ConfigurationError`.
+
+After ``fork()`` the child opens its own connection on first use (and gets a new lock: another
+thread of the parent may have held the old one); the inherited connection is parked, never used
+or closed in the child, as SQLite requires.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fenced.coordinator.backends.sqlite_schema import (
+    BUSY_TIMEOUT,
+    connect,
+    is_busy,
+    open_database,
+    translate,
+)
+from fenced.core.errors import ConfigurationError
+
+__all__ = ["Database"]
+
+T = TypeVar("T")
+
+# Connections inherited through fork(): kept referenced so that the child never finalises them.
+_inherited: list[sqlite3.Connection] = []
+_fork_generation = 0
+_FIRST_PAUSE = 50e-6
+_MAX_PAUSE = 1e-3
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation  # noqa: PLW0603 - a process-wide fact, bumped once per fork
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Database:
+    """The fenced database at ``path``: created, checked and migrated when constructed.
+
+    ``coordinator_id`` is the database's coordinator id. Thread-safe. Raises
+    :class:`~fenced.ConfigurationError` for an unusable file.
+    """
+
+    def __init__(self, path: Path, coordinator_id_for_new: str | None = None) -> None:
+        self.path = path
+        conn, self.coordinator_id = open_database(path, coordinator_id_for_new)
+        self._conn: sqlite3.Connection | None = _without_busy_handler(conn)
+        self._lock = threading.Lock()
+        self._generation = _fork_generation
+
+    def _connection(self) -> sqlite3.Connection:
+        """The connection of this process; call with the lock held."""
+        if self._conn is None:
+            raise ConfigurationError(f"the fenced database {self.path} is closed")
+        return self._conn
+
+    def _check_fork(self) -> None:
+        if self._generation != _fork_generation:
+            self._lock = threading.Lock()
+            self._generation = _fork_generation
+            if self._conn is not None:
+                _inherited.append(self._conn)
+                self._conn = None
+                self._conn = _without_busy_handler(connect(self.path))
+
+    def read(
+        self, sql: str, params: dict[str, object] | tuple[object, ...], doing: str
+    ) -> list[Any]:
+        """Run one SELECT and return its rows."""
+        self._check_fork()
+        with self._lock:
+            try:
+                return self._connection().execute(sql, params).fetchall()
+            except sqlite3.Error as error:
+                raise translate(error, self.path, doing) from error
+
+    def write(self, sql: str, params: dict[str, object], doing: str, *, durable: bool) -> list[Any]:
+        """Run one data-changing statement as its own transaction; return its RETURNING rows.
+
+        All rows are fetched, so the statement completes and commits before this returns.
+        """
+        self._check_fork()
+        with self._lock:
+            conn = self._connection()
+            try:
+                if durable:
+                    return _retrying(lambda: conn.execute(sql, params).fetchall())
+                conn.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    return _retrying(lambda: conn.execute(sql, params).fetchall())
+                finally:
+                    conn.execute("PRAGMA synchronous=FULL")
+            except sqlite3.Error as error:
+                raise translate(error, self.path, doing, committing=True) from error
+
+    @contextmanager
+    def transaction(self, doing: str, *, durable: bool) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` under the lock; yields the connection.
+
+        A driver error before the commit rolls back (Unavailable / ConfigurationError); a failed
+        commit is OutcomeUnknown. Any exception raised by the body rolls back and propagates.
+        """
+        self._check_fork()
+        with self._lock:
+            conn = self._connection()
+            try:
+                if not durable:
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    _retrying(lambda: conn.execute("BEGIN IMMEDIATE"))
+                    try:
+                        yield conn
+                    except BaseException:
+                        _rollback_quietly(conn)
+                        raise
+                    try:
+                        conn.execute("COMMIT")
+                    except sqlite3.Error as error:
+                        _rollback_quietly(conn)
+                        raise translate(error, self.path, doing, committing=True) from error
+                finally:
+                    if not durable:
+                        conn.execute("PRAGMA synchronous=FULL")
+            except sqlite3.Error as error:
+                raise translate(error, self.path, doing) from error
+
+    def close(self) -> None:
+        """Close the connection (a connection inherited through fork is only dropped)."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is None:
+                return
+            if self._generation == _fork_generation:
+                conn.close()
+            else:
+                _inherited.append(conn)
+
+
+def _without_busy_handler(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """Make lock waits fail at once with SQLITE_BUSY: :func:`_retrying` waits instead."""
+    conn.execute("PRAGMA busy_timeout=0")
+    return conn
+
+
+def _retrying(step: Callable[[], T]) -> T:
+    """Run ``step`` (which changes nothing when it fails with SQLITE_BUSY) until it gets the
+    write lock: short sleeps, doubling from 50 µs to 1 ms, for at most BUSY_TIMEOUT seconds;
+    then the last SQLITE_BUSY error propagates."""
+    try:
+        return step()
+    except sqlite3.OperationalError as error:
+        if not is_busy(error):
+            raise
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    pause = _FIRST_PAUSE
+    while True:
+        time.sleep(pause)
+        try:
+            return step()
+        except sqlite3.OperationalError as error:
+            if not is_busy(error) or time.monotonic() >= deadline:
+                raise
+        pause = min(pause * 2, _MAX_PAUSE)
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        with suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")

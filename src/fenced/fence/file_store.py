@@ -1,0 +1,574 @@
+"""The ``file:///dir`` store backend: plain files, written durably, committed by atomic renames.
+
+Layout (no resource name, key or publication name is ever used as a path component; they live
+inside the state files, so nothing a caller passes can name a path)::
+
+    dir/fenced-store.json               format, format version and mode (written once, atomically)
+    dir/locks/<sha256(resource)>.lock   flock target of the resource's critical section (no data)
+    dir/resources/<sha256(resource)>/
+        state.json                      binding, floor, keys and values, pointers, op records
+        objects/<epoch:020d>-<uuid hex> immutable published (or staged) bytes
+        staging/<object id>.part        an object being written
+
+* **Critical section**: ``flock`` on the resource's lock file (waiting up to ``busy_timeout``,
+  then :class:`Unavailable`), read ``state.json``, decide, write the new state to a temporary
+  file, ``fsync`` it, ``rename`` it over ``state.json`` (the commit point), ``fsync`` the
+  directory. A process killed at any instant leaves the old or the new state, never a mix.
+* **Objects**: written to ``staging/`` and ``fsync``-ed, then renamed into ``objects/``, all
+  before the critical section that may point at them. The ``objects/`` directory is ``fsync``-ed
+  by the commit that first points at a new object, after the new state file is synced and
+  before it is renamed into place: the object is durable before any pointer to it can be. (On
+  ext4 this costs nothing: the state file's ``fsync`` already committed the object's rename;
+  syncing the directory at staging time instead costs one more journal commit per publish.)
+  A killed publisher leaves a ``.part`` file or an unreferenced object; ``gc`` removes both
+  after the grace period.
+* **Reads** need no lock: ``state.json`` is always a complete file, and an opened object stays
+  readable after ``gc`` unlinks it.
+* The whole state of a resource is rewritten at every mutation: keep values small and keys few
+  per resource (use ``sqlite:///`` for many keys), publish large data.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+from fenced.fence.backend import Capability, Chooser, StoreOptions
+from fenced.fence.ops import OpRecord
+from fenced.fence.rules import Head, StoredObject, resolve_mode
+from fenced.fence.values import Item, Mode, Publication
+
+__all__ = ["FORMAT_VERSION", "FileBackend", "open_file_backend"]
+
+FORMAT = "fenced.file-store"
+FORMAT_VERSION = 1
+META = "fenced-store.json"
+STATE = "state.json"
+_OBJECT_ID = re.compile(r"[0-9]{20}-[0-9a-f]{32}")
+_RESOURCE_DIR = re.compile(r"[0-9a-f]{64}")
+_CONFIG_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR}
+
+
+def _os_error(error: OSError, what: str) -> FencedError:
+    if error.errno in _CONFIG_ERRNOS:
+        return ConfigurationError(f"{what}: {error}")
+    return Unavailable(f"{what}: {error}; nothing was changed, retry")
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as error:
+        raise _os_error(error, what) from error
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _ensure_dir(path: Path) -> None:
+    """Create ``path`` (its parent exists) and make the new entry durable."""
+    if path.is_dir():
+        return
+    try:
+        path.mkdir()
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+        return
+    _fsync_dir(path.parent)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "xb") as stream:
+        stream.write(data)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def _hash(resource: str) -> str:
+    return hashlib.sha256(resource.encode()).hexdigest()
+
+
+@contextmanager
+def _flocked(path: Path, timeout: float) -> Iterator[None]:
+    """Hold an exclusive flock on ``path``; poll up to ``timeout`` seconds, then Unavailable."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise Unavailable(
+                        f"another writer held the lock {path} for over {timeout}s; "
+                        "nothing was changed, retry"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.01)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+# -- the state file ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _StoredItem:
+    value: str  # base64
+    epoch: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Superseded:
+    object_id: str
+    name: str
+    epoch: int
+    published_at: float
+    superseded_at: float
+
+
+@dataclass(slots=True)
+class _State:
+    """Everything the store holds for one resource (``state.json``)."""
+
+    resource: str
+    head: Head = field(default_factory=Head)
+    items: dict[str, _StoredItem] = field(default_factory=dict)
+    pointers: dict[str, Publication] = field(default_factory=dict)
+    superseded: list[_Superseded] = field(default_factory=list)
+    ops: dict[str, OpRecord] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        document = {
+            "format": "fenced.file-state",
+            "version": FORMAT_VERSION,
+            "resource": self.resource,
+            "coordinator_id": self.head.coordinator_id,
+            "floor": self.head.floor,
+            "items": {k: [i.value, i.epoch, i.version] for k, i in self.items.items()},
+            "pointers": {
+                n: [p.epoch, p.object_id, p.sha256, p.size, p.published_at]
+                for n, p in self.pointers.items()
+            },
+            "superseded": [
+                [s.object_id, s.name, s.epoch, s.published_at, s.superseded_at]
+                for s in self.superseded
+            ],
+            "ops": {o: [r.digest, r.outcome, r.recorded_at] for o, r in self.ops.items()},
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> _State:
+        """Parse a state file; any deviation raises ValueError/TypeError/KeyError."""
+        doc = json.loads(data)
+        if doc["format"] != "fenced.file-state" or doc["version"] != FORMAT_VERSION:
+            raise ValueError(f"unknown state format {doc['format']!r} {doc['version']!r}")
+        resource = _typed(doc["resource"], str)
+        floor = doc["floor"]
+        coordinator = doc["coordinator_id"]
+        head = Head(
+            None if coordinator is None else _typed(coordinator, str),
+            None if floor is None else _int(floor),
+        )
+        items = {
+            _typed(k, str): _StoredItem(_typed(v, str), _int(e), _int(n))
+            for k, (v, e, n) in doc["items"].items()
+        }
+        pointers = {
+            _typed(n, str): Publication(
+                resource, n, _int(e), _object_id(o), _typed(s, str), _int(z), _float(t)
+            )
+            for n, (e, o, s, z, t) in doc["pointers"].items()
+        }
+        superseded = [
+            _Superseded(_object_id(o), _typed(n, str), _int(e), _float(p), _float(t))
+            for o, n, e, p, t in doc["superseded"]
+        ]
+        ops = {
+            _typed(o, str): OpRecord(_typed(d, str), _typed(x, str), _float(t))
+            for o, (d, x, t) in doc["ops"].items()
+        }
+        return cls(resource, head, items, pointers, superseded, ops)
+
+
+_T = TypeVar("_T")
+
+
+def _typed(value: Any, kind: type[_T]) -> _T:
+    if not isinstance(value, kind):
+        raise TypeError(f"expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return _typed(value, int)
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _object_id(value: Any) -> str:
+    if not isinstance(value, str) or not _OBJECT_ID.fullmatch(value):
+        raise ValueError(f"bad object id {value!r}")
+    return value
+
+
+# -- opening -----------------------------------------------------------------------------------
+
+
+def open_file_backend(path: str, mode: Mode | None, options: StoreOptions) -> FileBackend:
+    """Open (or create) the file store in directory ``path``; see the module docstring."""
+    root = Path(os.path.abspath(path))
+    where = f"file store {str(root)!r}"
+    with _translated(f"opening the {where}"):
+        try:
+            _ensure_dir(root)
+        except FileNotFoundError as error:
+            raise ConfigurationError(f"{where}: the parent directory does not exist") from error
+        except FileExistsError as error:
+            raise ConfigurationError(f"{where}: exists and is not a directory") from error
+        meta = _read_meta(root, where)
+        if meta is None:
+            meta = _create_meta(root, where, resolve_mode(None, mode, where))
+        stored_mode = _check_meta(meta, where)
+        resolved = resolve_mode(stored_mode, mode, where)
+        for sub in ("locks", "resources"):
+            _ensure_dir(root / sub)
+    return FileBackend(root, resolved, options)
+
+
+def _read_meta(root: Path, where: str) -> dict[str, Any] | None:
+    try:
+        data = (root / META).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        meta = json.loads(data)
+    except ValueError as error:
+        raise ConfigurationError(f"{where}: corrupt {META} ({error})") from error
+    if not isinstance(meta, dict):
+        raise ConfigurationError(f"{where}: corrupt {META}")
+    return meta
+
+
+def _create_meta(root: Path, where: str, mode: Mode) -> dict[str, Any]:
+    """Write the metadata file of a new store; another process may win the race."""
+    others = [e for e in os.listdir(root) if e != META and not e.startswith(f".{META}.")]
+    if others:
+        existing = _read_meta(root, where)  # created by a concurrent opener meanwhile?
+        if existing is not None:
+            return existing
+        raise ConfigurationError(
+            f"{where} is not a fenced store: the directory is not empty and has no {META}"
+        )
+    meta = {"format": FORMAT, "version": FORMAT_VERSION, "mode": mode}
+    temporary = root / f".{META}.{uuid.uuid4().hex}"
+    _write_file(temporary, json.dumps(meta).encode())
+    try:
+        os.link(temporary, root / META)  # atomic create-if-absent
+    except FileExistsError:
+        pass
+    finally:
+        temporary.unlink()
+    _fsync_dir(root)
+    created = _read_meta(root, where)
+    if created is None:
+        raise ConfigurationError(f"{where}: {META} vanished while the store was created")
+    return created
+
+
+def _check_meta(meta: dict[str, Any], where: str) -> str:
+    if meta.get("format") != FORMAT:
+        raise ConfigurationError(f"{where} is not a fenced store ({META} has another format)")
+    version = meta.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ConfigurationError(f"{where}: corrupt {META} (version {version!r})")
+    if version > FORMAT_VERSION:
+        raise ConfigurationError(
+            f"{where} has format version {version}, newer than this fenced understands "
+            f"({FORMAT_VERSION}): upgrade fenced"
+        )
+    mode = meta.get("mode")
+    if not isinstance(mode, str):
+        raise ConfigurationError(f"{where}: corrupt {META} (mode {mode!r})")
+    return mode
+
+
+# -- the backend -------------------------------------------------------------------------------
+
+
+class FileBackend:
+    """See the module docstring. Created by :func:`open_file_backend`."""
+
+    capabilities = frozenset(Capability)
+
+    def __init__(self, root: Path, mode: Mode, options: StoreOptions) -> None:
+        self.root = root
+        self.url = f"file://{root}"
+        self.mode = mode
+        self._busy_timeout = options.busy_timeout
+        self._ready: set[Path] = set()
+
+    def _dir(self, resource: str) -> Path:
+        return self.root / "resources" / _hash(resource)
+
+    def _lock(self, digest: str) -> AbstractContextManager[None]:
+        return _flocked(self.root / "locks" / f"{digest}.lock", self._busy_timeout)
+
+    def _ensure(self, rdir: Path) -> None:
+        if rdir not in self._ready:
+            for path in (rdir, rdir / "objects", rdir / "staging"):
+                _ensure_dir(path)
+            self._ready.add(rdir)
+
+    def _load(self, rdir: Path, resource: str | None) -> _State | None:
+        """The committed state of a resource directory, None if it has none yet."""
+        path = rdir / STATE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            state = _State.from_json(data)
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise ConfigurationError(f"corrupt state file {path}: {error}") from error
+        if _hash(state.resource) != rdir.name or resource not in (None, state.resource):
+            raise ConfigurationError(f"corrupt state file {path}: it names {state.resource!r}")
+        return state
+
+    def _save(self, rdir: Path, state: _State, *, new_objects: bool = False) -> None:
+        """Commit ``state``; ``new_objects``: it points at objects staged since the last sync."""
+        self._ensure(rdir)
+        temporary = rdir / f"{STATE}.tmp-{uuid.uuid4().hex}"
+        with _translated(f"writing {state.resource!r}"):
+            try:
+                _write_file(temporary, state.to_json())
+                if new_objects:
+                    _fsync_dir(rdir / "objects")  # the objects before the pointer to them
+                os.replace(temporary, rdir / STATE)  # the commit point
+            except BaseException:
+                temporary.unlink(missing_ok=True)
+                raise
+        try:
+            _fsync_dir(rdir)
+        except OSError as error:
+            raise OutcomeUnknown(
+                f"committing {state.resource!r}: the state was renamed into place but the "
+                f"directory could not be synced ({error}); retry with the same op_id"
+            ) from error
+
+    # -- the critical section --------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self, resource: str) -> Iterator[_FileTransaction]:
+        digest = _hash(resource)
+        rdir = self.root / "resources" / digest
+        with _translated(f"writing {resource!r}"), self._lock(digest):
+            tx = _FileTransaction(self._load(rdir, resource) or _State(resource), rdir)
+            yield tx
+            if tx.dirty:
+                self._save(rdir, tx.state, new_objects=tx.new_objects)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def _read(self, resource: str) -> _State:
+        with _translated(f"reading {resource!r}"):
+            return self._load(self._dir(resource), resource) or _State(resource)
+
+    def head(self, resource: str) -> Head:
+        return self._read(resource).head
+
+    def get(self, resource: str, key: str) -> Item | None:
+        stored = self._read(resource).items.get(key)
+        if stored is None:
+            return None
+        try:
+            value = base64.b64decode(stored.value, validate=True)
+        except binascii.Error as error:
+            raise ConfigurationError(f"corrupt value of {resource!r} key {key!r}") from error
+        return Item(resource, key, value, stored.epoch, stored.version)
+
+    def pointer(self, resource: str, name: str) -> Publication | None:
+        return self._read(resource).pointers.get(name)
+
+    def open_current(self, resource: str, name: str) -> tuple[Publication, BinaryIO] | None:
+        for _ in range(3):  # the pointer may move between reading it and opening its object
+            publication = self.pointer(resource, name)
+            if publication is None:
+                return None
+            path = self._dir(resource) / "objects" / publication.object_id
+            try:
+                return publication, open(path, "rb")  # the caller closes it
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                raise _os_error(error, f"reading {resource!r}") from error
+        raise ConfigurationError(
+            f"the pointer of {resource!r} names a missing object: the store is corrupt"
+        )
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def stage(self, resource: str, object_id: str, chunks: Iterable[bytes], now: float) -> None:
+        rdir = self._dir(resource)
+        what = f"staging an object of {resource!r}"
+        with _translated(what):
+            self._ensure(rdir)
+        part = rdir / "staging" / f"{object_id}.part"
+        try:
+            with _translated(what):
+                stream = open(part, "xb")  # noqa: SIM115 - closed below
+            with stream:
+                for chunk in chunks:  # an error reading the data propagates unchanged
+                    with _translated(what):
+                        stream.write(chunk)
+                with _translated(what):
+                    stream.flush()
+                    os.fsync(stream.fileno())
+            with _translated(what):
+                os.utime(part, (now, now))
+                os.replace(part, rdir / "objects" / object_id)  # synced by the commit
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+
+    def discard(self, resource: str, object_id: str) -> None:
+        with contextlib.suppress(OSError):  # best effort: gc removes it later
+            (self._dir(resource) / "objects" / object_id).unlink(missing_ok=True)
+
+    def gc(self, choose: Chooser, cutoff: float) -> int:
+        removed = 0
+        with _translated("collecting garbage"):
+            for rdir in sorted((self.root / "resources").iterdir()):
+                if _RESOURCE_DIR.fullmatch(rdir.name) and rdir.is_dir():
+                    with self._lock(rdir.name):
+                        removed += self._collect(rdir, choose, cutoff)
+        return removed
+
+    def _collect(self, rdir: Path, choose: Chooser, cutoff: float) -> int:
+        """gc of one resource directory, inside its critical section."""
+        state = self._load(rdir, None)
+        current = {p.object_id: p for p in state.pointers.values()} if state else {}
+        superseded = {s.object_id: s for s in state.superseded} if state else {}
+        objects: list[StoredObject] = []
+        for entry in os.scandir(rdir / "objects"):
+            if not _OBJECT_ID.fullmatch(entry.name):
+                continue
+            if (pub := current.get(entry.name)) is not None:
+                objects.append(
+                    StoredObject(pub.object_id, cutoff, pub.name, pub.epoch, pub.published_at)
+                )
+            elif (old := superseded.get(entry.name)) is not None:
+                objects.append(
+                    StoredObject(
+                        old.object_id, old.superseded_at, old.name, old.epoch, old.published_at
+                    )
+                )
+            else:
+                objects.append(StoredObject(entry.name, entry.stat().st_mtime))
+        victims = choose(objects, set(current))
+        for object_id in victims:
+            (rdir / "objects" / object_id).unlink(missing_ok=True)
+        for entry in os.scandir(rdir / "staging"):
+            if entry.stat().st_mtime < cutoff:
+                os.unlink(entry.path)
+        for entry in os.scandir(rdir):
+            if entry.name.startswith(f"{STATE}.tmp-"):
+                os.unlink(entry.path)  # an interrupted commit: we hold the lock
+        _fsync_dir(rdir / "objects")
+        if state is not None:
+            present = {o.object_id for o in objects} - set(victims)
+            kept = [s for s in state.superseded if s.object_id in present]
+            if kept != state.superseded:
+                state.superseded = kept
+                self._save(rdir, state)
+        return len(victims)
+
+    def close(self) -> None:
+        self._ready.clear()
+
+
+class _FileTransaction:
+    """The :class:`~fenced.fence.backend.Transaction` over one loaded state; saved if dirty."""
+
+    def __init__(self, state: _State, rdir: Path) -> None:
+        self.state = state
+        self.dirty = False
+        self.new_objects = False
+        self._rdir = rdir
+
+    def head(self) -> Head:
+        return self.state.head
+
+    def set_head(self, head: Head) -> None:
+        self.state.head = head
+        self.dirty = True
+
+    def op(self, op_id: str) -> OpRecord | None:
+        return self.state.ops.get(op_id)
+
+    def record_op(self, op_id: str, record: OpRecord) -> None:
+        self.state.ops[op_id] = record
+        self.dirty = True
+
+    def prune_ops(self, before: float) -> None:
+        expired = [o for o, r in self.state.ops.items() if r.recorded_at < before]
+        for op_id in expired:
+            del self.state.ops[op_id]
+        self.dirty = self.dirty or bool(expired)
+
+    def version_of(self, key: str) -> int | None:
+        stored = self.state.items.get(key)
+        return None if stored is None else stored.version
+
+    def put_item(self, item: Item) -> None:
+        value = base64.b64encode(item.value).decode()
+        self.state.items[item.key] = _StoredItem(value, item.epoch, item.version)
+        self.dirty = True
+
+    def pointer(self, name: str) -> Publication | None:
+        return self.state.pointers.get(name)
+
+    def has_object(self, object_id: str) -> bool:
+        return (self._rdir / "objects" / object_id).is_file()
+
+    def set_pointer(self, publication: Publication, now: float) -> None:
+        old = self.state.pointers.get(publication.name)
+        if old is not None:
+            self.state.superseded.append(
+                _Superseded(old.object_id, old.name, old.epoch, old.published_at, now)
+            )
+        self.state.pointers[publication.name] = publication
+        self.dirty = self.new_objects = True

@@ -1,0 +1,622 @@
+"""PostgreSQL plumbing shared by the coordinator backend, the store and the guard.
+
+* :func:`parse_url` — ``postgresql://`` / ``postgres://`` URLs: fenced's own query parameters are
+  taken out, everything else goes to libpq unchanged (and is validated by it).
+* :class:`Pool` — a small, thread-safe pool of autocommit connections. A connection is checked
+  without a round trip before it is handed out (a dead one — the server restarted, a proxy cut it
+  — is readable at EOF and is discarded), and a refused or failing *connect* is retried until the
+  operation's budget runs out (the server is restarting). Nothing is ever sent twice: once a
+  statement has gone out, failures are reported, never retried here.
+* :class:`Deadlines` — one watchdog thread per process that shuts down the socket of an
+  operation that outlived its deadline (a blackholed network, a hung server): the blocked call
+  then fails instead of hanging forever.
+* :func:`translate` — a psycopg error to the fenced error a caller can act on.
+* :func:`migrate` — versioned migrations of one component's tables in one schema.
+
+Why not psycopg_pool: its ``getconn`` reports every connect failure as the same
+``PoolTimeout`` after the whole timeout (losing "wrong password" versus "server restarting"), and
+each pool runs several worker threads. fenced needs fail-fast, precise errors under per-operation
+deadlines, which this ~150-line pool gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import pq, sql
+
+from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_OP_TIMEOUT",
+    "DEFAULT_POOL_SIZE",
+    "DEFAULT_SCHEMA",
+    "Deadlines",
+    "Migration",
+    "ParsedURL",
+    "Pool",
+    "deadlines",
+    "migrate",
+    "parse_url",
+    "translate",
+]
+
+DEFAULT_SCHEMA = "fenced"
+DEFAULT_POOL_SIZE = 10
+DEFAULT_OP_TIMEOUT = 10.0
+"""Seconds an operation may wait for its reply before its connection is cut (``?timeout=``)."""
+DEFAULT_CONNECT_TIMEOUT = 5.0
+"""Seconds spent (re)connecting for one operation before :class:`Unavailable`."""
+
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+_SCHEMES = ("postgresql", "postgres")
+_CONFIG_MESSAGES = (
+    "does not exist",
+    "password authentication failed",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "password is required",
+    "permission denied",
+    "invalid uri",
+    "invalid connection option",
+    "invalid sslmode",
+    "too many connections for role",
+)
+# SQLSTATE classes: 28 auth, 3D catalog, 3F schema, 42 syntax/undefined/privilege, 0A unsupported
+_CONFIG_CLASSES = ("28", "3D", "3F", "42", "0A")
+# The server ended the session (connection class 08, admin shutdown/crash/cannot-connect 57P0x).
+_GONE_STATES = ("57P01", "57P02", "57P03", "57P04", "57P05")
+
+
+# -- URLs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedURL:
+    """A parsed ``postgresql://`` URL.
+
+    ``conninfo`` is what libpq gets (fenced's parameters removed); ``display`` the URL with the
+    password masked (safe in messages and ``repr``); ``schema`` the PostgreSQL schema of fenced's
+    tables; ``options`` fenced's other query parameters (validated by their users).
+    """
+
+    conninfo: str
+    display: str
+    schema: str
+    connect_timeout: float
+    options: dict[str, str] = field(default_factory=dict)
+
+    def option_float(self, name: str, default: float, *, minimum: float = 0.0) -> float:
+        text = self.options.get(name)
+        if text is None:
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not value >= minimum or value == float("inf"):
+            raise ConfigurationError(
+                f"{self.display}: {name}={text!r} must be a number >= {minimum:g}"
+            )
+        return value
+
+    def option_int(self, name: str, default: int, *, minimum: int = 1) -> int:
+        text = self.options.get(name)
+        if text is None:
+            return default
+        if not text.isdigit() or int(text) < minimum:
+            raise ConfigurationError(f"{self.display}: {name}={text!r} must be an integer >= {minimum}")
+        return int(text)
+
+    def option_flag(self, name: str, default: bool) -> bool:
+        text = self.options.get(name)
+        if text is None:
+            return default
+        lowered = text.lower()
+        if lowered in ("1", "on", "true", "yes"):
+            return True
+        if lowered in ("0", "off", "false", "no"):
+            return False
+        raise ConfigurationError(f"{self.display}: {name}={text!r} must be on or off")
+
+
+def parse_url(url: str, fenced_keys: Sequence[str]) -> ParsedURL:
+    """Split ``url`` into libpq's conninfo and fenced's parameters (``schema`` + ``fenced_keys``).
+
+    Raises :class:`ConfigurationError` for another scheme, a fragment, a bad schema name, a
+    repeated parameter, or a parameter libpq does not know.
+    """
+    if not isinstance(url, str):
+        raise ConfigurationError(f"a PostgreSQL URL is a string, not {type(url).__name__}")
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as error:
+        raise ConfigurationError(f"malformed PostgreSQL URL: {error}") from None
+    if parts.scheme.lower() not in _SCHEMES:
+        raise ConfigurationError(f"expected a postgresql:// URL, got scheme {parts.scheme!r}")
+    display = _masked(parts)
+    if parts.fragment:
+        raise ConfigurationError(f"{display}: a fragment (#...) is not allowed")
+    try:
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as error:
+        raise ConfigurationError(f"{display}: malformed query string: {error}") from None
+    seen: set[str] = set()
+    ours: dict[str, str] = {}
+    libpq: list[tuple[str, str]] = []
+    for key, value in pairs:
+        if key in seen:
+            raise ConfigurationError(f"{display}: parameter {key!r} given twice")
+        seen.add(key)
+        if key == "schema" or key in fenced_keys:
+            ours[key] = value
+        else:
+            libpq.append((key, value))
+    schema = ours.pop("schema", DEFAULT_SCHEMA)
+    if not _SCHEMA.fullmatch(schema):
+        raise ConfigurationError(
+            f"{display}: schema={schema!r} must be 1-48 characters of [a-z0-9_], not starting "
+            "with a digit"
+        )
+    keys = {key for key, _ in libpq}
+    connect_timeout = DEFAULT_CONNECT_TIMEOUT
+    if "connect_timeout" in keys:
+        text = dict(libpq)["connect_timeout"]
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigurationError(f"{display}: connect_timeout must be a whole number >= 1")
+        connect_timeout = float(text)
+    else:
+        libpq.append(("connect_timeout", str(int(DEFAULT_CONNECT_TIMEOUT))))
+    if "application_name" not in keys:
+        libpq.append(("application_name", "fenced"))
+    conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(libpq), ""))
+    try:
+        psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.Error as error:
+        raise ConfigurationError(f"{display}: {error}") from None
+    return ParsedURL(conninfo, display, schema, connect_timeout, ours)
+
+
+def _masked(parts: SplitResult) -> str:
+    """The URL with its password replaced by ``***``."""
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:***@{host}"
+    query = "&".join(
+        f"{key}={_mask_nested(key, value)}" for key, value in parse_qsl(parts.query, True)
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _mask_nested(key: str, value: str) -> str:
+    if key == "password":
+        return "***"
+    if value.startswith(_SCHEMES):
+        return quote(_masked(urlsplit(value)), safe=":/@*?=&")
+    return quote(value, safe=":/@*")
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def _is_config_message(message: str) -> bool:
+    lowered = message.lower()
+    return any(text in lowered for text in _CONFIG_MESSAGES)
+
+
+def translate(
+    error: psycopg.Error, doing: str, *, sent: bool, where: str = ""
+) -> FencedError:
+    """The fenced error for ``error``, raised while ``doing`` (the caller chains it).
+
+    ``sent``: a statement that changes state had been sent when the error happened. Then a
+    broken connection (or the server ending the session) is :class:`OutcomeUnknown`: the change
+    may have committed with its reply lost. A server error on a live connection means the
+    statement failed and its transaction rolled back: :class:`Unavailable` (retry), or
+    :class:`ConfigurationError` for authentication, missing database/schema/table and privilege
+    problems. Before anything was sent, every connection problem is :class:`Unavailable`.
+    """
+    state = getattr(error, "sqlstate", None) or ""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    prefix = f"{doing}" + (f" ({where})" if where else "")
+    if state[:2] in _CONFIG_CLASSES or (not state and _is_config_message(text)):
+        return ConfigurationError(f"{prefix}: {text}")
+    gone = not state or state[:2] == "08" or state in _GONE_STATES
+    if sent and gone:
+        return OutcomeUnknown(
+            f"{prefix}: the connection failed after the request was sent ({text}); it may or "
+            "may not have taken effect"
+        )
+    return Unavailable(f"{prefix}: {text}; nothing was changed, retry")
+
+
+# -- deadlines ------------------------------------------------------------------------------
+
+
+class _Armed:
+    __slots__ = ("deadline", "fd", "fired", "done")
+
+    def __init__(self, deadline: float, fd: int) -> None:
+        self.deadline = deadline
+        self.fd = fd
+        self.fired = False
+        self.done = False
+
+
+class Deadlines:
+    """Cuts the connection of an operation that outlived its deadline (see the module doc).
+
+    :meth:`arm` before sending, :meth:`disarm` after the reply. One daemon thread; it ticks every
+    :attr:`TICK` seconds while operations are in flight and parks when idle, so the cost of an
+    operation is two short critical sections. A deadline fires up to ``TICK`` late.
+    """
+
+    TICK = 0.05
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active: dict[int, _Armed] = {}
+        self._ids = itertools.count()
+        self._parked = True
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def arm(self, fd: int, timeout: float) -> tuple[int, _Armed]:
+        armed = _Armed(time.monotonic() + timeout, fd)
+        with self._cond:
+            key = next(self._ids)
+            self._active[key] = armed
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="fenced-pg-deadlines", daemon=True
+                )
+                self._thread.start()
+            if self._parked:
+                self._parked = False
+                self._cond.notify()
+        return key, armed
+
+    def disarm(self, key: int, armed: _Armed) -> None:
+        with self._cond:
+            armed.done = True
+            self._active.pop(key, None)
+
+    def _run(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                if self._active:
+                    idle_since = now
+                elif now - idle_since > 1.0:
+                    self._parked = True
+                    while self._parked:
+                        self._cond.wait()
+                    idle_since = time.monotonic()
+                    continue
+                due = [a for a in self._active.values() if a.deadline <= now and not a.fired]
+                for armed in due:
+                    armed.fired = True
+                    _cut(armed.fd)
+                self._cond.wait(self.TICK)
+
+
+def _cut(fd: int) -> None:
+    """Shut down the socket behind ``fd`` (a blocked recv on it then returns EOF)."""
+    with contextlib.suppress(OSError):
+        dup = socket.socket(fileno=os.dup(fd))
+        with dup:
+            dup.shutdown(socket.SHUT_RDWR)
+
+
+_deadlines: Deadlines | None = None
+_deadlines_lock = threading.Lock()
+
+
+def deadlines() -> Deadlines:
+    """The process's :class:`Deadlines` (a new one after ``fork``)."""
+    global _deadlines  # noqa: PLW0603 - one watchdog per process
+    with _deadlines_lock:
+        if _deadlines is None or _deadlines._pid != os.getpid():
+            _deadlines = Deadlines()
+        return _deadlines
+
+
+# -- the pool -------------------------------------------------------------------------------
+
+
+def _dead(conn: psycopg.Connection[object]) -> bool:
+    """True if an idle connection is unusable: closed, or readable (EOF or an error pending)."""
+    if conn.closed or conn.broken or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+_TRANSIENT_CONNECT = (
+    "connection refused",
+    "starting up",
+    "shutting down",
+    "in recovery",
+    "not yet accepting connections",
+    "terminating connection",
+    "server closed the connection",
+    "timeout expired",
+    "connection timeout",
+    "could not receive data",
+    "no route to host",
+    "connection reset",
+)
+
+
+class Pool:
+    """Autocommit connections to one server, at most ``size``; thread-safe; fork-aware.
+
+    :meth:`connection` lends one for one operation. ``prepare``: allow psycopg's server-side
+    prepared statements (off by default: transaction-pooling PgBouncers before 1.21 do not
+    support them). ``configure`` runs on every new connection (never sends anything that
+    matters for correctness: sessions may be shared through a pooler).
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        display: str,
+        size: int = DEFAULT_POOL_SIZE,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        prepare: bool = False,
+    ) -> None:
+        self.conninfo = conninfo
+        self.display = display
+        self.size = size
+        self.connect_timeout = connect_timeout
+        self._prepare = prepare
+        self._cond = threading.Condition()
+        self._idle: list[psycopg.Connection[tuple[object, ...]]] = []
+        self._out = 0
+        self._pid = os.getpid()
+        self._closed = False
+
+    def _reset_after_fork(self) -> None:
+        if self._pid != os.getpid():  # never use or close connections of the parent
+            self._cond = threading.Condition()
+            self._idle = []
+            self._out = 0
+            self._pid = os.getpid()
+
+    def open_connection(self, budget: float) -> psycopg.Connection[tuple[object, ...]]:
+        """A new connection, retrying refused/starting-up connects until ``budget`` is spent."""
+        deadline = time.monotonic() + budget
+        delay = 0.02
+        while True:
+            try:
+                conn: psycopg.Connection[tuple[object, ...]] = psycopg.Connection.connect(
+                    self.conninfo,
+                    autocommit=True,
+                    prepare_threshold=5 if self._prepare else None,
+                )
+                return conn
+            except psycopg.Error as error:
+                message = str(error).lower()
+                transient = any(text in message for text in _TRANSIENT_CONNECT)
+                if not transient or _is_config_message(message):
+                    raise translate(error, "connecting", sent=False, where=self.display) from error
+                if time.monotonic() + delay >= deadline:
+                    raise translate(error, "connecting", sent=False, where=self.display) from error
+                time.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    @contextlib.contextmanager
+    def connection(self, budget: float) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+        """Lend a live connection for one operation; it returns to the pool if still idle.
+
+        Waits up to ``budget`` seconds for a free slot or a (re)connect; then
+        :class:`Unavailable`. A connection left in a transaction, broken or closed is discarded.
+        """
+        conn = self._checkout(budget)
+        try:
+            yield conn
+        finally:
+            self._checkin(conn)
+
+    def _checkout(self, budget: float) -> psycopg.Connection[tuple[object, ...]]:
+        deadline = time.monotonic() + budget
+        with self._cond:
+            self._reset_after_fork()
+            while True:
+                if self._closed:
+                    raise ConfigurationError(f"the connection pool of {self.display} is closed")
+                while self._idle:
+                    conn = self._idle.pop()
+                    if not _dead(conn):
+                        self._out += 1
+                        return conn
+                    _close_quietly(conn)
+                if self._out < self.size:
+                    self._out += 1
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise Unavailable(
+                        f"{self.display}: all {self.size} pooled connections stayed busy for "
+                        f"{budget:g}s; nothing was sent (raise ?pool_size=)"
+                    )
+                self._cond.wait(remaining)
+        try:
+            return self.open_connection(max(deadline - time.monotonic(), 0.0))
+        except BaseException:
+            with self._cond:
+                self._out -= 1
+                self._cond.notify()
+            raise
+
+    def _checkin(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        healthy = (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status == pq.TransactionStatus.IDLE
+        )
+        with self._cond:
+            if self._pid != os.getpid():
+                return
+            self._out -= 1
+            if healthy and not self._closed:
+                self._idle.append(conn)
+            else:
+                _close_quietly(conn)
+            self._cond.notify()
+
+    def discard_idle(self) -> None:
+        """Close every idle connection (after a failure suggests they are all stale)."""
+        with self._cond:
+            self._reset_after_fork()
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            _close_quietly(conn)
+
+    def close(self) -> None:
+        """Close idle connections; lent ones are closed when they come back. Idempotent."""
+        with self._cond:
+            self._closed = True
+            if self._pid != os.getpid():
+                self._idle = []
+                return
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            _close_quietly(conn)
+
+
+def _close_quietly(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+@contextlib.contextmanager
+def guarded(
+    conn: psycopg.Connection[tuple[object, ...]], timeout: float
+) -> Iterator[Callable[[], bool]]:
+    """Arm a deadline for the statements run inside; yields "did the deadline fire?"."""
+    watchdog = deadlines()
+    key, armed = watchdog.arm(conn.fileno(), timeout)
+    try:
+        yield lambda: armed.fired
+    finally:
+        watchdog.disarm(key, armed)
+
+
+# -- migrations -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema step from ``version - 1`` to ``version``; ``{s}`` is the quoted schema."""
+
+    version: int
+    summary: str
+    statements: tuple[str, ...]
+
+
+def migrate(
+    conn: psycopg.Connection[tuple[object, ...]],
+    *,
+    schema: str,
+    meta_table: str,
+    fmt: str,
+    migrations: Sequence[Migration],
+    initial: dict[str, str],
+    where: str,
+) -> dict[str, str]:
+    """Create or upgrade one component's tables in ``schema``; return its meta key/values.
+
+    The fast path reads ``meta_table`` (one statement). Only when it is missing or older does
+    one transaction take a transaction-level advisory lock (concurrent openers serialise;
+    nothing session-level), re-read, apply the missing migrations and commit: a crash mid-way
+    leaves the previous version. ``initial`` is written when the tables are created. A meta
+    table of another format or a newer version is a :class:`ConfigurationError`.
+    """
+    newest = migrations[-1].version
+    quoted = sql.Identifier(schema).as_string(conn)
+    table = f"{quoted}.{meta_table}"
+    meta = _read_meta(conn, schema, meta_table)
+    if meta is not None and _checked_version(meta, newest, where, fmt) == newest:
+        return meta
+    with conn.transaction():
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            (f"fenced.migrate.{schema}.{meta_table}",),
+        )
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}".encode())
+        meta = _read_meta(conn, schema, meta_table)
+        version = 0 if meta is None else _checked_version(meta, newest, where, fmt)
+        for migration in migrations:
+            if migration.version > version:
+                for statement in migration.statements:
+                    conn.execute(statement.replace("{s}", quoted).encode())
+        if meta is None:
+            rows = [("format", fmt), *initial.items()]
+            with conn.cursor() as cur:
+                cur.executemany(
+                    f"INSERT INTO {table} (key, value) VALUES (%s, %s)".encode(), rows
+                )
+        conn.execute(
+            f"INSERT INTO {table} (key, value) VALUES ('schema_version', %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value".encode(),
+            (str(newest),),
+        )
+    meta = _read_meta(conn, schema, meta_table)
+    assert meta is not None
+    return meta
+
+
+def _read_meta(
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, meta_table: str
+) -> dict[str, str] | None:
+    row = conn.execute(
+        "SELECT to_regclass(%s)", (f"{sql.Identifier(schema).as_string(conn)}.{meta_table}",)
+    ).fetchone()
+    if row is None or row[0] is None:
+        return None
+    quoted = sql.Identifier(schema).as_string(conn)
+    rows = conn.execute(f"SELECT key, value FROM {quoted}.{meta_table}".encode()).fetchall()
+    return {str(key): str(value) for key, value in rows}
+
+
+def _version(meta: dict[str, str], where: str, fmt: str) -> int:
+    if meta.get("format") != fmt:
+        raise ConfigurationError(f"{where}: the schema holds tables that are not {fmt}'s")
+    try:
+        version = int(meta.get("schema_version", ""))
+    except ValueError:
+        raise ConfigurationError(f"{where}: damaged meta table (no schema_version)") from None
+    return version
+
+
+def _checked_version(meta: dict[str, str], newest: int, where: str, fmt: str) -> int:
+    """The schema version in ``meta``; :class:`ConfigurationError` if newer than ``newest``."""
+    version = _version(meta, where, fmt)
+    if version > newest:
+        raise ConfigurationError(
+            f"{where} has schema version {version}, created by a newer fenced (this one knows "
+            f"up to {newest}); upgrade fenced"
+        )
+    return version
+

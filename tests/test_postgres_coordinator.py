@@ -1,0 +1,496 @@
+"""The coordinator on ``postgresql://`` (a fresh schema per test), against a real PostgreSQL 15
+that the test session starts itself.
+
+It runs :class:`CoordinatorConformance` and :class:`HistoryConformance`. It does **not** run
+:class:`ManualClockConformance`: expiry is decided by the PostgreSQL server's clock
+(``clock_timestamp()``), which cannot be injected (``connect(url, host_clock=...)`` is refused
+loudly). Instead, expiry by the server's clock is tested directly, and so is what only a real
+server can show: restarts (``pg_ctl restart -m fast`` and ``-m immediate``) in the middle of held
+leases, a connection blackholed by a TCP proxy while holding, a lost NOTIFY, PgBouncer in
+transaction mode, and the documented restore procedure (pg_dump, pg_restore, ``advance``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import pytest
+
+from fenced.coordinator.backend import GrantRequest
+from fenced.coordinator.backends.postgres import PostgresBackend
+from fenced.coordinator.client import Coordinator
+from fenced.coordinator.connect import connect, open_backend
+from fenced.core.clock import ManualClock
+from fenced.core.errors import (
+    Busy,
+    ConfigurationError,
+    LeaseLost,
+    StaleToken,
+    Unavailable,
+)
+from fenced.core.lease import LeaseState
+from fenced.core.records import RecordKind
+from fenced.core.restore import restore_base
+from fenced.fence.backend import StoreOptions
+from fenced.fence.postgres_store import open_postgres_store
+from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
+from fenced.testing.postgres import PgBouncer, PostgresServer
+from fenced.testing.proxy import TcpProxy
+
+R = "exports/daily"
+
+
+def _schema() -> str:
+    return "t_" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def pg_url(postgres_server: PostgresServer) -> str:
+    return postgres_server.url("postgres", schema=_schema())
+
+
+class TestPostgresCoordinator(CoordinatorConformance):
+    @pytest.fixture
+    def url(self, pg_url: str) -> str:
+        return pg_url
+
+
+class TestPostgresHistory(HistoryConformance):
+    @pytest.fixture
+    def url(self, pg_url: str) -> str:
+        return pg_url
+
+
+class _Worker(threading.Thread):
+    def __init__(self, target: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self._fn = target
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done_at = 0.0
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as error:
+            self.error = error
+        self.done_at = time.monotonic()
+
+
+def _options() -> StoreOptions:
+    from fenced.core.clock import SystemClock
+
+    return StoreOptions(7 * 24 * 3600.0, 3600.0, 5.0, SystemClock())
+
+
+# -- the server's clock ---------------------------------------------------------------------------
+
+
+def test_expiry_is_decided_by_the_server_clock(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigurationError, match="server's clock"):
+        open_backend(pg_url, host_clock=ManualClock())
+    coord = connect(pg_url)
+    lease = coord.acquire(R, ttl=1.0, wait=0, safety_margin=0.1)
+    # The client's wall clock is a year off: nothing changes (the client never sends a time).
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 365 * 86400)
+    info = coord.current(R)
+    assert info is not None and 0.5 < info.expires_in <= 1.0
+    monkeypatch.setattr(time, "time", real)
+    schema = pg_url.split("schema=")[1]
+    with psycopg.connect(pg_url.split("?")[0]) as conn:
+        row = conn.execute(
+            f"SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 "
+            f"FROM {schema}.resources WHERE name = %s".encode(),
+            (R,),
+        ).fetchone()
+    assert row is not None and 0.4 < row[0] <= 1.0  # stored as a server timestamp
+    wait_for(lambda: coord.current(R) is None, timeout=3, what="expiry at the server")
+    assert coord.acquire(R, ttl=5, wait=0).epoch == lease.epoch + 1
+    coord.close()
+
+
+# -- restarts -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_a_server_restart_in_the_middle_of_held_leases(
+    postgres_server: PostgresServer, mode: str
+) -> None:
+    url = postgres_server.url("postgres", schema=_schema())
+    holder = connect(url)
+    waiter = connect(url)
+    observer = connect(url)
+    held_states: list[LeaseState] = []
+    released_at: list[float] = []
+    ready = threading.Event()
+    finish = threading.Event()
+
+    def hold() -> int:
+        with holder.hold(R, ttl=3, wait=0) as held:
+            ready.set()
+            while not finish.is_set():
+                held_states.append(held.state)
+                time.sleep(0.02)
+            epoch = held.epoch
+            released_at.append(time.monotonic())
+        return epoch
+
+    a = _Worker(hold)
+    a.start()
+    assert ready.wait(5)
+    before = observer.last_epoch(R)
+    b = _Worker(lambda: waiter.acquire(R, ttl=5, wait=30))
+    b.start()
+    wait_for(lambda: waiter.backend.listener_state == "listening", what="the waiter listening")  # type: ignore[attr-defined]
+    time.sleep(0.1)
+    postgres_server.restart(mode)  # type: ignore[arg-type]
+    # The lease survives (it is durable, its expiry is a server timestamp) ...
+    wait_for(lambda: held_states and held_states[-1] is LeaseState.HELD, timeout=5)
+    info = observer.current(R)
+    assert info is not None and info.epoch == before
+    assert b.is_alive(), b.error  # ... and the waiter still waits, no second lease
+    time.sleep(0.3)
+    finish.set()
+    a.join(10)
+    assert a.error is None, a.error
+    b.join(10)
+    assert b.error is None, b.error
+    assert b.result.epoch == before + 1
+    assert b.done_at >= released_at[0]  # never two holders
+    assert b.done_at - released_at[0] < 3  # woken by the release, not by the expiry
+    assert LeaseState.LOST not in held_states
+    kinds = [r.kind for r in observer.history(R)]
+    assert kinds[-3:] == [RecordKind.GRANTED, RecordKind.RELEASED, RecordKind.GRANTED]
+    for coord in (holder, waiter, observer):
+        coord.close()
+
+
+@pytest.mark.slow
+def test_a_grant_survives_an_immediate_restart(postgres_server: PostgresServer) -> None:
+    url = postgres_server.url("postgres", schema=_schema())
+    coord = connect(url)
+    epochs = [coord.acquire(f"r/{i}", ttl=30, wait=0).epoch for i in range(5)]
+    postgres_server.restart("immediate")
+    after = connect(url)
+    assert [after.last_epoch(f"r/{i}") for i in range(5)] == epochs
+    with pytest.raises(Busy):
+        after.acquire("r/0", ttl=5, wait=0)
+    coord.close()
+    after.close()
+
+
+# -- a proxy between the holder and the server ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_blackholed_holder_goes_uncertain_then_lost_and_the_next_owner_wins(
+    postgres_server: PostgresServer,
+) -> None:
+    schema = _schema()
+    direct = postgres_server.url("postgres", schema=schema)
+    store = open_postgres_store(direct, "strict", _options())
+    with TcpProxy("127.0.0.1", postgres_server.port) as proxy:
+        via_proxy = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?schema={schema}"
+        holder = connect(via_proxy)
+        successor = connect(direct)
+        states: list[tuple[float, LeaseState]] = []
+        losses: list[LeaseLost] = []
+        with (
+            pytest.raises(LeaseLost),
+            holder.hold(R, ttl=1.5, wait=0, fence=[store], on_lost=losses.append) as held,
+        ):
+            store.put(held.token, "k", b"from the first owner")
+            proxy.blackhole()
+            cut_at = time.monotonic()
+            while not held.lost.is_set() and time.monotonic() - cut_at < 5:
+                states.append((time.monotonic(), held.state))
+                time.sleep(0.01)
+            lost_at = time.monotonic()
+            assert held.lost.is_set()
+            deadline = held.deadline
+            stale = held.token
+            new = successor.acquire(R, ttl=5, wait=5)
+            granted_at = time.monotonic()
+            store.fence(new.token)
+            store.put(new.token, "k", b"from the next owner")
+            with pytest.raises(StaleToken):
+                store.put(stale, "k", b"late write of the first owner")
+        seen = [state for _, state in states]
+        assert LeaseState.UNCERTAIN in seen
+        assert seen.index(LeaseState.UNCERTAIN) < len(seen)
+        assert lost_at >= deadline - 0.05  # lost at its deadline, not before
+        assert granted_at >= lost_at  # the next owner came after the loss
+        assert new.epoch == stale.epoch + 1
+        item = store.get(R, "k")
+        assert item is not None and item.value == b"from the next owner"
+        assert losses and losses[0].reason.value in ("expired", "rejected")
+        proxy.forward()
+        successor.release(new)
+        holder.close()
+        successor.close()
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_lost_reply_to_an_acquire_is_recovered_by_its_request_id(
+    postgres_server: PostgresServer,
+) -> None:
+    schema = _schema()
+    with TcpProxy("127.0.0.1", postgres_server.port) as proxy:
+        coord = connect(f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?schema={schema}")
+        coord.resources()  # a pooled connection exists
+        proxy.lose_replies()
+        with pytest.raises(Exception) as caught:
+            coord.acquire(R, ttl=10, wait=0, request_id="req-lost")
+        assert type(caught.value).__name__ == "OutcomeUnknown"
+        proxy.forward()
+        lease = coord.acquire(R, ttl=10, wait=0, request_id="req-lost")
+        assert lease.epoch == 1 and coord.last_epoch(R) == 1
+        coord.close()
+
+
+# -- notifications --------------------------------------------------------------------------------
+
+
+def _terminate_listeners(url: str) -> int:
+    with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'fenced-listen'"
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.mark.slow
+def test_a_lost_notification_is_recovered(pg_url: str) -> None:
+    holder = connect(pg_url)
+    waiter = connect(pg_url)
+    backend = waiter.backend
+    assert isinstance(backend, PostgresBackend)
+    lease = holder.acquire(R, ttl=30, wait=0)
+    b = _Worker(lambda: waiter.acquire(R, ttl=5, wait=20))
+    b.start()
+    wait_for(lambda: backend.listener_state == "listening", what="listening")
+    # The listening connection dies and the release's NOTIFY goes nowhere ...
+    assert _terminate_listeners(pg_url) >= 1
+    released = time.monotonic()
+    assert holder.release(lease)
+    b.join(10)
+    # ... the listener reconnects, re-LISTENs and wakes the waiter, who tries again at once.
+    assert b.error is None, b.error
+    assert b.result.epoch == lease.epoch + 1
+    assert b.done_at - released < 3  # not the 30 s ttl, not forever
+    wait_for(lambda: backend.listener_state == "listening", what="listening again")
+    holder.close()
+    waiter.close()
+
+
+def test_without_listen_waiting_falls_back_to_short_rechecks(pg_url: str) -> None:
+    holder = connect(pg_url)
+    waiter = connect(pg_url + "&listen=off")
+    lease = holder.acquire(R, ttl=30, wait=0)
+    timer = threading.Timer(0.3, lambda: holder.release(lease))
+    timer.start()
+    started = time.monotonic()
+    assert waiter.acquire(R, ttl=5, wait=10).epoch == lease.epoch + 1
+    assert time.monotonic() - started < 2
+    assert waiter.backend.listener_state == "off"  # type: ignore[attr-defined]
+    timer.join()
+    holder.close()
+    waiter.close()
+
+
+# -- PgBouncer ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pgbouncer(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    with PgBouncer(postgres_server, pool_mode="transaction", pool_size=3) as bouncer:
+        yield bouncer
+
+
+@pytest.mark.slow
+def test_through_a_transaction_pooling_pgbouncer(
+    postgres_server: PostgresServer, pgbouncer: PgBouncer
+) -> None:
+    schema = _schema()
+    direct = postgres_server.url("postgres", schema=schema)
+    pooled = pgbouncer.url("postgres", schema=schema)
+    with_listen = f"{pooled}&listen_url={quote(direct, safe='')}"
+    coords = [connect(with_listen) for _ in range(3)]
+    first, second, third = coords
+    for _ in range(20):  # many transactions over few server connections, no session state
+        lease = first.acquire(R, ttl=5, wait=0, request_id=f"r-{uuid.uuid4().hex}")
+        assert second.current(R) is not None
+        assert first.release(lease)
+    lease = first.acquire(R, ttl=30, wait=0)
+    b = _Worker(lambda: second.acquire(R, ttl=5, wait=10))
+    b.start()
+    wait_for(lambda: second.backend.listener_state == "listening", what="listening")  # type: ignore[attr-defined]
+    time.sleep(0.2)
+    released = time.monotonic()
+    first.release(lease)
+    b.join(10)
+    assert b.error is None, b.error
+    assert b.done_at - released < 1.0  # woken by NOTIFY through the direct listen connection
+    # Without listen_url, LISTEN through the pooler cannot work: detected, and waiting degrades
+    # to short re-checks instead of hanging.
+    degraded = connect(pooled)
+    c = _Worker(lambda: degraded.acquire(R, ttl=5, wait=10))
+    c.start()
+    wait_for(lambda: degraded.backend.listener_state == "unreliable", timeout=8)  # type: ignore[attr-defined]
+    released = time.monotonic()
+    second.release(b.result)
+    c.join(10)
+    assert c.error is None, c.error
+    assert c.done_at - released < 2.0
+    degraded.release(c.result)
+    for coord in (*coords, degraded):
+        coord.close()
+    assert third.url.startswith("postgresql://")
+
+
+# -- schema, URLs and errors ----------------------------------------------------------------------
+
+
+def test_the_schema_is_versioned_and_a_newer_one_refused(pg_url: str) -> None:
+    backend = PostgresBackend(pg_url)
+    coordinator_id = backend.coordinator_id
+    backend.close()
+    again = PostgresBackend(pg_url)
+    assert again.coordinator_id == coordinator_id  # kept forever
+    again.close()
+    schema = pg_url.split("schema=")[1]
+    with psycopg.connect(pg_url.split("?")[0], autocommit=True) as conn:
+        conn.execute(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'".encode())
+    with pytest.raises(ConfigurationError, match="newer fenced"):
+        PostgresBackend(pg_url)
+
+
+def test_a_schema_holding_other_tables_is_refused(postgres_server: PostgresServer) -> None:
+    schema = _schema()
+    with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}".encode())
+        conn.execute(f"CREATE TABLE {schema}.meta (key text, value text)".encode())
+        conn.execute(f"INSERT INTO {schema}.meta VALUES ('format', 'something else')".encode())
+    with pytest.raises(ConfigurationError, match="not fenced.coordinator"):
+        PostgresBackend(postgres_server.url("postgres", schema=schema))
+
+
+def test_url_errors_and_password_masking(postgres_server: PostgresServer) -> None:
+    for bad in (
+        "postgresql://h/db?schema=Upper",
+        "postgresql://h/db?pool_size=0",
+        "postgresql://h/db?timeout=-1",
+        "postgresql://h/db?listen=maybe",
+        "postgresql://h/db?bogus_libpq_option=1",
+    ):
+        with pytest.raises(ConfigurationError):
+            connect(bad)
+    with pytest.raises(Unavailable):
+        connect("postgres://user:s3cret@127.0.0.1:1/db?connect_timeout=2")
+    try:
+        connect("postgres://user:s3cret@127.0.0.1:1/db?connect_timeout=2")
+    except Unavailable as error:
+        assert "s3cret" not in str(error)
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        connect(postgres_server.dsn("no_such_database"))
+    coord = connect(postgres_server.url("postgres", schema=_schema()))
+    assert coord.url.startswith("postgresql://postgres@127.0.0.1:")
+    coord.close()
+
+
+def test_many_leases_in_one_process_share_a_small_pool(postgres_server: PostgresServer) -> None:
+    coord = connect(postgres_server.url("postgres", schema=_schema(), pool_size="3"))
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            for _ in range(10):
+                lease = coord.acquire(f"jobs/{index}", ttl=10, wait=5)
+                coord.renew(lease)
+                assert coord.release(lease)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors[:3]
+    assert [coord.last_epoch(f"jobs/{i}") for i in range(12)] == [10] * 12
+    everything = coord.history()
+    assert len(everything) == 12 * 20
+    assert [r.seq for r in everything] == sorted(r.seq for r in everything)
+    coord.close()
+
+
+def test_a_request_id_is_bound_to_its_resource(pg_url: str) -> None:
+    backend = PostgresBackend(pg_url)
+    backend.try_grant(GrantRequest(R, 10.0, "1" * 32, "h", "req"), None)
+    with pytest.raises(ConfigurationError, match="already used"):
+        backend.try_grant(GrantRequest("other", 10.0, "2" * 32, "h", "req"), None)
+    backend.close()
+
+
+# -- restore ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_restore_with_pg_dump_and_pg_restore_then_advance(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    schema = _schema()
+    url = postgres_server.url("postgres", schema=schema)
+    store = open_postgres_store(postgres_server.url("postgres", schema=schema + "_s"), "strict", _options())
+    coord = connect(url)
+    for _ in range(40):
+        coord.release(coord.acquire(R, ttl=5, wait=0))
+    lease41 = coord.acquire(R, ttl=5, wait=0)
+    assert lease41.epoch == 41
+    coord.release(lease41)
+    dump = tmp_path / "coordinator.dump"
+    pg = postgres_server.bin_dir
+    env = {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(postgres_server.port), "PGUSER": "postgres"}
+    subprocess.run(
+        [str(pg / "pg_dump"), "-Fc", "-n", schema, "-f", str(dump), "postgres"], env=env, check=True
+    )
+    for _ in range(2):
+        lease = coord.acquire(R, ttl=5, wait=0)
+        store.fence(lease.token)
+        store.put(lease.token, "k", f"written with {lease.epoch}".encode())
+        coord.release(lease)
+    assert lease.epoch == 43
+    coord.close()
+    # Restore the older state (41) ...
+    subprocess.run(
+        [str(pg / "pg_restore"), "--clean", "-d", "postgres", str(dump)], env=env, check=True
+    )
+    restored = connect(url)
+    assert restored.last_epoch(R) == 41
+    # ... then the documented procedure: advance past anything the lost state could have issued.
+    minimum = max(restore_base(time.time()), store.floor(R) or 0)
+    assert restored.backend.advance(minimum, {}, {"reason": "pg_restore"}) == minimum
+    new = restored.acquire(R, ttl=5, wait=0)
+    assert new.epoch > 43
+    store.fence(new.token)
+    store.put(new.token, "k", b"after the restore")
+    item = store.get(R, "k")
+    assert item is not None and item.value == b"after the restore"
+    assert restored.history(R)[-2].kind is RecordKind.RESTORED
+    restored.close()
+    store.close()

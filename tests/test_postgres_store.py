@@ -1,0 +1,237 @@
+"""The store conformance suite on ``postgresql://`` (a fresh schema per test), plus what is
+specific to PostgreSQL: streaming of large objects, the busy timeout, the URL, schema versions.
+
+The store has every capability but :attr:`Capability.LOCAL_FILES` (it lives in a database, not
+under a path), so the suite runs :class:`FencingConformance`, :class:`KeysConformance`,
+:class:`PublicationConformance` and :class:`OpIdConformance`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import fenced.testing.store_conformance as conformance
+from fenced.core.clock import SystemClock
+from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
+from fenced.fence import Store
+from fenced.fence.backend import StoreOptions
+from fenced.fence.postgres_store import PostgresStore, open_postgres_store
+from fenced.fence.values import Mode
+from fenced.testing.postgres import PostgresServer
+from fenced.testing.store_conformance import (
+    FencingConformance,
+    KeysConformance,
+    OpIdConformance,
+    PublicationConformance,
+    token,
+)
+
+_original_open_store = conformance.open_store
+
+
+def _open_store(url: str, mode: Mode | None = None, **options: Any) -> Store:
+    """``fenced.open_store`` including ``postgresql://`` (also before the lead wires it)."""
+    if not url.startswith(("postgresql:", "postgres:")):
+        return _original_open_store(url, mode, **options)
+    try:
+        return _original_open_store(url, mode, **options)
+    except ConfigurationError as error:
+        if "no store for" not in str(error):
+            raise
+    return open_postgres_store(url, mode, _options(**options))
+
+
+def _options(
+    op_retention: float = 7 * 24 * 3600.0,
+    gc_grace: float = 3600.0,
+    busy_timeout: float = 5.0,
+    clock: Any = None,
+) -> StoreOptions:
+    for name, value, zero_ok in (
+        ("op_retention", op_retention, False),
+        ("gc_grace", gc_grace, True),
+        ("busy_timeout", busy_timeout, True),
+    ):
+        if not isinstance(value, int | float) or value != value or value < 0 or (
+            value == 0 and not zero_ok
+        ):
+            raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+    return StoreOptions(
+        float(op_retention), float(gc_grace), float(busy_timeout), clock or SystemClock()
+    )
+
+
+@pytest.fixture(autouse=True)
+def _postgres_open_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(conformance, "open_store", _open_store)
+
+
+@pytest.fixture
+def store_url(postgres_server: PostgresServer) -> str:
+    return postgres_server.url("postgres", schema="s_" + uuid.uuid4().hex[:12])
+
+
+def postgres_snapshot(store: Store) -> list[tuple[str, list[tuple[object, ...]]]]:
+    """Every row of every table of a ``postgresql:`` store, read through its own connection."""
+    schema = store.url.split("schema=", 1)[1].split("&", 1)[0]
+    url = store.url.split("?", 1)[0]
+    tables = ["store_domains", "store_items", "store_pointers", "store_objects", "store_chunks",
+              "store_ops", "store_meta"]  # fmt: skip
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [
+            (
+                table,
+                conn.execute(
+                    f'SELECT * FROM "{schema}".{table} ORDER BY 1, 2'.encode()
+                ).fetchall(),
+            )
+            for table in tables
+        ]
+
+
+class TestPostgresStore(
+    FencingConformance, KeysConformance, PublicationConformance, OpIdConformance
+):
+    @pytest.fixture
+    def make_store(self, store_url: str) -> Iterator[Callable[..., Store]]:
+        opened: list[Store] = []
+
+        def make(mode: Mode | None = None, **options: Any) -> Store:
+            opened.append(_open_store(store_url, mode, **options))
+            return opened[-1]
+
+        yield make
+        for store in opened:
+            store.close()
+
+    @pytest.fixture
+    def snapshot(self) -> Callable[[Store], object]:
+        return postgres_snapshot
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[PostgresStore]:
+    opened = open_postgres_store(store_url, "strict", _options())
+    yield opened
+    opened.close()
+
+
+def test_a_large_publication_is_streamed_in_chunks(store: PostgresStore, tmp_path: Any) -> None:
+    path = tmp_path / "big.bin"
+    block = uuid.uuid4().bytes * 4096  # 64 KiB, not compressible as a whole
+    with path.open("wb") as out:
+        for _ in range(84):  # 5.25 MiB: 5 chunks of 1 MiB and a partial one
+            out.write(block)
+    store.fence(token(1))
+    published = store.publish(token(1), path)
+    assert published.size == 84 * len(block)
+    with store.open("exports/daily") as stream:
+        first = stream.read(10)
+        assert first == block[:10]
+        assert first + stream.read() == path.read_bytes()
+    chunks = postgres_snapshot(store)[4][1]
+    assert len(chunks) == 6
+
+
+def test_a_writer_blocked_longer_than_the_busy_timeout_is_unavailable(store_url: str) -> None:
+    store = open_postgres_store(store_url, "monotonic", _options(busy_timeout=0.2))
+    store.put(token(1), "k", b"v")
+    schema = store_url.split("schema=")[1]
+    holder = psycopg.connect(store_url.split("?")[0])
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+        (f"fenced.store.{schema}:exports/daily",),
+    )
+    try:
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match="busy timeout"):
+            store.put(token(1), "k", b"w")
+        assert time.monotonic() - started < 3
+    finally:
+        holder.rollback()
+        holder.close()
+    assert store.put(token(1), "k", b"w").version == 2
+    store.close()
+
+
+def test_concurrent_writers_of_one_domain_serialise(store: PostgresStore) -> None:
+    store.fence(token(1))
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(20):
+                while True:
+                    current = store.get("exports/daily", "n")
+                    version = 0 if current is None else current.version
+                    value = b"1" if current is None else str(int(current.value) + 1).encode()
+                    try:
+                        store.put(token(1), "n", value, if_version=version)
+                        break
+                    except conformance.VersionConflict:
+                        continue
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    item = store.get("exports/daily", "n")
+    assert item is not None and item.value == b"80" and item.version == 80
+
+
+def test_stale_writes_are_rejected_across_processes_of_the_same_database(
+    store: PostgresStore, store_url: str
+) -> None:
+    other = open_postgres_store(store_url, None, _options())
+    store.fence(token(41))
+    store.put(token(41), "k", b"41")
+    other.fence(token(42))
+    with pytest.raises(StaleToken):
+        store.put(token(41), "k", b"late 41")
+    item = other.get("exports/daily", "k")
+    assert item is not None and item.value == b"41"
+    other.close()
+
+
+def test_a_newer_schema_version_is_refused(store: PostgresStore, store_url: str) -> None:
+    schema = store_url.split("schema=")[1]
+    with psycopg.connect(store_url.split("?")[0], autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE \"{schema}\".store_meta SET value = '99' WHERE key = 'schema_version'".encode()
+        )
+    with pytest.raises(ConfigurationError, match="newer fenced"):
+        open_postgres_store(store_url, None, _options())
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://127.0.0.1:1/db?schema=Bad-Name",
+        "postgresql://127.0.0.1:1/db?schema=x&schema=y",
+        "postgresql://127.0.0.1:1/db?nosuchparameter=1",
+        "postgresql://127.0.0.1:1/db#fragment",
+    ],
+)
+def test_bad_urls_are_configuration_errors_before_any_io(url: str) -> None:
+    with pytest.raises(ConfigurationError):
+        open_postgres_store(url, None, _options())
+
+
+def test_an_unreachable_server_is_unavailable_and_a_wrong_database_a_configuration_error(
+    postgres_server: PostgresServer,
+) -> None:
+    with pytest.raises(Unavailable):
+        open_postgres_store("postgresql://127.0.0.1:1/x?connect_timeout=1", None, _options())
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        open_postgres_store(postgres_server.dsn("no_such_database"), None, _options())
