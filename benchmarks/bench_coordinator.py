@@ -685,7 +685,8 @@ def report_summary(
             ]
         )
     print_table(
-        "Summary (baseline: redis-py Lock unless named)",
+        "Summary (baseline: redis-py Lock unless named; a ratio is the median of the per-round "
+        "ratios of interleaved runs, not the ratio of the medians)",
         ["metric", "fenced", "baseline", "target", "measured", "result"],
         rows,
     )
@@ -711,7 +712,7 @@ def describe_environment(directory: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     parser.add_argument(
         "--seconds",
         type=float,

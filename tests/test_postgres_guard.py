@@ -158,10 +158,12 @@ def _doc_example(tag: str = "python-example") -> str:
     doc = (ROOT / "docs" / "postgres.md").read_text()
     blocks = re.findall(rf"^```{tag}\n(.*?)^```", doc, re.DOTALL | re.MULTILINE)
     assert len(blocks) == 1, f"docs/postgres.md should have exactly one ```{tag} block"
-    return blocks[0]
+    return str(blocks[0])
 
 
-def test_the_invoice_example_of_the_docs_runs(postgres_server: PostgresServer, tmp_path: Path) -> None:
+def test_the_invoice_example_of_the_docs_runs(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
     name = "inv_" + uuid.uuid4().hex[:12]
     url = postgres_server.create_database(name)
     env = {

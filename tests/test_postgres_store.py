@@ -17,10 +17,10 @@ from typing import Any
 import psycopg
 import pytest
 
-import fenced.testing.store_conformance as conformance
 from fenced.core.clock import SystemClock
-from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
+from fenced.core.errors import ConfigurationError, StaleToken, Unavailable, VersionConflict
 from fenced.fence import Store
+from fenced.fence import open_store as fenced_open_store
 from fenced.fence.backend import StoreOptions
 from fenced.fence.postgres_store import PostgresStore, open_postgres_store
 from fenced.fence.values import Mode
@@ -33,44 +33,10 @@ from fenced.testing.store_conformance import (
     token,
 )
 
-_original_open_store = conformance.open_store
 
-
-def _open_store(url: str, mode: Mode | None = None, **options: Any) -> Store:
-    """``fenced.open_store`` including ``postgresql://`` (also before the lead wires it)."""
-    if not url.startswith(("postgresql:", "postgres:")):
-        return _original_open_store(url, mode, **options)
-    try:
-        return _original_open_store(url, mode, **options)
-    except ConfigurationError as error:
-        if "no store for" not in str(error):
-            raise
-    return open_postgres_store(url, mode, _options(**options))
-
-
-def _options(
-    op_retention: float = 7 * 24 * 3600.0,
-    gc_grace: float = 3600.0,
-    busy_timeout: float = 5.0,
-    clock: Any = None,
-) -> StoreOptions:
-    for name, value, zero_ok in (
-        ("op_retention", op_retention, False),
-        ("gc_grace", gc_grace, True),
-        ("busy_timeout", busy_timeout, True),
-    ):
-        if not isinstance(value, int | float) or value != value or value < 0 or (
-            value == 0 and not zero_ok
-        ):
-            raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
-    return StoreOptions(
-        float(op_retention), float(gc_grace), float(busy_timeout), clock or SystemClock()
-    )
-
-
-@pytest.fixture(autouse=True)
-def _postgres_open_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(conformance, "open_store", _open_store)
+def _options(busy_timeout: float = 5.0) -> StoreOptions:
+    """Store options as open_store builds them by default (a shorter busy timeout if asked)."""
+    return StoreOptions(7 * 24 * 3600.0, 3600.0, busy_timeout, SystemClock())
 
 
 @pytest.fixture
@@ -88,9 +54,7 @@ def postgres_snapshot(store: Store) -> list[tuple[str, list[tuple[object, ...]]]
         return [
             (
                 table,
-                conn.execute(
-                    f'SELECT * FROM "{schema}".{table} ORDER BY 1, 2'.encode()
-                ).fetchall(),
+                conn.execute(f'SELECT * FROM "{schema}".{table} ORDER BY 1, 2'.encode()).fetchall(),
             )
             for table in tables
         ]
@@ -104,7 +68,7 @@ class TestPostgresStore(
         opened: list[Store] = []
 
         def make(mode: Mode | None = None, **options: Any) -> Store:
-            opened.append(_open_store(store_url, mode, **options))
+            opened.append(fenced_open_store(store_url, mode, **options))
             return opened[-1]
 
         yield make
@@ -144,7 +108,7 @@ def test_a_writer_blocked_longer_than_the_busy_timeout_is_unavailable(store_url:
     store = open_postgres_store(store_url, "monotonic", _options(busy_timeout=0.2))
     store.put(token(1), "k", b"v")
     schema = store_url.split("schema=")[1]
-    holder = psycopg.connect(store_url.split("?")[0])
+    holder = psycopg.connect(store_url.split("?", maxsplit=1)[0])
     holder.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
         (f"fenced.store.{schema}:exports/daily",),
@@ -175,7 +139,7 @@ def test_concurrent_writers_of_one_domain_serialise(store: PostgresStore) -> Non
                     try:
                         store.put(token(1), "n", value, if_version=version)
                         break
-                    except conformance.VersionConflict:
+                    except VersionConflict:
                         continue
         except BaseException as error:
             errors.append(error)
@@ -206,7 +170,7 @@ def test_stale_writes_are_rejected_across_processes_of_the_same_database(
 
 def test_a_newer_schema_version_is_refused(store: PostgresStore, store_url: str) -> None:
     schema = store_url.split("schema=")[1]
-    with psycopg.connect(store_url.split("?")[0], autocommit=True) as conn:
+    with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
         conn.execute(
             f"UPDATE \"{schema}\".store_meta SET value = '99' WHERE key = 'schema_version'".encode()
         )
@@ -235,3 +199,27 @@ def test_an_unreachable_server_is_unavailable_and_a_wrong_database_a_configurati
         open_postgres_store("postgresql://127.0.0.1:1/x?connect_timeout=1", None, _options())
     with pytest.raises(ConfigurationError, match="does not exist"):
         open_postgres_store(postgres_server.dsn("no_such_database"), None, _options())
+
+
+def test_speculative_writes_never_trust_what_this_process_saw_last(store_url: str) -> None:
+    """Each process remembers a domain's last state and writes in one round trip on it; the
+    server re-checks that state under the lock, so a change made elsewhere is never missed."""
+    a = open_postgres_store(store_url, "strict", _options())
+    b = open_postgres_store(store_url, None, _options())
+    a.fence(token(5))
+    a.put(token(5), "k", b"5")  # a now knows: floor 5, k at version 1
+    b.fence(token(6))
+    with pytest.raises(StaleToken):  # a's cached floor says 5: the server says 6
+        a.put(token(5), "k", b"late")
+    with pytest.raises(StaleToken):  # a no-op install on a's cache must be confirmed too
+        a.fence(token(5))
+    assert a.put(token(6), "k", b"6").version == 2  # cached floor said NotInstalled: re-decided
+    b.put(token(6), "k", b"b", if_version=2)
+    with pytest.raises(VersionConflict):  # a's cached version of k is 2, the server's is 3
+        a.put(token(6), "k", b"a", if_version=2)
+    first = a.put(token(6), "j", b"x", op_id="op-1")
+    assert a.put(token(6), "j", b"x", op_id="op-1") == first  # the op id is found and replayed
+    item = b.get("exports/daily", "k")
+    assert item is not None and (item.value, item.version) == (b"b", 3)
+    a.close()
+    b.close()

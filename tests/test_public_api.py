@@ -15,6 +15,10 @@ PUBLIC = {
     "IdempotencyConflict",
     "InvalidName",
     "Item",
+    "LeaderChange",
+    "LeaderChangeKind",
+    "LeaderInfo",
+    "Leadership",
     "Lease",
     "LeaseInfo",
     "LeaseLost",
@@ -33,6 +37,7 @@ PUBLIC = {
     "connect",
     "guard",
     "open_store",
+    "run_as_leader",
 }
 
 

@@ -28,6 +28,7 @@ from fenced.core.errors import (
 )
 from fenced.core.lease import Lease, LeaseInfo, LeaseState
 from fenced.core.token import FencingToken
+from fenced.election import LeaderChange, LeaderChangeKind, LeaderInfo, Leadership, run_as_leader
 from fenced.fence import Item, Publication, Store, Version, guard, open_store
 from fenced.runtime.keeper import HeldLease
 
@@ -42,6 +43,10 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidName",
     "Item",
+    "LeaderChange",
+    "LeaderChangeKind",
+    "LeaderInfo",
+    "Leadership",
     "Lease",
     "LeaseInfo",
     "LeaseLost",
@@ -60,6 +65,7 @@ __all__ = [
     "connect",
     "guard",
     "open_store",
+    "run_as_leader",
 ]
 
 __version__ = "0.1.0"

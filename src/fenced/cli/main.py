@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from fenced.cli import demo, run_cmd, status_cmd, store_cmds  # noqa: F401
+from fenced.cli import demo, elect_cmd, ops_cmds, run_cmd, status_cmd, store_cmds  # noqa: F401
 from fenced.cli.app import cli
 from fenced.cli.exitcodes import INTERNAL_ERROR
 
@@ -26,6 +26,8 @@ def _log_to_stderr() -> None:
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     root.propagate = False
+    # A command reports a store's rejection as its own one-line error: do not say it twice.
+    logging.getLogger("fenced.store").setLevel(logging.ERROR)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,6 +32,8 @@ from fenced.core.records import Record, RecordKind
 from fenced.core.names import validate_resource
 from fenced.core.policy import LeasePolicy, validate_holder, validate_wait
 from fenced.core.token import FencingToken
+from fenced.election.campaign import Campaign, validate_value
+from fenced.election.observe import LeaderInfo, Observer
 from fenced.runtime.hold import Fenceable, Hold
 from fenced.runtime.keeper import OnLost
 
@@ -104,6 +106,7 @@ class Coordinator:
         request_id: str | None = None,
         *,
         safety_margin: float | None = None,
+        value: str | None = None,
     ) -> Lease:
         """Grant a lease on ``resource`` with epoch = last epoch + 1.
 
@@ -115,16 +118,19 @@ class Coordinator:
 
         Parameters are validated before any I/O (:class:`ConfigurationError`,
         :class:`InvalidName`). The returned lease's local deadline is ``send time of the granting
-        request + ttl - safety_margin`` (default margin: 10 % of ttl).
+        request + ttl - safety_margin`` (default margin: 10 % of ttl). ``value`` is an election
+        candidate's advertised value (see :meth:`campaign`), shown by :meth:`current` while the
+        lease lives.
         """
         name = validate_resource(resource)
         policy = LeasePolicy.create(ttl, safety_margin)
         patience = validate_wait(wait)
         label = validate_holder(holder if holder is not None else default_holder())
         rid = _validate_request_id(request_id)
+        advertised = None if value is None else validate_value(value)
         if rid is not None:
             self.require(CAP_REQUEST_ID)
-        request = GrantRequest(name, policy.ttl, secrets.token_hex(16), label, rid)
+        request = GrantRequest(name, policy.ttl, secrets.token_hex(16), label, rid, advertised)
         give_up = None if patience is None else self._clock.monotonic() + patience
         ticket: Ticket | None = None
         try:
@@ -242,6 +248,7 @@ class Coordinator:
         holder: str | None = None,
         request_id: str | None = None,
         safety_margin: float | None = None,
+        value: str | None = None,
     ) -> Hold:
         """Context manager: acquire, install at ``fence`` stores, renew, signal loss, release.
 
@@ -255,6 +262,8 @@ class Coordinator:
         if holder is not None:
             validate_holder(holder)
         _validate_request_id(request_id)
+        if value is not None:
+            validate_value(value)
         stores = tuple(fence)
         for store in stores:
             if not callable(getattr(store, "fence", None)):
@@ -263,9 +272,63 @@ class Coordinator:
             raise ConfigurationError("on_lost must be callable")
 
         def acquire() -> Lease:
-            return self.acquire(name, ttl, wait, holder, request_id, safety_margin=safety_margin)
+            return self.acquire(
+                name, ttl, wait, holder, request_id, safety_margin=safety_margin, value=value
+            )
 
         return Hold(acquire, self, clock=self._clock, fence=stores, on_lost=on_lost)
+
+    # -- election (implemented in fenced.election; see docs/election.md) ------------------
+    def campaign(
+        self,
+        name: str,
+        value: str,
+        ttl: float,
+        *,
+        wait: float | None = None,
+        fence: Iterable[Fenceable] = (),
+        on_lost: OnLost | None = None,
+        holder: str | None = None,
+        safety_margin: float | None = None,
+    ) -> Campaign:
+        """Context manager: wait to become leader of election ``name``, yield the leadership.
+
+        A term is a lease on ``name``: its number is the lease's epoch and its token fences
+        stores like any lease's (install it with ``fence=[store]``). Candidates queue first come,
+        first served; ``wait=None`` (the default: campaigning means waiting to be elected) waits
+        forever, otherwise :class:`Busy` after ``wait`` seconds, and the candidate leaves the
+        queue. Yields a :class:`~fenced.election.Leadership`. See
+        :mod:`fenced.election.campaign` for the guarantees; parameters are validated here.
+        """
+        advertised = validate_value(value)
+
+        def hold(signal_loss: OnLost) -> Hold:
+            return self.hold(
+                name,
+                ttl,
+                wait=wait,
+                fence=fence,
+                on_lost=signal_loss,
+                holder=holder,
+                safety_margin=safety_margin,
+                value=advertised,
+            )
+
+        return Campaign(hold, self._backend, advertised, on_lost=on_lost)
+
+    def leader(self, name: str) -> LeaderInfo | None:
+        """The current leader of election ``name`` (holder, value, term, remaining), or None."""
+        info = self.current(name)
+        return None if info is None else LeaderInfo.from_lease(info)
+
+    def observe(self, name: str) -> Observer:
+        """An iterator of the leadership changes of election ``name``, from now on, in order.
+
+        Delivers every term exactly once (even one that ended before it was read), woken by
+        the backend's notifications, and retries through outages. See
+        :mod:`fenced.election.observe`. Reads the history once now (raises if that fails).
+        """
+        return Observer(self, self._backend, validate_resource(name))
 
     def _check_lease(self, lease: object) -> None:
         if not isinstance(lease, Lease):

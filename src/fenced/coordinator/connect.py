@@ -7,6 +7,7 @@ none                          ``$FENCED_URL`` if set, else ``sqlite:.fenced/fenc
 ``sqlite:///abs/path``        embedded: one host, many processes (``sqlite:rel/path`` too)
 ``memory://NAME``             in-process reference backend, for tests
 ``postgresql://…``            PostgreSQL (``postgres://`` too; see docs/postgres.md)
+``etcd://host:port[,…]``      an etcd 3.4+ cluster (``?prefix=/fenced``; see docs/etcd.md)
 ============================  ===============================================================
 
 An unknown scheme, or a backend whose extra is not installed, is a :class:`ConfigurationError`.
@@ -26,7 +27,6 @@ __all__ = ["DEFAULT_URL", "connect", "open_backend", "resolve_url"]
 
 DEFAULT_URL = "sqlite:.fenced/fenced.db"
 _LATER = {
-    "etcd": "etcd",
     "http": "the fenced server",
     "https": "the fenced server",
 }
@@ -68,13 +68,22 @@ def open_backend(url: str, *, host_clock: HostClock | None = None) -> Coordinato
                 f"the PostgreSQL backend needs psycopg: pip install 'fenced[postgres]' ({error})"
             ) from error
         return PostgresBackend(url)
+    if scheme == "etcd":
+        if host_clock is not None:
+            raise ConfigurationError(
+                "etcd:// decides expiry by etcd leases (the etcd leader's clock); "
+                "host_clock cannot be injected"
+            )
+        from fenced.coordinator.backends.etcd import EtcdBackend  # noqa: PLC0415
+
+        return EtcdBackend(url)
     if scheme in _LATER:
         raise ConfigurationError(
             f"{url!r}: the {_LATER[scheme]} backend is not available in this version of fenced"
         )
     raise ConfigurationError(
         f"unknown coordinator URL scheme {scheme!r} in {url!r}; "
-        "expected sqlite:///path, postgresql://... or memory://name"
+        "expected sqlite:///path, postgresql://..., etcd://host:port or memory://name"
     )
 
 

@@ -16,6 +16,13 @@ and the pointer rule live once, above the backends, in :class:`~fenced.fence.sto
 * Reads (:meth:`Backend.head`, :meth:`Backend.get`, :meth:`Backend.pointer`,
   :meth:`Backend.open_current`) see committed state only.
 * Driver errors are translated at this boundary (``raise Unavailable(...) from error`` and so on).
+
+A backend with :attr:`Capability.RECORDS` also implements :class:`RecordingBackend` (and its
+transactions :class:`RecordingTransaction`): the store's diagnostic records (DESIGN §7).
+Installs and accepted mutations are appended inside the mutation's own transaction (durable
+with it, no extra sync); a rejection is appended afterwards by a cheap, non-durable append
+(:meth:`RecordingBackend.record_rejection`). Records are diagnostics: they are never read by a
+decision, and a rejected mutation changes no data even though it leaves a record.
 """
 
 from __future__ import annotations
@@ -27,11 +34,27 @@ from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from fenced.core.clock import Clock
+from fenced.core.records import Record
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject
 from fenced.fence.values import Item, Mode, Publication
 
-__all__ = ["Backend", "Capability", "Chooser", "StoreOptions", "Transaction"]
+__all__ = [
+    "DEFAULT_RECORD_LIMIT",
+    "DEFAULT_RECORD_RETENTION",
+    "Backend",
+    "Capability",
+    "Chooser",
+    "RecordingBackend",
+    "RecordingTransaction",
+    "StoreOptions",
+    "Transaction",
+]
+
+DEFAULT_RECORD_RETENTION = 30 * 24 * 3600.0
+"""Seconds a store keeps its records (30 days)."""
+DEFAULT_RECORD_LIMIT = 10_000
+"""Records a store keeps per resource (the newest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +65,10 @@ class StoreOptions:
     gc_grace: float
     busy_timeout: float
     clock: Clock
+    record_retention: float = DEFAULT_RECORD_RETENTION
+    """Seconds records are kept (pruned now and then, inside later write transactions)."""
+    record_limit: int = DEFAULT_RECORD_LIMIT
+    """Records kept per resource: older ones are pruned now and then."""
 
 
 class Capability(enum.StrEnum):
@@ -57,6 +84,10 @@ class Capability(enum.StrEnum):
     """Many processes may open the same store at once."""
     LOCAL_FILES = "local_files"
     """The store lives under one local path and writes nothing outside it."""
+    RECORDS = "records"
+    """Records of installs, accepted and rejected mutations (``history``); ``floors``.
+
+    The backend implements :class:`RecordingBackend`."""
 
 
 Chooser = Callable[[list[StoredObject], set[str]], list[str]]
@@ -156,4 +187,55 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release connections and file handles. Idempotent."""
+        ...
+
+
+class RecordingTransaction(Transaction, Protocol):
+    """The transaction of a backend with :attr:`Capability.RECORDS`."""
+
+    def append_record(self, record: Record) -> None:
+        """Append ``record`` (its ``seq`` is ignored: the backend numbers it) to this resource.
+
+        Written, and durable, together with the transaction's other writes, or not at all.
+        """
+        ...
+
+    def prune_records(self, before: float, keep: int) -> None:
+        """Drop this resource's records dated before ``before`` and all but the ``keep`` newest.
+
+        May be deferred (done at a cheaper moment of a later transaction); never drops records
+        newer than both limits.
+        """
+        ...
+
+
+class RecordingBackend(Backend, Protocol):
+    """A store backend with :attr:`Capability.RECORDS` (see the module docstring)."""
+
+    def transaction(self, resource: str) -> AbstractContextManager[RecordingTransaction]:
+        """The critical section of ``resource``; its transaction can append records."""
+        ...
+
+    def record_rejection(self, record: Record) -> None:
+        """Append a record of a rejected mutation, outside any mutation's transaction.
+
+        Cheap and not durable by itself (no fsync of its own): it may be lost by a power
+        failure, never by a process crash once this returned. Changes nothing but the records.
+        Raises :class:`~fenced.Unavailable` / :class:`~fenced.ConfigurationError` on failure;
+        the caller treats that as "not recorded".
+        """
+        ...
+
+    def history(self, resource: str, after: int, *, since: float, keep: int) -> list[Record]:
+        """The retained records of ``resource`` with ``seq > after``, in ``seq`` order.
+
+        Retained: dated ``since`` or later and among the ``keep`` newest of the resource
+        (whether or not older ones were pruned yet). ``seq`` increases with every record of the
+        resource (it is per store for some backends, per resource for others: compare seqs of
+        one resource only).
+        """
+        ...
+
+    def floors(self) -> dict[str, int]:
+        """Every resource that has a floor, with its floor (committed state)."""
         ...

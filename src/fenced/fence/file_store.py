@@ -6,7 +6,9 @@ inside the state files, so nothing a caller passes can name a path)::
     dir/fenced-store.json               format, format version and mode (written once, atomically)
     dir/locks/<sha256(resource)>.lock   flock target of the resource's critical section (no data)
     dir/resources/<sha256(resource)>/
-        state.json                      binding, floor, keys and values, pointers, op records
+        state.json                      binding, floor, keys and values, pointers, op records,
+                                        the newest store records (not yet in the journal)
+        records.jsonl                   the journal of older store records, one JSON per line
         objects/<epoch:020d>-<uuid hex> immutable published (or staged) bytes
         staging/<object id>.part        an object being written
 
@@ -26,6 +28,16 @@ inside the state files, so nothing a caller passes can name a path)::
   readable after ``gc`` unlinks it.
 * The whole state of a resource is rewritten at every mutation: keep values small and keys few
   per resource (use ``sqlite:///`` for many keys), publish large data.
+* **Records** (:attr:`Capability.RECORDS`): an install or accepted mutation appends its record
+  to ``state.json``'s pending list, so it commits (durably) with the mutation. Once
+  :data:`FLUSH_AT` pending records have accumulated, a commit first appends the already
+  committed ones to ``records.jsonl`` and ``fsync``-s it (one extra sync per ``FLUSH_AT``
+  mutations), then writes the state without them; a crash in between leaves a record in both
+  places, and readers keep one per ``seq``. A rejection appends one line to ``records.jsonl``
+  under the resource's lock, **without** ``fsync``: a power failure may lose it (never an
+  accepted record); a process crash cannot. ``seq`` counts per resource. The journal is
+  compacted (rewritten without pruned records, synced, renamed) when it has doubled since the
+  last compaction or holds records past the retention.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -48,6 +61,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+from fenced.core.records import Record, RecordKind
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, resolve_mode
@@ -59,6 +73,11 @@ FORMAT = "fenced.file-store"
 FORMAT_VERSION = 1
 META = "fenced-store.json"
 STATE = "state.json"
+JOURNAL = "records.jsonl"
+FLUSH_AT = 32
+"""Pending records in ``state.json`` that make the next commit move them to the journal."""
+_COMPACT_AT = 256 * 1024  # journal bytes before the first compaction
+_TAIL = 64 * 1024  # bytes read from the journal's end to find its largest seq
 _OBJECT_ID = re.compile(r"[0-9]{20}-[0-9a-f]{32}")
 _RESOURCE_DIR = re.compile(r"[0-9a-f]{64}")
 _CONFIG_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR}
@@ -163,6 +182,13 @@ class _State:
     pointers: dict[str, Publication] = field(default_factory=dict)
     superseded: list[_Superseded] = field(default_factory=list)
     ops: dict[str, OpRecord] = field(default_factory=dict)
+    seq: int = 0
+    """The largest record seq this state assigned (the journal may hold larger ones)."""
+    records: list[Record] = field(default_factory=list)
+    """Committed records not yet moved to the journal, oldest first."""
+    compact_at: int = _COMPACT_AT
+    oldest: float | None = None
+    """The time of the oldest record in the journal as of the last flush or compaction."""
 
     def to_json(self) -> bytes:
         document = {
@@ -181,6 +207,10 @@ class _State:
                 for s in self.superseded
             ],
             "ops": {o: [r.digest, r.outcome, r.recorded_at] for o, r in self.ops.items()},
+            "seq": self.seq,
+            "records": [_record_json(r) for r in self.records],
+            "compact_at": self.compact_at,
+            "oldest": self.oldest,
         }
         return json.dumps(document, separators=(",", ":")).encode()
 
@@ -215,7 +245,115 @@ class _State:
             _typed(o, str): OpRecord(_typed(d, str), _typed(x, str), _float(t))
             for o, (d, x, t) in doc["ops"].items()
         }
-        return cls(resource, head, items, pointers, superseded, ops)
+        # Records came with a later fenced of the same format version: optional keys.
+        records = [_record_from(r, resource) for r in doc.get("records", [])]
+        oldest = doc.get("oldest")
+        return cls(
+            resource,
+            head,
+            items,
+            pointers,
+            superseded,
+            ops,
+            _int(doc.get("seq", 0)),
+            records,
+            _int(doc.get("compact_at", _COMPACT_AT)),
+            None if oldest is None else _float(oldest),
+        )
+
+
+def _record_json(record: Record) -> dict[str, object]:
+    return {
+        "seq": record.seq,
+        "at": record.at,
+        "kind": record.kind.value,
+        "epoch": record.epoch,
+        "detail": dict(record.detail),
+    }
+
+
+def _record_from(doc: Any, resource: str) -> Record:
+    """A record from its JSON form; any deviation raises ValueError/TypeError/KeyError."""
+    detail = _typed(doc["detail"], dict)
+    return Record(
+        _int(doc["seq"]),
+        _float(doc["at"]),
+        RecordKind(doc["kind"]),
+        resource,
+        _int(doc["epoch"]),
+        None,
+        detail,
+    )
+
+
+def _journal_records(path: Path, resource: str) -> list[Record]:
+    """Every readable record of a journal (a torn or damaged line is skipped)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return _parse_lines(data, resource)
+
+
+def _parse_lines(data: bytes, resource: str) -> list[Record]:
+    found = []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            found.append(_record_from(json.loads(line), resource))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # a line torn by a power failure, or damaged: diagnostics only
+    return found
+
+
+def _journal_tail(path: Path) -> tuple[int, bool]:
+    """The largest seq among the journal's last lines, and whether it ends with a newline."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0, True
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0, True
+        start = max(0, size - _TAIL)
+        data = os.pread(fd, size - start, start)
+    finally:
+        os.close(fd)
+    records = _parse_lines(data, "")
+    if not records and start > 0:  # no complete line in the tail: read it all (never expected)
+        records = _journal_records(path, "")
+    return max((r.seq for r in records), default=0), data.endswith(b"\n")
+
+
+def _append_lines(
+    path: Path, records: list[Record], *, sync: bool, clean: bool | None = None
+) -> None:
+    """Append records as JSON lines (starting a new line after a torn one); fsync if ``sync``.
+
+    ``clean``: whether the journal ends with a newline, if the caller already knows.
+    """
+    if clean is None:
+        clean = _journal_tail(path)[1]
+    text = "".join(json.dumps(_record_json(r), separators=(",", ":")) + "\n" for r in records)
+    data = text.encode() if clean else b"\n" + text.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _retained(records: Iterable[Record], since: float, keep: int) -> list[Record]:
+    """One record per seq, in seq order: those dated ``since`` or later among ``keep`` newest."""
+    unique = {r.seq: r for r in records}
+    newest = [unique[seq] for seq in sorted(unique)][-keep:] if keep > 0 else []
+    return [r for r in newest if r.at >= since]
 
 
 _T = TypeVar("_T")
@@ -368,11 +506,25 @@ class FileBackend:
             raise ConfigurationError(f"corrupt state file {path}: it names {state.resource!r}")
         return state
 
-    def _save(self, rdir: Path, state: _State, *, new_objects: bool = False) -> None:
-        """Commit ``state``; ``new_objects``: it points at objects staged since the last sync."""
+    def _save(
+        self,
+        rdir: Path,
+        state: _State,
+        *,
+        new_objects: bool = False,
+        committed: int = 0,
+        prune: tuple[float, int] | None = None,
+    ) -> None:
+        """Commit ``state``; ``new_objects``: it points at objects staged since the last sync.
+
+        ``committed``: how many of ``state.records`` were committed before (they may move to
+        the journal now); ``prune``: (before, keep) retention, applied when the journal is
+        compacted.
+        """
         self._ensure(rdir)
         temporary = rdir / f"{STATE}.tmp-{uuid.uuid4().hex}"
         with _translated(f"writing {state.resource!r}"):
+            self._move_records(rdir, state, committed, prune)
             try:
                 _write_file(temporary, state.to_json())
                 if new_objects:
@@ -389,6 +541,38 @@ class FileBackend:
                 f"directory could not be synced ({error}); retry with the same op_id"
             ) from error
 
+    def _move_records(
+        self, rdir: Path, state: _State, committed: int, prune: tuple[float, int] | None
+    ) -> None:
+        """Move committed pending records to the journal (synced); compact it if due."""
+        journal = rdir / JOURNAL
+        if committed and len(state.records) >= FLUSH_AT:
+            moved, state.records = state.records[:committed], state.records[committed:]
+            _append_lines(journal, moved, sync=True)
+            if state.oldest is None:
+                state.oldest = moved[0].at
+        if prune is None:
+            return
+        before, keep = prune
+        try:
+            size = journal.stat().st_size
+        except FileNotFoundError:
+            return
+        if size > state.compact_at or (state.oldest is not None and state.oldest < before):
+            kept = _retained(_journal_records(journal, state.resource), before, keep)
+            temporary = rdir / f"{JOURNAL}.tmp-{uuid.uuid4().hex}"
+            data = "".join(
+                json.dumps(_record_json(r), separators=(",", ":")) + "\n" for r in kept
+            ).encode()
+            try:
+                _write_file(temporary, data)
+                os.replace(temporary, journal)  # the directory is synced by the state's commit
+            except BaseException:
+                temporary.unlink(missing_ok=True)
+                raise
+            state.compact_at = max(_COMPACT_AT, 2 * len(data))
+            state.oldest = kept[0].at if kept else None
+
     # -- the critical section --------------------------------------------------------------
 
     @contextmanager
@@ -399,7 +583,45 @@ class FileBackend:
             tx = _FileTransaction(self._load(rdir, resource) or _State(resource), rdir)
             yield tx
             if tx.dirty:
-                self._save(rdir, tx.state, new_objects=tx.new_objects)
+                self._save(
+                    rdir,
+                    tx.state,
+                    new_objects=tx.new_objects,
+                    committed=tx.committed_records,
+                    prune=tx.prune,
+                )
+
+    # -- records ---------------------------------------------------------------------------
+
+    def record_rejection(self, record: Record) -> None:
+        """Append ``record`` to the resource's journal under its lock, without fsync."""
+        digest = _hash(record.resource)
+        rdir = self.root / "resources" / digest
+        with _translated(f"recording a rejection on {record.resource!r}"), self._lock(digest):
+            self._ensure(rdir)
+            state = self._load(rdir, record.resource) or _State(record.resource)
+            journal = rdir / JOURNAL
+            tail, clean = _journal_tail(journal)
+            seq = max(state.seq, tail) + 1
+            _append_lines(journal, [dataclasses.replace(record, seq=seq)], sync=False, clean=clean)
+
+    def history(self, resource: str, after: int, *, since: float, keep: int) -> list[Record]:
+        rdir = self._dir(resource)
+        with _translated(f"reading the records of {resource!r}"):
+            state = self._load(rdir, resource)  # before the journal: a flush may run meanwhile
+            journal = _journal_records(rdir / JOURNAL, resource)
+        pending = state.records if state is not None else []
+        return [r for r in _retained([*journal, *pending], since, keep) if r.seq > after]
+
+    def floors(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        with _translated("reading floors"):
+            for rdir in sorted((self.root / "resources").iterdir()):
+                if _RESOURCE_DIR.fullmatch(rdir.name) and rdir.is_dir():
+                    state = self._load(rdir, None)
+                    if state is not None and state.head.floor is not None:
+                        found[state.resource] = state.head.floor
+        return found
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -505,7 +727,7 @@ class FileBackend:
             if entry.stat().st_mtime < cutoff:
                 os.unlink(entry.path)
         for entry in os.scandir(rdir):
-            if entry.name.startswith(f"{STATE}.tmp-"):
+            if entry.name.startswith((f"{STATE}.tmp-", f"{JOURNAL}.tmp-")):
                 os.unlink(entry.path)  # an interrupted commit: we hold the lock
         _fsync_dir(rdir / "objects")
         if state is not None:
@@ -527,7 +749,21 @@ class _FileTransaction:
         self.state = state
         self.dirty = False
         self.new_objects = False
+        self.committed_records = len(state.records)
+        self.prune: tuple[float, int] | None = None
         self._rdir = rdir
+        self._seq_checked = False
+
+    def append_record(self, record: Record) -> None:
+        if not self._seq_checked:  # rejections may have numbered records in the journal
+            self.state.seq = max(self.state.seq, _journal_tail(self._rdir / JOURNAL)[0])
+            self._seq_checked = True
+        self.state.seq += 1
+        self.state.records.append(dataclasses.replace(record, seq=self.state.seq))
+        self.dirty = True
+
+    def prune_records(self, before: float, keep: int) -> None:
+        self.prune = (before, keep)
 
     def head(self) -> Head:
         return self.state.head

@@ -45,6 +45,10 @@ def guard(connection: object, token: FencingToken) -> int:
     connection type without a registered guard. Driver errors (busy, …) also roll back and are
     translated (:class:`~fenced.Unavailable`, …): your writes never commit unguarded.
     """
+    if type(connection).__module__.partition(".")[0] in ("psycopg", "sqlalchemy"):
+        from fenced.fence.guard_postgres import guard_postgres  # noqa: PLC0415
+
+        return guard_postgres(connection, token)
     kind = type(connection)
     raise ConfigurationError(
         f"no fenced guard for {kind.__module__}.{kind.__qualname__} connections "

@@ -218,8 +218,9 @@ def guard_sqlalchemy(connection: Any, token: FencingToken, *, schema: str = DEFA
 
     token = _check(token, schema)
     if connection.dialect.name != "postgresql":
+        dialect = connection.dialect.name
         raise ConfigurationError(
-            f"this guard is for PostgreSQL; the SQLAlchemy connection uses {connection.dialect.name}"
+            f"this guard is for PostgreSQL; the SQLAlchemy connection uses {dialect}"
         )
     level = connection.get_execution_options().get("isolation_level")
     if level is None:

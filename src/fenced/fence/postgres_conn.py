@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import re
 import select
@@ -31,12 +32,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import pq, sql
 
 from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+
+log = logging.getLogger("fenced.postgres")
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -48,6 +52,7 @@ __all__ = [
     "ParsedURL",
     "Pool",
     "deadlines",
+    "execute",
     "migrate",
     "parse_url",
     "translate",
@@ -117,7 +122,9 @@ class ParsedURL:
         if text is None:
             return default
         if not text.isdigit() or int(text) < minimum:
-            raise ConfigurationError(f"{self.display}: {name}={text!r} must be an integer >= {minimum}")
+            raise ConfigurationError(
+                f"{self.display}: {name}={text!r} must be an integer >= {minimum}"
+            )
         return int(text)
 
     def option_flag(self, name: str, default: bool) -> bool:
@@ -219,9 +226,7 @@ def _is_config_message(message: str) -> bool:
     return any(text in lowered for text in _CONFIG_MESSAGES)
 
 
-def translate(
-    error: psycopg.Error, doing: str, *, sent: bool, where: str = ""
-) -> FencedError:
+def translate(error: psycopg.Error, doing: str, *, sent: bool, where: str = "") -> FencedError:
     """The fenced error for ``error``, raised while ``doing`` (the caller chains it).
 
     ``sent``: a statement that changes state had been sent when the error happened. Then a
@@ -249,7 +254,7 @@ def translate(
 
 
 class _Armed:
-    __slots__ = ("deadline", "fd", "fired", "done")
+    __slots__ = ("deadline", "done", "fd", "fired")
 
     def __init__(self, deadline: float, fd: int) -> None:
         self.deadline = deadline
@@ -370,10 +375,11 @@ _TRANSIENT_CONNECT = (
 class Pool:
     """Autocommit connections to one server, at most ``size``; thread-safe; fork-aware.
 
-    :meth:`connection` lends one for one operation. ``prepare``: allow psycopg's server-side
-    prepared statements (off by default: transaction-pooling PgBouncers before 1.21 do not
-    support them). ``configure`` runs on every new connection (never sends anything that
-    matters for correctness: sessions may be shared through a pooler).
+    :meth:`connection` lends one for one operation. ``prepare``: let psycopg prepare statements
+    that run often (on by default). A transaction-pooling PgBouncer before 1.21 loses them
+    between transactions; the first such failure (``prepared statement … does not exist`` /
+    ``already exists``, raised before anything executed) turns them off for the pool for good
+    and :func:`execute` sends the statement again, unprepared.
     """
 
     def __init__(
@@ -383,7 +389,7 @@ class Pool:
         display: str,
         size: int = DEFAULT_POOL_SIZE,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        prepare: bool = False,
+        prepare: bool = True,
     ) -> None:
         self.conninfo = conninfo
         self.display = display
@@ -391,7 +397,7 @@ class Pool:
         self.connect_timeout = connect_timeout
         self._prepare = prepare
         self._cond = threading.Condition()
-        self._idle: list[psycopg.Connection[tuple[object, ...]]] = []
+        self._idle: list[psycopg.Connection[tuple[Any, ...]]] = []
         self._out = 0
         self._pid = os.getpid()
         self._closed = False
@@ -403,13 +409,13 @@ class Pool:
             self._out = 0
             self._pid = os.getpid()
 
-    def open_connection(self, budget: float) -> psycopg.Connection[tuple[object, ...]]:
+    def open_connection(self, budget: float) -> psycopg.Connection[tuple[Any, ...]]:
         """A new connection, retrying refused/starting-up connects until ``budget`` is spent."""
         deadline = time.monotonic() + budget
         delay = 0.02
         while True:
             try:
-                conn: psycopg.Connection[tuple[object, ...]] = psycopg.Connection.connect(
+                conn: psycopg.Connection[tuple[Any, ...]] = psycopg.Connection.connect(
                     self.conninfo,
                     autocommit=True,
                     prepare_threshold=5 if self._prepare else None,
@@ -426,7 +432,7 @@ class Pool:
                 delay = min(delay * 2, 0.25)
 
     @contextlib.contextmanager
-    def connection(self, budget: float) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    def connection(self, budget: float) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         """Lend a live connection for one operation; it returns to the pool if still idle.
 
         Waits up to ``budget`` seconds for a free slot or a (re)connect; then
@@ -438,7 +444,7 @@ class Pool:
         finally:
             self._checkin(conn)
 
-    def _checkout(self, budget: float) -> psycopg.Connection[tuple[object, ...]]:
+    def _checkout(self, budget: float) -> psycopg.Connection[tuple[Any, ...]]:
         deadline = time.monotonic() + budget
         with self._cond:
             self._reset_after_fork()
@@ -469,7 +475,7 @@ class Pool:
                 self._cond.notify()
             raise
 
-    def _checkin(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    def _checkin(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         healthy = (
             not conn.closed
             and not conn.broken
@@ -484,6 +490,32 @@ class Pool:
             else:
                 _close_quietly(conn)
             self._cond.notify()
+
+    @property
+    def prepare(self) -> bool:
+        return self._prepare
+
+    def lost_prepared_statement(
+        self, error: psycopg.Error, conn: psycopg.Connection[tuple[Any, ...]]
+    ) -> bool:
+        """True (and prepared statements off from now on) if ``error`` says a pooler lost one.
+
+        Such an error happens at Parse/Bind, before anything executed: re-sending is safe.
+        """
+        if getattr(error, "sqlstate", None) not in ("26000", "42P05") or conn.broken:
+            return False
+        if self._prepare:
+            log.warning(
+                "%s: prepared statements do not survive between transactions here (a "
+                "transaction-pooling PgBouncer?); not using them any more (?prepare=off)",
+                self.display,
+            )
+        self._prepare = False
+        with self._cond:
+            connections = [*self._idle, conn]
+        for each in connections:
+            each.prepare_threshold = None
+        return True
 
     def discard_idle(self) -> None:
         """Close every idle connection (after a failure suggests they are all stale)."""
@@ -505,14 +537,29 @@ class Pool:
             _close_quietly(conn)
 
 
-def _close_quietly(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def _close_quietly(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
     with contextlib.suppress(Exception):
         conn.close()
 
 
+def execute(
+    pool: Pool,
+    conn: psycopg.Connection[tuple[Any, ...]],
+    query: bytes,
+    params: Sequence[object],
+) -> list[tuple[Any, ...]]:
+    """One autocommit statement; sent again unprepared if a pooler lost its prepared form."""
+    try:
+        return conn.execute(query, params).fetchall()
+    except psycopg.Error as error:
+        if not pool.lost_prepared_statement(error, conn):
+            raise
+        return conn.execute(query, params, prepare=False).fetchall()
+
+
 @contextlib.contextmanager
 def guarded(
-    conn: psycopg.Connection[tuple[object, ...]], timeout: float
+    conn: psycopg.Connection[tuple[Any, ...]], timeout: float
 ) -> Iterator[Callable[[], bool]]:
     """Arm a deadline for the statements run inside; yields "did the deadline fire?"."""
     watchdog = deadlines()
@@ -536,7 +583,7 @@ class Migration:
 
 
 def migrate(
-    conn: psycopg.Connection[tuple[object, ...]],
+    conn: psycopg.Connection[tuple[Any, ...]],
     *,
     schema: str,
     meta_table: str,
@@ -574,9 +621,7 @@ def migrate(
         if meta is None:
             rows = [("format", fmt), *initial.items()]
             with conn.cursor() as cur:
-                cur.executemany(
-                    f"INSERT INTO {table} (key, value) VALUES (%s, %s)".encode(), rows
-                )
+                cur.executemany(f"INSERT INTO {table} (key, value) VALUES (%s, %s)".encode(), rows)
         conn.execute(
             f"INSERT INTO {table} (key, value) VALUES ('schema_version', %s) "
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value".encode(),
@@ -588,7 +633,7 @@ def migrate(
 
 
 def _read_meta(
-    conn: psycopg.Connection[tuple[object, ...]], schema: str, meta_table: str
+    conn: psycopg.Connection[tuple[Any, ...]], schema: str, meta_table: str
 ) -> dict[str, str] | None:
     row = conn.execute(
         "SELECT to_regclass(%s)", (f"{sql.Identifier(schema).as_string(conn)}.{meta_table}",)
@@ -619,4 +664,3 @@ def _checked_version(meta: dict[str, str], newest: int, where: str, fmt: str) ->
             f"up to {newest}); upgrade fenced"
         )
     return version
-

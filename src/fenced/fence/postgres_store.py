@@ -9,10 +9,13 @@ for the other stores. What this backend guarantees:
   works through a transaction-pooling PgBouncer). Every read inside runs after the lock is held
   (READ COMMITTED, one snapshot per statement), so it sees every earlier commit of the domain. A
   lock wait longer than ``busy_timeout`` is :class:`~fenced.Unavailable` (``lock_timeout``).
-* **Two round trips per mutation**: the lock, the domain's head and the first read (an op id,
-  and the key's version or the pointer, announced by :class:`PostgresStore`) go out together in
-  one pipeline; the writes are buffered and sent together with ``COMMIT``. A break while that
-  pipeline is in flight is :class:`~fenced.OutcomeUnknown` (retry with the same op id); a failure
+* **Round trips**: ordinarily two per mutation — the lock, the domain's head and the announced
+  reads (the key's version or the pointer, an op id) go out as one multi-statement query; the
+  writes are buffered and sent with ``COMMIT``. Once this process has seen a domain, ``put`` and
+  ``fence`` are *speculative*: decided by :class:`~fenced.fence.store.Store` on the state seen
+  last, then sent as one statement (``store_apply``) that takes the lock, raises unless that
+  state is still current, and applies the writes (see :class:`PostgresStore`). A break while the
+  commit is in flight is :class:`~fenced.OutcomeUnknown` (retry with the same op id); a failure
   before it is :class:`~fenced.Unavailable` (nothing was changed).
 * **Durability**: commits are synchronous (``synchronous_commit`` raised for the transaction
   when the server has it off): a mutation is on disk when it returns.
@@ -32,7 +35,8 @@ for the other stores. What this backend guarantees:
   in ``store_meta`` (``format``, ``schema_version``, ``mode``) and migrated automatically.
 
 URL query parameters: ``schema``, ``pool_size``, ``timeout`` (seconds an operation may wait for a
-reply, default 10), ``prepare`` — see :mod:`fenced.coordinator.backends.postgres`.
+reply, default 10), ``prepare`` (``off``: no server-side prepared statements) — see
+docs/postgres.md.
 """
 
 from __future__ import annotations
@@ -41,12 +45,21 @@ import contextlib
 import io
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
-from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+from fenced.core.errors import (
+    ConfigurationError,
+    FencedError,
+    IdempotencyConflict,
+    OutcomeUnknown,
+    Rejected,
+    Unavailable,
+    VersionConflict,
+)
 from fenced.core.token import FencingToken
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.ops import OpRecord
@@ -56,6 +69,7 @@ from fenced.fence.postgres_conn import (
     Migration,
     Pool,
     deadlines,
+    execute,
     guarded,
     migrate,
     parse_url,
@@ -108,6 +122,67 @@ MIGRATIONS: tuple[Migration, ...] = (
             " digest text NOT NULL, outcome text NOT NULL,"
             " recorded_at double precision NOT NULL, PRIMARY KEY (resource, op_id))",
             "CREATE INDEX store_ops_by_age ON {s}.store_ops (resource, recorded_at)",
+            # A speculative write in one statement (see _PgTransaction): take the domain lock,
+            # raise FN100 unless the state the write was decided on is still the state, then
+            # apply the given writes. No decision is taken here; the rules ran in Python.
+            """CREATE FUNCTION {s}.store_apply(
+                p_resource text, p_lock_key text, p_lock_timeout text,
+                p_coordinator text, p_floor bigint,
+                p_key text, p_version bigint, p_op text,
+                p_head_coordinator text, p_head_floor bigint,
+                p_item_key text, p_item_value bytea, p_item_epoch bigint, p_item_version bigint,
+                p_op_id text, p_op_digest text, p_op_outcome text,
+                p_op_recorded_at double precision, p_prune_before double precision)
+            RETURNS void
+            LANGUAGE plpgsql AS $$
+            DECLARE
+                v_coordinator text;
+                v_floor bigint;
+                v_version bigint;
+                v_ignored text;
+            BEGIN
+                v_ignored := set_config('lock_timeout', p_lock_timeout, true);
+                IF current_setting('synchronous_commit') = 'off' THEN
+                    v_ignored := set_config('synchronous_commit', 'on', true);
+                END IF;
+                PERFORM pg_advisory_xact_lock(hashtextextended(p_lock_key, 0));
+                SELECT d.coordinator_id, d.floor INTO v_coordinator, v_floor
+                FROM {s}.store_domains d WHERE d.resource = p_resource;
+                IF p_key IS NOT NULL THEN
+                    SELECT i.version INTO v_version FROM {s}.store_items i
+                    WHERE i.resource = p_resource AND i.key = p_key;
+                END IF;
+                IF v_coordinator IS DISTINCT FROM p_coordinator
+                        OR v_floor IS DISTINCT FROM p_floor
+                        OR v_version IS DISTINCT FROM p_version
+                        OR (p_op IS NOT NULL AND EXISTS (
+                            SELECT 1 FROM {s}.store_ops o
+                            WHERE o.resource = p_resource AND o.op_id = p_op)) THEN
+                    RAISE EXCEPTION 'fenced: the domain changed' USING ERRCODE = 'FN100';
+                END IF;
+                IF p_head_floor IS NOT NULL THEN
+                    INSERT INTO {s}.store_domains (resource, coordinator_id, floor)
+                    VALUES (p_resource, p_head_coordinator, p_head_floor)
+                    ON CONFLICT (resource) DO UPDATE SET
+                        coordinator_id = excluded.coordinator_id, floor = excluded.floor;
+                END IF;
+                IF p_item_key IS NOT NULL THEN
+                    INSERT INTO {s}.store_items (resource, key, value, epoch, version)
+                    VALUES (p_resource, p_item_key, p_item_value, p_item_epoch, p_item_version)
+                    ON CONFLICT (resource, key) DO UPDATE SET value = excluded.value,
+                        epoch = excluded.epoch, version = excluded.version;
+                END IF;
+                IF p_op_id IS NOT NULL THEN
+                    INSERT INTO {s}.store_ops (resource, op_id, digest, outcome, recorded_at)
+                    VALUES (p_resource, p_op_id, p_op_digest, p_op_outcome, p_op_recorded_at)
+                    ON CONFLICT (resource, op_id) DO UPDATE SET digest = excluded.digest,
+                        outcome = excluded.outcome, recorded_at = excluded.recorded_at;
+                END IF;
+                IF p_prune_before IS NOT NULL THEN
+                    DELETE FROM {s}.store_ops o
+                    WHERE o.resource = p_resource AND o.recorded_at < p_prune_before;
+                END IF;
+            END $$""",
         ),
     ),
 )
@@ -126,23 +201,41 @@ def open_postgres_store(url: str, mode: Mode | None, options: StoreOptions) -> P
 class PostgresStore(Store):
     """A :class:`~fenced.fence.store.Store` on PostgreSQL (see the module docstring).
 
-    Behaves exactly like every other store (the same :class:`Store` code makes the decisions);
-    it only tells the backend which key or pointer a mutation will read, so that the read goes
-    out in the same round trip as the domain lock.
+    Behaves exactly like every other store: the same :class:`Store` code makes every decision.
+    It only helps the backend save round trips: it announces the key or pointer a mutation will
+    read, and lets ``put``/``fence`` run *speculatively* on the domain state this process saw
+    last (one round trip that re-checks that state under the lock). Whatever a speculative
+    attempt decided without the server — a rejection, a conflict — or a state that changed
+    meanwhile, the call is simply run again the ordinary way, whose answer is authoritative.
     """
 
     _backend: PostgresBackend
+
+    def fence(self, token: FencingToken) -> int:
+        if isinstance(token, FencingToken) and self._backend.known(token.resource, None):
+            try:
+                with self._backend.hinting(speculate=True):
+                    return super().fence(token)
+            except _RETRY_ORDINARY:
+                pass
+        return super().fence(token)
 
     def put(
         self,
         token: FencingToken,
         key: str,
-        value: bytes,
+        value: bytes | bytearray | memoryview,
         *,
         op_id: str | None = None,
         if_version: int | None = None,
     ) -> Version:
-        with self._backend.prefetching(key=key):
+        if isinstance(token, FencingToken) and self._backend.known(token.resource, key):
+            try:
+                with self._backend.hinting(key=key, speculate=True):
+                    return super().put(token, key, value, op_id=op_id, if_version=if_version)
+            except _RETRY_ORDINARY:
+                pass
+        with self._backend.hinting(key=key):
             return super().put(token, key, value, op_id=op_id, if_version=if_version)
 
     def publish(
@@ -153,13 +246,40 @@ class PostgresStore(Store):
         name: str = "",
         op_id: str | None = None,
     ) -> Publication:
-        with self._backend.prefetching(pointer=name):
+        with self._backend.hinting(pointer=name):
             return super().publish(token, data, name=name, op_id=op_id)
+
+
+class _SpeculationFailed(Exception):
+    """The state a speculative write was decided on has changed: nothing was applied."""
+
+
+# Outcomes of a speculative attempt that are re-decided the ordinary way (nothing was applied).
+_RETRY_ORDINARY = (_SpeculationFailed, Rejected, VersionConflict, IdempotencyConflict)
 
 
 class _Hint(threading.local):
     key: str | None = None
     pointer: str | None = None
+    speculate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """The committed state of one domain as this process saw it last (a hint, never trusted)."""
+
+    head: Head
+    versions: tuple[tuple[str, int | None], ...] = ()
+
+    def version(self, key: str) -> tuple[bool, int | None]:
+        for name, version in self.versions:
+            if name == key:
+                return True, version
+        return False, None
+
+
+_KNOWN_DOMAINS = 4096
+_KNOWN_KEYS = 16
 
 
 class PostgresBackend:
@@ -182,9 +302,11 @@ class PostgresBackend:
             display=parsed.display,
             size=parsed.option_int("pool_size", DEFAULT_POOL_SIZE),
             connect_timeout=parsed.connect_timeout,
-            prepare=parsed.option_flag("prepare", False),
+            prepare=parsed.option_flag("prepare", True),
         )
         self._hint = _Hint()
+        self._known: dict[str, _Known] = {}
+        self._known_lock = threading.Lock()
         s = sql.Identifier(self.schema).as_string(None)
         self._s = s
         try:
@@ -223,7 +345,9 @@ class PostgresBackend:
                     row = conn.execute(
                         self._sql("SELECT value FROM {s}.store_meta WHERE key = 'mode'")
                     ).fetchone()
-                    mode = resolve_mode(None if row is None else str(row[0]), requested, self._where)
+                    mode = resolve_mode(
+                        None if row is None else str(row[0]), requested, self._where
+                    )
                 return mode
         except psycopg.Error as error:
             raise translate(error, "opening the store", sent=False, where=self._where) from error
@@ -231,19 +355,36 @@ class PostgresBackend:
     # -- helpers ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def prefetching(self, *, key: str | None = None, pointer: str | None = None) -> Iterator[None]:
-        """Announce the key or pointer the next mutation of this thread will read."""
+    def hinting(
+        self, *, key: str | None = None, pointer: str | None = None, speculate: bool = False
+    ) -> Iterator[None]:
+        """Announce what the next mutation of this thread reads, and whether to speculate."""
         hint = self._hint
-        hint.key, hint.pointer = key, pointer
+        hint.key, hint.pointer, hint.speculate = key, pointer, speculate
         try:
             yield
         finally:
             hint.key = hint.pointer = None
+            hint.speculate = False
+
+    def known(self, resource: str, key: str | None) -> bool:
+        """Whether a speculative mutation of ``resource`` (reading ``key``) is worth trying."""
+        with self._known_lock:
+            known = self._known.get(resource)
+        return known is not None and (key is None or known.version(key)[0])
+
+    def _remember(self, resource: str, known: _Known | None) -> None:
+        with self._known_lock:
+            self._known.pop(resource, None)
+            if known is not None:
+                if len(self._known) >= _KNOWN_DOMAINS:
+                    del self._known[next(iter(self._known))]
+                self._known[resource] = known
 
     def _read(self, doing: str, query: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
         with self._pool.connection(self._connect_budget) as conn, guarded(conn, self._timeout):
             try:
-                return conn.execute(self._sql(query), params).fetchall()
+                return execute(self._pool, conn, self._sql(query), params)
             except psycopg.Error as error:
                 if conn.broken:
                     self._pool.discard_idle()
@@ -253,32 +394,55 @@ class PostgresBackend:
 
     @contextlib.contextmanager
     def transaction(self, resource: str) -> Iterator[_PgTransaction]:
-        with self._pool.connection(self._connect_budget) as conn:
-            with guarded(conn, self._timeout) as fired:
-                tx = _PgTransaction(self, conn, resource, self._hint.key, self._hint.pointer)
-                try:
-                    yield tx
-                except FencedError:
-                    tx.abort()
-                    raise
-                except psycopg.Error as error:
-                    tx.abort()
-                    raise self._failed(error, conn, f"writing {resource!r}", fired()) from error
-                except BaseException:
-                    tx.abort()
-                    raise
-                try:
-                    tx.commit()
-                except psycopg.Error as error:
-                    tx.abort()
-                    raise self._failed(
-                        error, conn, f"committing a write to {resource!r}", fired(), sent=True
-                    ) from error
+        """The critical section of ``resource`` (see the module docstring).
+
+        Ordinary: the first read sends BEGIN, the lock, the head and the announced reads in
+        one round trip; the writes go with COMMIT. Speculative (``hinting(speculate=True)``):
+        reads are answered from the state this process saw last, and BEGIN, the lock, a check
+        that this state is still current (a check statement), the writes and COMMIT go out
+        together; a changed state aborts the transaction (``_SpeculationFailed``).
+        """
+        hint = self._hint
+        with self._known_lock:
+            known = self._known.get(resource) if hint.speculate else None
+        if hint.speculate and known is None:
+            raise _SpeculationFailed(resource)
+        with (
+            self._pool.connection(self._connect_budget) as conn,
+            guarded(conn, self._timeout) as fired,
+        ):
+            tx = _PgTransaction(self, conn, resource, hint.key, hint.pointer, known)
+            try:
+                yield tx
+            except psycopg.Error as error:
+                tx.abort()
+                self._remember(resource, None)
+                if tx.speculative and getattr(error, "sqlstate", None) in ("22012", "FN100"):
+                    raise _SpeculationFailed(resource) from error
+                raise self._failed(error, conn, f"writing {resource!r}", fired()) from error
+            except Rejected:
+                tx.abort()  # nothing was written; what was read under the lock stays true
+                self._remember(resource, tx.seen())
+                raise
+            except BaseException:  # a conflict, or the caller's own error
+                tx.abort()
+                raise
+            try:
+                tx.commit()
+            except psycopg.Error as error:
+                tx.abort()
+                self._remember(resource, None)
+                if tx.speculative and getattr(error, "sqlstate", None) in ("22012", "FN100"):
+                    raise _SpeculationFailed(resource) from error
+                raise self._failed(
+                    error, conn, f"committing a write to {resource!r}", fired(), sent=True
+                ) from error
+            self._remember(resource, tx.seen())
 
     def _failed(
         self,
         error: psycopg.Error,
-        conn: psycopg.Connection[tuple[object, ...]],
+        conn: psycopg.Connection[tuple[Any, ...]],
         doing: str,
         fired: bool,
         *,
@@ -331,7 +495,7 @@ class PostgresBackend:
         try:
             with guarded(conn, self._timeout):
                 conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                rows = conn.execute(self._sql(_POINTER), (resource, name)).fetchall()
+                rows = conn.execute(self._sql(_POINTER), (resource, name), prepare=False).fetchall()
                 if not rows:
                     conn.close()
                     return None
@@ -339,6 +503,7 @@ class PostgresBackend:
                 found = conn.execute(
                     self._sql("SELECT chunks FROM {s}.store_objects WHERE object_id = %s"),
                     (publication.object_id,),
+                    prepare=False,
                 ).fetchone()
             if found is None:
                 raise ConfigurationError(
@@ -346,7 +511,9 @@ class PostgresBackend:
                 )
         except psycopg.Error as error:
             conn.close()
-            raise translate(error, f"reading {resource!r}", sent=False, where=self._where) from error
+            raise translate(
+                error, f"reading {resource!r}", sent=False, where=self._where
+            ) from error
         except BaseException:
             conn.close()
             raise
@@ -404,9 +571,12 @@ class PostgresBackend:
 
     def discard(self, resource: str, object_id: str) -> None:
         try:
-            with self._pool.connection(self._connect_budget) as conn, guarded(conn, self._timeout):
-                with conn.transaction():
-                    _delete_object(conn, self._s, object_id)
+            with (
+                self._pool.connection(self._connect_budget) as conn,
+                guarded(conn, self._timeout),
+                conn.transaction(),
+            ):
+                _delete_object(conn, self._s, object_id)
         except (psycopg.Error, FencedError):
             pass  # best effort: gc removes it later
 
@@ -431,6 +601,19 @@ _POINTER = (
     "SELECT epoch, object_id, sha256, size, published_at FROM {s}.store_pointers"
     " WHERE resource = %s AND name = %s"
 )
+_APPLY = "SELECT {s}.store_apply(" + ", ".join(["%s"] * 19) + ")"
+_HEAD = "SELECT coordinator_id, floor FROM {s}.store_domains WHERE resource = %s"
+_VERSION = "SELECT version FROM {s}.store_items WHERE resource = %s AND key = %s"
+_LOCK = (
+    b"SELECT set_config('lock_timeout', %s, true),"
+    b" set_config('synchronous_commit', CASE current_setting('synchronous_commit')"
+    b" WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true),"
+    b" pg_advisory_xact_lock(hashtextextended(%s, 0))"
+)
+_OP = "SELECT 1 FROM {s}.store_ops WHERE resource = %s AND op_id = %s"
+_OP_ROW = (
+    "SELECT digest, outcome, recorded_at FROM {s}.store_ops WHERE resource = %s AND op_id = %s"
+)
 
 
 def _publication(resource: str, name: str, row: tuple[Any, ...]) -> Publication:
@@ -440,7 +623,7 @@ def _publication(resource: str, name: str, row: tuple[Any, ...]) -> Publication:
     )
 
 
-def _durable(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def _durable(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
     """Raise ``synchronous_commit`` for this transaction if the server runs with it off."""
     conn.execute(
         b"SELECT CASE WHEN current_setting('synchronous_commit') = 'off'"
@@ -448,126 +631,243 @@ def _durable(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     )
 
 
-def _delete_object(conn: psycopg.Connection[tuple[object, ...]], s: str, object_id: str) -> None:
+def _delete_object(conn: psycopg.Connection[tuple[Any, ...]], s: str, object_id: str) -> None:
     conn.execute(f"DELETE FROM {s}.store_chunks WHERE object_id = %s".encode(), (object_id,))
     conn.execute(f"DELETE FROM {s}.store_objects WHERE object_id = %s".encode(), (object_id,))
 
 
-class _PgTransaction:
-    """One store transaction: reads go out with the lock, writes go out with COMMIT.
+_BIG = 256 * 1024  # larger values are sent with the extended protocol (binary), not inlined
 
-    Not thread-safe (one per mutation). ``begin`` is lazy: the first read sends ``BEGIN``, the
-    lock, the head, the prefetched key/pointer and itself in one pipeline.
+
+class _PgTransaction:
+    """One store transaction. Not thread-safe (one per mutation).
+
+    Ordinary mode: the first read sends ``BEGIN``, the lock, the head, the announced reads and
+    itself as one multi-statement query; writes are buffered and sent with ``COMMIT``.
+    Speculative mode (``known`` given): reads are answered from ``known`` and remembered as
+    expectations; at commit, one query carries BEGIN, the lock, a check statement (which aborts
+    unless the expectations still hold), the writes and COMMIT. A read that ``known`` cannot
+    answer switches to ordinary mode, checking the answers already given.
     """
 
     def __init__(
         self,
         backend: PostgresBackend,
-        conn: psycopg.Connection[tuple[object, ...]],
+        conn: psycopg.Connection[tuple[Any, ...]],
         resource: str,
         key_hint: str | None,
         pointer_hint: str | None,
+        known: _Known | None,
     ) -> None:
         self._b = backend
         self._conn = conn
+        self._cur: psycopg.ClientCursor[tuple[Any, ...]] = psycopg.ClientCursor(conn)
         self._resource = resource
         self._key_hint = key_hint
         self._pointer_hint = pointer_hint
+        self._known = known
         self._begun = False
         self._head: Head | None = None
         self._versions: dict[str, int | None] = {}
         self._pointers: dict[str, Publication | None] = {}
         self._writes: list[tuple[bytes, tuple[object, ...]]] = []
+        self._typed: dict[str, tuple[object, ...]] = {}  # the same writes, by kind
+        # speculative expectations
+        self._expect_head = False
+        self._expect_key: tuple[str, int | None] | None = None
+        self._expect_op: str | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _begin(self, extra: tuple[bytes, tuple[object, ...]] | None = None) -> Any:
-        """Start: BEGIN, lock timeout, the domain lock, the head and prefetches; run ``extra``."""
+    def _enter(self) -> list[tuple[bytes, tuple[object, ...]]]:
+        """BEGIN; the domain lock (``busy_timeout`` as lock_timeout) and a durable commit."""
         b = self._b
-        conn = self._conn
+        return [
+            (b"BEGIN", ()),
+            (_LOCK, (f"{b._lock_timeout_ms}ms", f"fenced.store.{b.schema}:{self._resource}")),
+        ]
+
+    def _check(self) -> tuple[bytes, tuple[object, ...]]:
+        """A statement that fails (division by zero, 22012) unless the expectations hold."""
+        b = self._b
         r = self._resource
-        with conn.pipeline():
-            conn.execute(b"BEGIN")
-            conn.execute(
-                b"SELECT set_config('lock_timeout', %s, true)", (f"{b._lock_timeout_ms}ms",)
+        head = self._head or Head()
+        conditions: list[str] = []
+        params: list[object] = []
+        if head.floor is None:
+            conditions.append("NOT EXISTS (SELECT 1 FROM {s}.store_domains WHERE resource = %s)")
+            params.append(r)
+        else:
+            conditions.append(
+                "EXISTS (SELECT 1 FROM {s}.store_domains WHERE resource = %s"
+                " AND coordinator_id = %s AND floor = %s)"
             )
-            conn.execute(
-                b"SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                (f"fenced.store.{b.schema}:{r}",),
+            params += [r, head.coordinator_id, head.floor]
+        if self._expect_key is not None:
+            key, version = self._expect_key
+            found = "NOT EXISTS" if version is None else "EXISTS"
+            conditions.append(
+                f"{found} (SELECT 1 FROM {{s}}.store_items WHERE resource = %s AND key = %s"
+                + ("" if version is None else " AND version = %s")
+                + ")"
             )
-            head = conn.execute(
-                b._sql("SELECT coordinator_id, floor FROM {s}.store_domains WHERE resource = %s"),
-                (r,),
+            params += [r, key] if version is None else [r, key, version]
+        if self._expect_op is not None:
+            conditions.append(
+                "NOT EXISTS (SELECT 1 FROM {s}.store_ops WHERE resource = %s AND op_id = %s)"
             )
-            version = None
-            if self._key_hint is not None:
-                version = conn.execute(
-                    b._sql("SELECT version FROM {s}.store_items WHERE resource = %s AND key = %s"),
-                    (r, self._key_hint),
-                )
-            pointer = None
-            if self._pointer_hint is not None:
-                pointer = conn.execute(b._sql(_POINTER), (r, self._pointer_hint))
-            result = None if extra is None else conn.execute(*extra)
+            params += [r, self._expect_op]
+        query = "SELECT 1 / (CASE WHEN " + " AND ".join(conditions) + " THEN 1 ELSE 0 END)"
+        return b._sql(query), tuple(params)
+
+    def _run(self, statements: list[tuple[bytes, tuple[object, ...]]]) -> list[list[Any]]:
+        """Run ``statements`` in one round trip when they are small; return their rows."""
+        if any(isinstance(p, bytes) and len(p) > _BIG for _, ps in statements for p in ps):
+            out: list[list[Any]] = []
+            for query, params in statements:
+                cur = self._conn.execute(query, params, prepare=False)
+                out.append(cur.fetchall() if cur.pgresult and cur.pgresult.ntuples else [])
+            return out
+        cur = self._cur
+        cur.execute(b"; ".join(q for q, _ in statements), [p for _, ps in statements for p in ps])
+        results: list[list[Any]] = []
+        while True:
+            results.append(cur.fetchall() if cur.description is not None else [])
+            if not cur.nextset():
+                break
+        return results
+
+    def _begin(self, extra: tuple[bytes, tuple[object, ...]] | None = None) -> list[Any] | None:
+        """Switch to ordinary mode: BEGIN, the lock, the head, the prefetches and ``extra``."""
+        b = self._b
+        r = self._resource
+        key = self._expect_key[0] if self._expect_key is not None else self._key_hint
+        statements = self._enter()
+        statements.append((b._sql(_HEAD), (r,)))
+        if key is not None:
+            statements.append((b._sql(_VERSION), (r, key)))
+        if self._pointer_hint is not None:
+            statements.append((b._sql(_POINTER), (r, self._pointer_hint)))
+        if self._expect_op is not None:
+            statements.append((b._sql(_OP), (r, self._expect_op)))
+        if extra is not None:
+            statements.append(extra)
+        results = self._run(statements)[2:]
         self._begun = True
-        row = head.fetchone()
-        self._head = Head() if row is None else Head(str(row[0]), int(row[1]))
-        if version is not None and self._key_hint is not None:
-            found = version.fetchone()
-            self._versions[self._key_hint] = None if found is None else int(found[0])
-        if pointer is not None and self._pointer_hint is not None:
-            found = pointer.fetchone()
+        row = results.pop(0)
+        head = Head() if not row else Head(str(row[0][0]), int(row[0][1]))
+        if key is not None:
+            found = results.pop(0)
+            self._versions[key] = None if not found else int(found[0][0])
+        if self._pointer_hint is not None:
+            found = results.pop(0)
             self._pointers[self._pointer_hint] = (
-                None if found is None else _publication(r, self._pointer_hint, found)
+                None if not found else _publication(r, self._pointer_hint, found[0])
             )
-        return None if result is None else result.fetchall()
+        op_found = results.pop(0) if self._expect_op is not None else []
+        # answers already given speculatively must still hold
+        if (
+            (self._expect_head and self._head != head)
+            or (
+                self._expect_key is not None
+                and self._versions.get(self._expect_key[0]) != self._expect_key[1]
+            )
+            or op_found
+        ):
+            raise _SpeculationFailed(r)
+        self._head = head
+        self._known = None
+        return results.pop(0) if extra is not None else None
 
     def _query(self, query: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
         """A read inside the transaction (after flushing buffered writes)."""
         statement = (self._b._sql(query), params)
         if not self._begun:
-            rows: list[tuple[Any, ...]] = self._begin(statement)
+            rows = self._begin(statement)
+            assert rows is not None
             return rows
-        if self._writes:
-            with self._conn.pipeline():
-                for write in self._writes:
-                    self._conn.execute(*write)
-                cur = self._conn.execute(*statement)
-            self._writes.clear()
-            return cur.fetchall()
-        return self._conn.execute(*statement).fetchall()
+        results = self._run([*self._writes, statement])
+        self._writes.clear()
+        return list(results[-1])
 
-    def _write(self, query: str, params: tuple[object, ...]) -> None:
-        if not self._begun:
+    def _write(self, query: str, params: tuple[object, ...], kind: str = "") -> None:
+        if not self._begun and self._known is None:
             self._begin()
         self._writes.append((self._b._sql(query), params))
+        self._typed[kind if kind and kind not in self._typed else f"other{len(self._typed)}"] = (
+            params
+        )
 
     def commit(self) -> None:
-        if not self._begun:
-            return
-        with self._conn.pipeline():
-            for write in self._writes:
-                self._conn.execute(*write)
-            if self._writes:
-                self._conn.execute(
-                    b"SELECT CASE WHEN current_setting('synchronous_commit') = 'off'"
-                    b" THEN set_config('synchronous_commit', 'on', true) END"
-                )
-            self._conn.execute(b"COMMIT")
+        if not self._begun and self._known is None:
+            return  # nothing was read or written
+        statements: list[tuple[bytes, tuple[object, ...]]] = []
+        if not self._begun:  # speculative: even a no-op must confirm what it was told
+            if set(self._typed) <= {"head", "item", "op", "prune"}:
+                self._apply()
+                return
+            statements = [*self._enter(), self._check()]
+        statements.extend(self._writes)
+        statements.append((b"COMMIT", ()))
+        self._run(statements)
         self._writes.clear()
+        self._typed.clear()
+        self._begun = False
+
+    def _apply(self) -> None:
+        """A speculative commit as one statement: ``store_apply`` (check, then the writes)."""
+        b = self._b
+        head = self._head or Head()
+        key, version = self._expect_key or (None, None)
+        new_head = self._typed.get("head", (None, None, None))[1:]
+        item = self._typed.get("item", (None, None, None, None, None))[1:]
+        op = self._typed.get("op", (None, None, None, None, None))[1:]
+        prune = self._typed.get("prune", (None, None))[1:]
+        execute(
+            b._pool,
+            self._conn,
+            b._sql(_APPLY),
+            (
+                self._resource, f"fenced.store.{b.schema}:{self._resource}",
+                f"{b._lock_timeout_ms}ms", head.coordinator_id, head.floor, key, version,
+                self._expect_op, *new_head, *item, *op, *prune,
+            ),
+        )  # fmt: skip
+        self._writes.clear()
+        self._typed.clear()
 
     def abort(self) -> None:
         self._writes.clear()
         conn = self._conn
-        if self._begun and not conn.closed and not conn.broken:
+        if (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status != pq.TransactionStatus.IDLE
+        ):
             with contextlib.suppress(psycopg.Error):
                 conn.execute(b"ROLLBACK")
+
+    @property
+    def speculative(self) -> bool:
+        """Still deciding on remembered state (nothing read from the server yet)."""
+        return not self._begun and self._known is not None
+
+    def seen(self) -> _Known | None:
+        """The domain state this transaction read or left (for the next speculative write)."""
+        if self._head is None:
+            return None
+        versions = tuple(list(self._versions.items())[-_KNOWN_KEYS:])
+        return _Known(self._head, versions)
 
     # -- the Transaction protocol -------------------------------------------------------------
 
     def head(self) -> Head:
         if self._head is None:
-            self._begin()
+            if self._known is not None:
+                self._head = self._known.head
+                self._expect_head = True
+            else:
+                self._begin()
         assert self._head is not None
         return self._head
 
@@ -577,15 +877,15 @@ class _PgTransaction:
             " ON CONFLICT (resource) DO UPDATE SET coordinator_id = excluded.coordinator_id,"
             " floor = excluded.floor",
             (self._resource, head.coordinator_id, head.floor),
+            "head",
         )
         self._head = head
 
     def op(self, op_id: str) -> OpRecord | None:
-        rows = self._query(
-            "SELECT digest, outcome, recorded_at FROM {s}.store_ops"
-            " WHERE resource = %s AND op_id = %s",
-            (self._resource, op_id),
-        )
+        if not self._begun and self._known is not None:
+            self._expect_op = op_id  # expected unknown; the check statement checks it
+            return None
+        rows = self._query(_OP_ROW, (self._resource, op_id))
         if not rows:
             return None
         digest, outcome, recorded_at = rows[0]
@@ -598,23 +898,31 @@ class _PgTransaction:
             " digest = excluded.digest, outcome = excluded.outcome,"
             " recorded_at = excluded.recorded_at",
             (self._resource, op_id, record.digest, record.outcome, record.recorded_at),
+            "op",
         )
 
     def prune_ops(self, before: float) -> None:
         self._write(
             "DELETE FROM {s}.store_ops WHERE resource = %s AND recorded_at < %s",
             (self._resource, before),
+            "prune",
         )
 
     def version_of(self, key: str) -> int | None:
-        if not self._begun:
-            self._begin()
         if key in self._versions:
             return self._versions[key]
-        rows = self._query(
-            "SELECT version FROM {s}.store_items WHERE resource = %s AND key = %s",
-            (self._resource, key),
-        )
+        if not self._begun and self._known is not None and self._expect_key is None:
+            cached, version = self._known.version(key)
+            if cached:
+                self._expect_key = (key, version)
+                self._versions[key] = version
+                return version
+        if not self._begun:
+            self._key_hint = key
+            self._begin()
+            if key in self._versions:
+                return self._versions[key]
+        rows = self._query(_VERSION, (self._resource, key))
         self._versions[key] = None if not rows else int(rows[0][0])
         return self._versions[key]
 
@@ -624,14 +932,18 @@ class _PgTransaction:
             " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (resource, key) DO UPDATE SET"
             " value = excluded.value, epoch = excluded.epoch, version = excluded.version",
             (item.resource, item.key, item.value, item.epoch, item.version),
+            "item",
         )
         self._versions[item.key] = item.version
 
     def pointer(self, name: str) -> Publication | None:
-        if not self._begun:
-            self._begin()
         if name in self._pointers:
             return self._pointers[name]
+        if not self._begun:
+            self._pointer_hint = name
+            self._begin()
+            if name in self._pointers:
+                return self._pointers[name]
         rows = self._query(_POINTER, (self._resource, name))
         self._pointers[name] = None if not rows else _publication(self._resource, name, rows[0])
         return self._pointers[name]
@@ -704,7 +1016,7 @@ class _ChunkReader(io.RawIOBase):
     def __init__(
         self,
         backend: PostgresBackend,
-        conn: psycopg.Connection[tuple[object, ...]],
+        conn: psycopg.Connection[tuple[Any, ...]],
         object_id: str,
         chunks: int,
     ) -> None:
@@ -728,6 +1040,7 @@ class _ChunkReader(io.RawIOBase):
                 row = self._db.execute(
                     b._sql("SELECT data FROM {s}.store_chunks WHERE object_id = %s AND seq = %s"),
                     (self._object_id, self._next),
+                    prepare=False,
                 ).fetchone()
         except psycopg.Error as error:
             raise translate(

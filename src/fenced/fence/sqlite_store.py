@@ -13,6 +13,11 @@
   read transaction of a connection of its own, so the stream is unaffected by later
   publications or gc until it is closed. Close the stream: an open read transaction keeps the
   WAL from being checkpointed past it.
+* **Records** (:attr:`Capability.RECORDS`): the ``records`` table. Installs and accepted
+  mutations are inserted in the mutation's own transaction; a rejection is inserted by a small
+  transaction of its own committed at ``synchronous=NORMAL`` (no fsync: the next durable commit
+  syncs it; a power failure may lose it, a process crash cannot). ``seq`` is one sequence for the
+  whole store (AUTOINCREMENT: never reused after pruning).
 * **Schema**: versioned in the ``meta`` table (``format``, ``schema_version``, ``mode``), with a
   list of migrations from the first version on. A database that is not a fenced store, a newer
   schema, a corrupt or unwritable file is a :class:`ConfigurationError`.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import sqlite3
 import threading
@@ -36,6 +42,7 @@ from fenced.core.errors import (
     OutcomeUnknown,
     Unavailable,
 )
+from fenced.core.records import Record, RecordKind
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, resolve_mode
@@ -67,7 +74,12 @@ _SCHEMA_1 = (
     " outcome TEXT NOT NULL, recorded_at REAL NOT NULL, PRIMARY KEY(resource, op_id))",
     "CREATE INDEX ops_by_age ON ops(resource, recorded_at)",
 )
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_1,)
+_SCHEMA_2 = (
+    "CREATE TABLE records(seq INTEGER PRIMARY KEY AUTOINCREMENT, resource TEXT NOT NULL,"
+    " at REAL NOT NULL, kind TEXT NOT NULL, epoch INTEGER NOT NULL, detail TEXT NOT NULL)",
+    "CREATE INDEX records_by_resource ON records(resource, seq)",
+)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_1, _SCHEMA_2)
 """``MIGRATIONS[n]`` brings a database from schema version n to n + 1 (0: empty database)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -228,6 +240,50 @@ class SqliteBackend:
                 _rollback(conn)
                 raise
         _commit(conn, f"committing a write to {resource!r}")
+
+    # -- records ---------------------------------------------------------------------------
+
+    def record_rejection(self, record: Record) -> None:
+        """Insert ``record`` in a transaction of its own, committed without fsync (NORMAL)."""
+        conn = self._conn()
+        with _translated(f"recording a rejection on {record.resource!r}"):
+            conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    _insert_record(conn, record)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _rollback(conn)
+                    raise
+            finally:
+                conn.execute("PRAGMA synchronous=FULL")
+
+    def history(self, resource: str, after: int, *, since: float, keep: int) -> list[Record]:
+        with _translated(f"reading the records of {resource!r}"):
+            rows = (
+                self._conn()
+                .execute(
+                    "SELECT seq, at, kind, epoch, detail FROM records WHERE resource = :r"
+                    " AND seq > :after AND at >= :since AND seq > coalesce((SELECT seq FROM"
+                    " records WHERE resource = :r ORDER BY seq DESC LIMIT 1 OFFSET :keep), 0)"
+                    " ORDER BY seq",
+                    {"r": resource, "after": after, "since": since, "keep": keep},
+                )
+                .fetchall()
+            )
+        try:
+            return [
+                Record(seq, at, RecordKind(kind), resource, epoch, None, json.loads(detail))
+                for seq, at, kind, epoch, detail in rows
+            ]
+        except ValueError as error:
+            raise ConfigurationError(f"corrupt records of {resource!r} in {self.path!r}") from error
+
+    def floors(self) -> dict[str, int]:
+        with _translated("reading floors"):
+            rows = self._conn().execute("SELECT resource, floor FROM domains").fetchall()
+        return {str(resource): int(floor) for resource, floor in rows}
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -392,6 +448,19 @@ def _commit(conn: sqlite3.Connection, what: str) -> None:
         ) from error
 
 
+def _insert_record(conn: sqlite3.Connection, record: Record) -> None:
+    conn.execute(
+        "INSERT INTO records(resource, at, kind, epoch, detail) VALUES (?, ?, ?, ?, ?)",
+        (
+            record.resource,
+            record.at,
+            record.kind.value,
+            record.epoch,
+            json.dumps(dict(record.detail), separators=(",", ":"), default=str),
+        ),
+    )
+
+
 def _delete_object(conn: sqlite3.Connection, object_id: str) -> None:
     conn.execute("DELETE FROM chunks WHERE object_id = ?", (object_id,))
     conn.execute("DELETE FROM objects WHERE object_id = ?", (object_id,))
@@ -448,6 +517,17 @@ class _SqliteTransaction:
     def prune_ops(self, before: float) -> None:
         self._conn.execute(
             "DELETE FROM ops WHERE resource = ? AND recorded_at < ?", (self._resource, before)
+        )
+
+    def append_record(self, record: Record) -> None:
+        _insert_record(self._conn, record)
+
+    def prune_records(self, before: float, keep: int) -> None:
+        self._conn.execute(
+            "DELETE FROM records WHERE resource = :r AND (at < :before OR seq <= coalesce("
+            "(SELECT seq FROM records WHERE resource = :r ORDER BY seq DESC LIMIT 1 OFFSET :keep),"
+            " 0))",
+            {"r": self._resource, "before": before, "keep": keep},
         )
 
     def version_of(self, key: str) -> int | None:

@@ -13,33 +13,59 @@ own lease check is always too early)::
 
 Backends (chosen by URL scheme) only store; this module validates, applies op ids and asks
 :mod:`fenced.fence.rules` for every decision, so all backends behave the same.
+
+**Records** (DESIGN §7; backends with :attr:`Capability.RECORDS`): every install (``fence``, or a
+monotonic store's implicit install), accepted mutation and rejected mutation (stale, not
+installed, foreign) becomes a :class:`~fenced.core.records.Record` kept with the store's state
+and read back with :meth:`Store.history`. Installs and accepted mutations are written inside
+the mutation's own transaction: durable with it, at no extra sync. Rejections are appended after
+the rejected transaction rolled back, by a cheap non-durable append (they can be lost by a power
+failure, never an accepted one); recording a rejection never changes data and never masks the
+rejection. Records are pruned to ``record_limit`` per resource and ``record_retention`` seconds.
+The same events go to the ``fenced.store`` logger: installs at INFO, accepted mutations at
+DEBUG, rejections at WARNING.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import math
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar, cast
 
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
+    ForeignToken,
     IdempotencyConflict,
     NotFound,
+    NotInstalled,
     Rejected,
+    StaleToken,
     Unavailable,
 )
 from fenced.core.names import validate_key, validate_publication_name, validate_resource
+from fenced.core.records import Record, RecordKind
 from fenced.core.token import FencingToken
 from fenced.core.urls import path_from_url, scheme_of
 from fenced.fence import ops, rules
-from fenced.fence.backend import Backend, Capability, StoreOptions, Transaction
+from fenced.fence.backend import (
+    DEFAULT_RECORD_LIMIT,
+    DEFAULT_RECORD_RETENTION,
+    Backend,
+    Capability,
+    RecordingBackend,
+    RecordingTransaction,
+    StoreOptions,
+    Transaction,
+)
 from fenced.fence.file_store import open_file_backend
 from fenced.fence.source import PublishData, Source
 from fenced.fence.sqlite_store import open_sqlite_backend
@@ -49,6 +75,8 @@ __all__ = [
     "DEFAULT_BUSY_TIMEOUT",
     "DEFAULT_GC_GRACE",
     "DEFAULT_OP_RETENTION",
+    "DEFAULT_RECORD_LIMIT",
+    "DEFAULT_RECORD_RETENTION",
     "MAX_VALUE_BYTES",
     "Store",
     "open_store",
@@ -64,9 +92,14 @@ MAX_VALUE_BYTES = 16 * 1024 * 1024
 """The largest value ``put`` accepts; publish larger data."""
 _PRUNE_EVERY = 64
 
+log = logging.getLogger("fenced.store")
+
 Opener = Callable[[str, Mode | None, StoreOptions], Backend]
 _Outcome = TypeVar("_Outcome", Version, Publication)
 _OPENERS: dict[str, Opener] = {"sqlite": open_sqlite_backend, "file": open_file_backend}
+
+
+_POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
 def open_store(
@@ -77,6 +110,8 @@ def open_store(
     gc_grace: float = DEFAULT_GC_GRACE,
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     clock: Clock | None = None,
+    record_retention: float = DEFAULT_RECORD_RETENTION,
+    record_limit: int = DEFAULT_RECORD_LIMIT,
 ) -> Store:
     """Open (creating it if needed) the store at ``url``: ``sqlite:///path`` or ``file:///dir``.
 
@@ -87,22 +122,30 @@ def open_store(
     ``op_retention``: seconds an op id is remembered. ``gc_grace``: the default grace of
     :meth:`Store.gc`. ``busy_timeout``: seconds to wait for a concurrent writer before
     :class:`Unavailable`. ``clock``: wall time for records and gc (tests pass a ManualClock).
+    ``record_retention`` (seconds) and ``record_limit`` (per resource): how long and how many
+    records :meth:`Store.history` keeps (pruned now and then inside later writes).
 
     Raises :class:`ConfigurationError` for a bad URL or option, a path that is not a fenced store,
     a store of a newer format, a corrupt or unwritable store.
     """
     scheme = scheme_of(url)
     opener = _OPENERS.get(scheme)
-    if opener is None:
-        known = ", ".join(f"{name}://" for name in sorted(_OPENERS))
+    if opener is None and scheme not in _POSTGRES_SCHEMES:
+        known = ", ".join(f"{name}://" for name in [*sorted(_OPENERS), "postgresql"])
         raise ConfigurationError(f"no store for {scheme}: URLs (available: {known})")
     options = StoreOptions(
         op_retention=_positive("op_retention", op_retention, allow_zero=False),
         gc_grace=_positive("gc_grace", gc_grace),
         busy_timeout=_positive("busy_timeout", busy_timeout),
         clock=clock if clock is not None else SystemClock(),
+        record_retention=_positive("record_retention", record_retention, allow_zero=False),
+        record_limit=_count("record_limit", record_limit),
     )
     rules.resolve_mode(None, mode, "open_store")  # reject an unknown mode before any I/O
+    if opener is None:  # postgresql:// and postgres:// (the postgres extra)
+        from fenced.fence.postgres_store import open_postgres_store  # noqa: PLC0415
+
+        return open_postgres_store(url, mode, options)
     return Store(opener(path_from_url(url, scheme), mode, options), options)
 
 
@@ -154,11 +197,25 @@ class Store:
         Binds an unbound resource to the token's coordinator.
         """
         token = _check_token(token)
-        with self._write(token.resource) as tx:
-            head = tx.head()
-            new = rules.admit_fence(head, token)
-            if new != head:
-                tx.set_head(new)
+        now = self._clock.wall()
+        try:
+            with self._write(token.resource) as tx:
+                head = tx.head()
+                new = rules.admit_fence(head, token)
+                if new != head:
+                    tx.set_head(new)
+                    detail: dict[str, object] = {"op": "fence", "previous": head.floor}
+                    self._append(tx, RecordKind.INSTALLED, token, detail, now)
+        except Rejected as error:
+            self._rejected(token, _Mutation("fence", {}), error)
+            raise
+        if new != head:
+            log.info(
+                "%s: installed epoch %d (previous floor %s)",
+                token.resource,
+                token.epoch,
+                head.floor,
+            )
         return token.epoch
 
     def put(
@@ -184,14 +241,22 @@ class Store:
         op_id = None if op_id is None else ops.validate_op_id(op_id)
         digest = ops.put_digest(token, key, data, if_version) if op_id is not None else ""
         now = self._clock.wall()
-        with self._write(token.resource) as tx:
+        what = _Mutation("put", {"key": key})
+        try:
+            with self._write(token.resource) as tx:
 
-            def change() -> Version:
-                number = rules.next_version(token.resource, key, tx.version_of(key), if_version)
-                tx.put_item(Item(token.resource, key, data, token.epoch, number))
-                return Version(token.resource, key, token.epoch, number)
+                def change() -> Version:
+                    number = rules.next_version(token.resource, key, tx.version_of(key), if_version)
+                    tx.put_item(Item(token.resource, key, data, token.epoch, number))
+                    return Version(token.resource, key, token.epoch, number)
 
-            result = self._mutate(tx, token, op_id, digest, now, ops.decode_version, change)
+                result = self._mutate(
+                    tx, token, op_id, digest, now, ops.decode_version, change, what
+                )
+        except Rejected as error:
+            self._rejected(token, what, error)
+            raise
+        what.log(token)
         return result
 
     def publish(
@@ -220,8 +285,13 @@ class Store:
         source = Source(data)
         resource = token.resource
         backend = self._open_backend()
+        what = _Mutation("publish", {"name": name})
         if op_id is None:  # these refusals are permanent: save the staging of doomed data
-            rules.admit_fence(backend.head(resource), token)
+            try:
+                rules.admit_fence(backend.head(resource), token)
+            except Rejected as error:
+                self._rejected(token, what, error)
+                raise
         object_id = f"{token.epoch:020d}-{uuid.uuid4().hex}"
         backend.stage(resource, object_id, source, self._clock.wall())
         sha256, size = source.sha256, source.size
@@ -245,12 +315,17 @@ class Store:
                     tx.set_pointer(publication, now)
                     return publication
 
-                result = self._mutate(tx, token, op_id, digest, now, ops.decode_publication, change)
-        except (Rejected, IdempotencyConflict, Unavailable):  # definitely not committed
+                result = self._mutate(
+                    tx, token, op_id, digest, now, ops.decode_publication, change, what
+                )
+        except (Rejected, IdempotencyConflict, Unavailable) as error:  # definitely not committed
             backend.discard(resource, object_id)
+            if isinstance(error, Rejected):
+                self._rejected(token, what, error)
             raise
         if result.object_id != object_id:  # replayed: this attempt's object is not needed
             backend.discard(resource, object_id)
+        what.log(token)
         return result
 
     def gc(self, keep: int = 1, grace: float | None = None) -> int:
@@ -287,7 +362,8 @@ class Store:
 
         The stream keeps reading the object it opened even if a newer one is published
         meanwhile, for at least the gc grace period. Raises :class:`~fenced.NotFound` (a
-        :class:`LookupError`) if nothing is published under that name. Close it (``with store.open(...) as f``).
+        :class:`LookupError`) if nothing is published under that name. Close it
+        (``with store.open(...) as f``).
         """
         return self._current(resource, name)[1]
 
@@ -295,7 +371,8 @@ class Store:
         """All bytes of the current publication, checked against its size and SHA-256.
 
         Raises :class:`~fenced.NotFound` (a :class:`LookupError`) if nothing is published,
-        :class:`ConfigurationError` if the stored bytes do not match their publication (a corrupt store).
+        :class:`ConfigurationError` if the stored bytes do not match their publication (a corrupt
+        store).
         """
         publication, stream = self._current(resource, name)
         with stream:
@@ -311,6 +388,36 @@ class Store:
         """The largest epoch accepted or installed for ``resource``; None if it has none."""
         validate_resource(resource)
         return self._open_backend().head(resource).floor
+
+    def floors(self) -> dict[str, int]:
+        """Every resource of the store that has a floor, with that floor.
+
+        What ``fenced restore --floor-from`` reads. Needs :attr:`Capability.RECORDS`
+        (:class:`ConfigurationError` otherwise; :meth:`floor` works on every store).
+        """
+        return self._recording().floors()
+
+    def history(self, resource: str, after: int = 0) -> list[Record]:
+        """The store's retained records of ``resource`` with ``seq > after``, oldest first.
+
+        Kinds: INSTALLED (detail ``op``: ``fence``, or ``put``/``publish`` for a monotonic
+        store's implicit install; ``previous`` floor), ACCEPTED (``op``, ``key`` or ``name``,
+        ``version`` or ``object_id``/``size``, ``op_id`` if given) and REJECTED (``op``, ``key``
+        or ``name``, ``reason``: ``stale`` / ``not-installed`` / ``foreign``, ``presented``
+        epoch, ``floor``). ``epoch`` is the token's epoch; ``holder`` is None (a store sees
+        tokens only). A replayed ``op_id`` and a no-op ``fence`` leave no record. Records of
+        rejections may be missing after a power failure; records of installs and accepted
+        mutations are as durable as the mutations. Only retained records are returned (the
+        ``record_limit`` newest, within ``record_retention``). Needs :attr:`Capability.RECORDS`
+        (:class:`ConfigurationError` otherwise).
+        """
+        validate_resource(resource)
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ConfigurationError(f"after must be an integer >= 0, got {after!r}")
+        since = self._clock.wall() - self._options.record_retention
+        return self._recording().history(
+            resource, after, since=since, keep=self._options.record_limit
+        )
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -346,13 +453,71 @@ class Store:
             raise NotFound(f"nothing is published as {_shown(resource, name)}")
         return found
 
+    def _recording(self) -> RecordingBackend:
+        backend = self._open_backend()
+        if Capability.RECORDS not in backend.capabilities:
+            raise ConfigurationError(f"the store {self.url} does not keep records")
+        return cast(RecordingBackend, backend)
+
     @contextmanager
     def _write(self, resource: str) -> Iterator[Transaction]:
-        """The backend's critical section; now and then prunes expired op records in it."""
-        with self._open_backend().transaction(resource) as tx:
+        """The backend's critical section; now and then prunes expired op records and records."""
+        backend = self._open_backend()
+        with backend.transaction(resource) as tx:
             yield tx
             if next(self._writes) % _PRUNE_EVERY == 0:
-                tx.prune_ops(self._clock.wall() - self._options.op_retention)
+                now = self._clock.wall()
+                tx.prune_ops(now - self._options.op_retention)
+                if Capability.RECORDS in backend.capabilities:
+                    cast(RecordingTransaction, tx).prune_records(
+                        now - self._options.record_retention, self._options.record_limit
+                    )
+
+    def _append(
+        self,
+        tx: Transaction,
+        kind: RecordKind,
+        token: FencingToken,
+        detail: dict[str, object],
+        now: float,
+    ) -> None:
+        """Append a record inside ``tx`` (if the backend keeps records)."""
+        if Capability.RECORDS in self._backend.capabilities:
+            record = Record(0, now, kind, token.resource, token.epoch, None, detail)
+            cast(RecordingTransaction, tx).append_record(record)
+
+    def _rejected(self, token: FencingToken, what: _Mutation, error: Rejected) -> None:
+        """Log and record a rejection (after its transaction rolled back). Never raises."""
+        reason, floor = _why(error)
+        detail: dict[str, object] = {
+            "op": what.op,
+            **what.target,
+            "reason": reason,
+            "presented": token.epoch,
+        }
+        if isinstance(error, ForeignToken):
+            detail["bound"] = error.bound
+            detail["coordinator"] = token.coordinator_id
+        else:
+            detail["floor"] = floor
+        log.warning(
+            "%s: rejected %s with epoch %d: %s (floor %s)",
+            token.resource,
+            what.op,
+            token.epoch,
+            reason,
+            floor if floor is not None else "-",
+        )
+        backend = self._backend
+        if self._closed or Capability.RECORDS not in backend.capabilities:
+            return
+        record = Record(
+            0, self._clock.wall(), RecordKind.REJECTED, token.resource, token.epoch, None, detail
+        )
+        try:
+            cast(RecordingBackend, backend).record_rejection(record)
+        except Exception as failure:  # diagnostics: never mask the rejection itself
+            log.debug("could not record the rejection on %s: %s", token.resource, failure)
 
     def _mutate(
         self,
@@ -363,27 +528,80 @@ class Store:
         now: float,
         decode: Callable[[str], _Outcome],
         change: Callable[[], _Outcome],
+        what: _Mutation,
     ) -> _Outcome:
         """Every mutation's steps inside the critical section, in this order.
 
         1. ``op_id``: a recorded outcome with the same digest is returned, nothing is applied;
            another digest is IdempotencyConflict. 2. Binding and fence (rules.admit_mutation).
-        3. ``change()`` applies the operation (and may still refuse). 4. The new floor and the
-        op record are written. Any exception leaves the transaction uncommitted.
+        3. ``change()`` applies the operation (and may still refuse). 4. The new floor, the op
+        record and the store records (an implicit install; the accepted mutation) are written.
+        Any exception leaves the transaction uncommitted. ``what`` learns what happened.
         """
         if op_id is not None:
             retention = self._options.op_retention
             recorded = ops.replay(tx.op(op_id), digest, now=now, retention=retention)
             if recorded is not None:
+                what.replayed = True
                 return decode(recorded)
         head = tx.head()
         new = rules.admit_mutation(self.mode, head, token)
         outcome = change()
         if new != head:
             tx.set_head(new)
+            installed: dict[str, object] = {"op": what.op, "previous": head.floor}
+            self._append(tx, RecordKind.INSTALLED, token, installed, now)
+            what.installed, what.previous = True, head.floor
         if op_id is not None:
             tx.record_op(op_id, ops.OpRecord(digest, ops.encode_outcome(outcome), now))
+        detail = {"op": what.op, **what.target, **_outcome_detail(outcome)}
+        if op_id is not None:
+            detail["op_id"] = op_id
+        self._append(tx, RecordKind.ACCEPTED, token, detail, now)
         return outcome
+
+
+@dataclass(slots=True)
+class _Mutation:
+    """One mutation as records and logs describe it; ``_mutate`` fills in what became of it."""
+
+    op: str
+    target: dict[str, object]
+    replayed: bool = False
+    installed: bool = False
+    previous: int | None = None
+
+    def log(self, token: FencingToken) -> None:
+        """Log the committed mutation."""
+        if self.replayed:
+            log.debug("%s: %s with epoch %d replayed", token.resource, self.op, token.epoch)
+            return
+        if self.installed:
+            log.info(
+                "%s: installed epoch %d by %s (previous floor %s)",
+                token.resource,
+                token.epoch,
+                self.op,
+                self.previous,
+            )
+        log.debug("%s: accepted %s with epoch %d", token.resource, self.op, token.epoch)
+
+
+def _why(error: Rejected) -> tuple[str, int | None]:
+    """The record's ``reason`` and the floor the rejection was measured against."""
+    if isinstance(error, StaleToken):
+        return "stale", error.floor
+    if isinstance(error, NotInstalled):
+        return "not-installed", error.floor
+    if isinstance(error, ForeignToken):
+        return "foreign", None
+    return type(error).__name__, None
+
+
+def _outcome_detail(outcome: Version | Publication) -> dict[str, object]:
+    if isinstance(outcome, Version):
+        return {"version": outcome.version}
+    return {"object_id": outcome.object_id, "size": outcome.size}
 
 
 def _shown(resource: str, name: str) -> str:
@@ -416,6 +634,12 @@ def _check_if_version(if_version: object) -> int | None:
     if isinstance(if_version, bool) or not isinstance(if_version, int) or if_version < 0:
         raise ConfigurationError(f"if_version must be None or an integer >= 0, got {if_version!r}")
     return if_version
+
+
+def _count(what: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{what} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def _positive(what: str, value: object, *, allow_zero: bool = True) -> float:

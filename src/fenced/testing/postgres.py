@@ -311,8 +311,9 @@ class PostgresServer:
 class PgBouncer:
     """A private PgBouncer on a free loopback port in front of ``server`` (stopped by PID).
 
-    ``pool_mode``: ``transaction`` (default), ``session`` or ``statement``. Every database of the
-    server is reachable through it; :meth:`url` names one.
+    ``pool_mode``: ``transaction`` (default), ``session`` or ``statement``. ``round_robin``:
+    ``server_round_robin`` (default off: PgBouncer's LIFO reuse). Every database of the server
+    is reachable through it; :meth:`url` names one.
     """
 
     def __init__(
@@ -321,11 +322,13 @@ class PgBouncer:
         *,
         pool_mode: str = "transaction",
         pool_size: int = 4,
+        round_robin: bool = False,
         binary: str | None = None,
     ) -> None:
         self.server = server
         self.pool_mode = pool_mode
         self.pool_size = pool_size
+        self.round_robin = round_robin
         self.binary = binary or shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         self.port = 0
         self.directory: Path | None = None
@@ -359,6 +362,7 @@ class PgBouncer:
             "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self.directory / 'pgbouncer.log'}\n"
             "server_check_delay = 0\n"
+            f"server_round_robin = {int(self.round_robin)}\n"
         )
         for path in (users, config):
             _chown_tree(path, self._service_user)
@@ -381,13 +385,13 @@ class PgBouncer:
         return base + (f"?{suffix}" if suffix else "")
 
     def stop(self) -> None:
-        """Stop pgbouncer by PID (SIGTERM of its process group, then SIGKILL). Idempotent."""
+        """Stop pgbouncer by PID (SIGINT of its process group, then SIGKILL). Idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGINT)
             try:
-                proc.wait(5)
+                proc.wait(1)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)

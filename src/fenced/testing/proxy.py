@@ -210,6 +210,8 @@ class TcpProxy:
             self._pairs.add(pair)
         try:
             self._pump(pair)
+        except OSError:
+            pass  # cut() or stop() closed the pair while data was in flight
         finally:
             with self._lock:
                 self._pairs.discard(pair)

@@ -104,14 +104,15 @@ class WakeSocket:
         while True:
             try:
                 self._sock.recv(16, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
+            except OSError:  # empty (EAGAIN), or closed by another thread meanwhile
                 return
 
     def close(self) -> None:
-        """Release the address (senders then see the waiter as gone); idempotent."""
-        if self._sock.fileno() >= 0:
-            self._poll.unregister(self._sock.fileno())
-            self._sock.close()
+        """Release the address (senders then see the waiter as gone); idempotent.
+
+        A thread blocked in :meth:`wait` is not woken by this; send it a datagram first.
+        """
+        self._sock.close()
 
     @property
     def closed(self) -> bool:

@@ -26,10 +26,11 @@ Guarantees
   re-LISTENs, proves delivery with a probe NOTIFY, then wakes every local waiter to try again at
   once. While it is not proven to work, waits are capped at :data:`RECHECK` seconds.
 - **PgBouncer in transaction mode works**: lease operations use no session state (no advisory
-  locks, no temporary tables, no ``SET`` outside a transaction, no server-side prepared
-  statements unless ``?prepare=on``). LISTEN needs a real session: give the listener a direct
-  connection with ``?listen_url=postgresql://…`` (percent-encoded). Without it, the probe fails
-  and waiting degrades to expiry timers plus re-checks every :data:`RECHECK` seconds.
+  locks, no temporary tables, no ``SET`` outside a transaction); prepared statements are turned
+  off for good the first time a pooler is seen to lose one (the statement, which had not run,
+  is sent again). LISTEN needs a real session: give the listener a direct connection with
+  ``?listen_url=postgresql://…`` (percent-encoded). Without it, the probe fails and waiting
+  degrades to expiry timers plus re-checks every :data:`RECHECK` seconds.
 - **Records** (granted, released, expired, proclaimed, restored, holder reports) are written in
   the same transaction as the change, under the resource's row lock: the records of one resource
   are in commit order. Across resources, ``records(None, after)`` holds back records that follow
@@ -58,7 +59,7 @@ with an owner secret or a password.
 
 URL query parameters (all optional): ``schema`` (default ``fenced``), ``listen_url`` (a direct
 URL for LISTEN), ``listen`` (``off``: never LISTEN), ``pool_size`` (default 10), ``timeout``
-(seconds, default 10), ``prepare`` (``on``: server-side prepared statements); every other
+(seconds, default 10), ``prepare`` (``off``: never use server-side prepared statements); every other
 parameter goes to libpq (``sslmode``, ``connect_timeout``, ``application_name``, …).
 """
 
@@ -105,6 +106,7 @@ from fenced.fence.postgres_conn import (
     DEFAULT_OP_TIMEOUT,
     DEFAULT_POOL_SIZE,
     Pool,
+    execute,
     guarded,
     migrate,
     parse_url,
@@ -133,6 +135,7 @@ GAP_SETTLE = 2.0
 WATCH_KEEPALIVE = 6.0
 """Seconds a watcher's row lives after its last refresh (refreshed every third of that)."""
 _PROBE_TIMEOUT = 2.0
+_RESEND_CONNECT = 3.0  # seconds spent reconnecting before an idempotent request is re-sent
 _URL_KEYS = ("listen_url", "listen", "pool_size", "timeout", "prepare")
 
 
@@ -254,9 +257,7 @@ class _Listener:
                 log.debug("listener of %s: %s", self._display, error)
             if self._stop.is_set():
                 break
-            if self._state != "down":
-                self._state = "down"
-                self.wake_all()  # let waiters fall back to short re-checks at once
+            self._state = "down"  # waits are capped at RECHECK from their next round on
             self._ready.set()
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 1.0)
@@ -422,18 +423,16 @@ class PostgresBackend:
             display=parsed.display,
             size=parsed.option_int("pool_size", DEFAULT_POOL_SIZE),
             connect_timeout=parsed.connect_timeout,
-            prepare=parsed.option_flag("prepare", False),
+            prepare=parsed.option_flag("prepare", True),
         )
         if coordinator_id_for_new is not None:
             validate_coordinator_id(coordinator_id_for_new)
         self._q = self._statements(sql.Identifier(self.schema).as_string(None))
         self._channel = postgres_schema.channel(self.schema)
         listen = parsed.options.get("listen_url")
-        if listen is not None:
-            listen_info = parse_url(listen, ()).conninfo
-        else:
-            listen_info = parsed.conninfo
-        self._listen_conninfo = listen_info
+        self._listen_conninfo = (
+            parsed.conninfo if listen is None else parse_url(listen, ()).conninfo
+        )
         self._listen_enabled = parsed.option_flag("listen", True)
         self.coordinator_id = self._initialise(coordinator_id_for_new)
         self._listener_obj: _Listener | None = None
@@ -466,7 +465,9 @@ class PostgresBackend:
                     where=where,
                 )
         except psycopg.Error as error:
-            raise translate(error, "initialising the coordinator schema", sent=False, where=where) from error
+            raise translate(
+                error, "initialising the coordinator schema", sent=False, where=where
+            ) from error
         except BaseException:
             self._pool.close()
             raise
@@ -513,30 +514,60 @@ class PostgresBackend:
         *,
         mutation: bool,
         timeout: float | None = None,
+        idempotent: bool = False,
     ) -> list[tuple[Any, ...]]:
-        """Run one prepared statement of :meth:`_statements` in its own transaction."""
+        """Run one statement of :meth:`_statements` (one transaction, one round trip).
+
+        ``idempotent``: the statement may be sent again. When the connection breaks under it
+        (a server restart terminates the session) it is re-sent once on a new connection
+        instead of reporting :class:`OutcomeUnknown` — never after a timeout.
+        """
         if self._closed:
             raise ConfigurationError(f"{self!r} is closed")
         budget = self._op_timeout if timeout is None else min(timeout, self._op_timeout)
-        with self._pool.connection(min(self._connect_budget, budget)) as conn:
-            with guarded(conn, budget) as fired:
-                try:
-                    rows = conn.execute(self._q[name], params).fetchall()
-                except psycopg.Error as error:
-                    if conn.broken:
-                        self._pool.discard_idle()  # they probably share the same fate
-                    sent = mutation and not isinstance(error, psycopg.InterfaceError)
-                    if fired():
-                        raise _timed_out(doing, self.url, budget, sent=sent) from error
-                    raise translate(error, doing, sent=sent, where=self.url) from error
-        return rows
+        try:
+            return self._send(doing, name, params, mutation, budget, self._connect_budget)
+        except OutcomeUnknown as unknown:
+            if not idempotent or getattr(unknown, "timed_out", False):
+                raise
+            log.debug("%s: %s; sending it again", doing, unknown)
+            try:
+                return self._send(doing, name, params, mutation, budget, _RESEND_CONNECT)
+            except Unavailable:
+                raise unknown from None  # the first attempt's outcome is still unknown
+
+    def _send(
+        self,
+        doing: str,
+        name: str,
+        params: Sequence[object],
+        mutation: bool,
+        budget: float,
+        connect_budget: float,
+    ) -> list[tuple[Any, ...]]:
+        with (
+            self._pool.connection(min(connect_budget, budget)) as conn,
+            guarded(conn, budget) as fired,
+        ):
+            try:
+                return execute(self._pool, conn, self._q[name], params)
+            except psycopg.Error as error:
+                if conn.broken:
+                    self._pool.discard_idle()  # they probably share the same fate
+                sent = mutation and not isinstance(error, psycopg.InterfaceError)
+                if fired():
+                    raise _timed_out(doing, self.url, budget, sent=sent) from error
+                raise translate(error, doing, sent=sent, where=self.url) from error
 
     # -- leases -------------------------------------------------------------------------------
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
         """Grant with epoch = max(last epoch, minimum) + 1 if free and first in line.
 
-        One round trip (the ``try_grant`` function); a grant commits synchronously. A caller
+        One round trip (the ``try_grant`` function); a grant commits synchronously. The call is
+        idempotent: if the resource is held by ``request.owner`` (this very request, granted
+        with its reply lost), that lease is returned; so a request cut off by a server restart
+        is sent once more on a new connection rather than failing with OutcomeUnknown. A caller
         without a ticket is behind every live waiter. Each call by a queued caller keeps its
         ticket alive (a ticket whose row was dropped rejoins at the end of the line).
         ``Blocked.retry_in`` is the live lease's remaining time (plus 1 ms), or the first
@@ -561,6 +592,7 @@ class PostgresBackend:
                 QUEUE_KEEPALIVE / 3,
             ),
             mutation=True,
+            idempotent=True,  # the owner secret identifies this request's grant
         )
         status, epoch, owner, holder, ttl, remaining, retry_in, new_ticket = rows[0]
         if status == "granted":
@@ -619,7 +651,7 @@ class PostgresBackend:
 
     def current(self, resource: str) -> LeaseInfo | None:
         rows = self._call(f"reading {resource}", "current", (resource,), mutation=False)
-        if not rows:
+        if not rows or rows[0][0] is None:
             return None
         epoch, holder, remaining, ttl, value = rows[0]
         return LeaseInfo(
@@ -709,7 +741,10 @@ class PostgresBackend:
         try:
             watcher = int(
                 self._call(
-                    f"watching {resource}", "watch_start", (resource, WATCH_KEEPALIVE), mutation=True
+                    f"watching {resource}",
+                    "watch_start",
+                    (resource, WATCH_KEEPALIVE),
+                    mutation=True,
                 )[0][0]
             )
             while True:
@@ -718,6 +753,7 @@ class PostgresBackend:
                     "watch_poll",
                     (resource, max(int(after), 0), watcher, WATCH_KEEPALIVE),
                     mutation=True,
+                    idempotent=True,
                 )[0]
                 if changed:
                     return
@@ -745,7 +781,9 @@ class PostgresBackend:
         """
         for value in (minimum, *floors.values()):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EPOCH:
-                raise ConfigurationError(f"epochs must be integers in 0..{MAX_EPOCH}, got {value!r}")
+                raise ConfigurationError(
+                    f"epochs must be integers in 0..{MAX_EPOCH}, got {value!r}"
+                )
         for name in floors:
             validate_resource(name)
         rows = self._call(
@@ -773,7 +811,9 @@ class PostgresBackend:
             return listener
 
     def _probe(self, nonce: str) -> None:
-        self._call("probing notifications", "probe", (self._channel, f"probe:{nonce}"), mutation=True)
+        self._call(
+            "probing notifications", "probe", (self._channel, f"probe:{nonce}"), mutation=True
+        )
 
     def enqueue(self, request: GrantRequest) -> PostgresTicket:
         """Take a place at the end of ``request.resource``'s queue (and start listening)."""
@@ -784,6 +824,7 @@ class PostgresBackend:
             "enqueue",
             (request.resource, request.holder, QUEUE_KEEPALIVE),
             mutation=True,
+            idempotent=True,
         )
         ticket = PostgresTicket(self, request.resource, int(rows[0][0]))
         ticket._sub = listener.subscribe(request.resource, ticket.waiter_id)
@@ -820,6 +861,7 @@ class PostgresBackend:
                 "leave",
                 (mine.resource, mine.waiter_id),
                 mutation=True,
+                idempotent=True,
             )
         except (Unavailable, OutcomeUnknown) as error:
             log.debug("leaving the queue of %s: %s", mine.resource, error)
@@ -885,9 +927,10 @@ def _dumps(value: object) -> str:
 
 def _timed_out(doing: str, url: str, budget: float, *, sent: bool) -> FencedError:
     if sent:
-        return OutcomeUnknown(
+        unknown = OutcomeUnknown(
             f"{doing} ({url}): no reply within {budget:g}s, the connection was cut; the request "
             "may or may not have taken effect"
         )
+        unknown.timed_out = True  # type: ignore[attr-defined]
+        return unknown
     return Unavailable(f"{doing} ({url}): no reply within {budget:g}s; nothing was changed")
-

@@ -135,7 +135,8 @@ _HELPERS = (
     END $$""",
     # Keep the caller's place in line (re-join at the end if its row was dropped).
     """CREATE OR REPLACE FUNCTION {s}._keep(
-        p_name text, p_ticket bigint, p_holder text, p_now timestamptz, p_keepalive double precision)
+        p_name text, p_ticket bigint, p_holder text, p_now timestamptz,
+        p_keepalive double precision)
     RETURNS bigint
     LANGUAGE plpgsql AS $$
     DECLARE
@@ -158,14 +159,14 @@ _HELPERS = (
 _OPERATIONS = (
     # One acquire attempt; see PostgresBackend.try_grant. o_status: granted / blocked / lost
     # (a request_id whose lease has ended) / foreign (a request_id used for another resource,
-    # whose name is returned in o_holder).
+    # whose name is returned in o_holder). The uncontended grant runs four statements.
     """CREATE OR REPLACE FUNCTION {s}.try_grant(
         p_name text, p_owner text, p_holder text, p_ttl double precision, p_request_id text,
         p_ticket bigint, p_value text, p_keepalive double precision,
-        p_retry_cap double precision)
-    RETURNS TABLE (o_status text, o_epoch bigint, o_owner text, o_holder text,
-                   o_ttl double precision, o_remaining double precision,
-                   o_retry_in double precision, o_ticket bigint)
+        p_retry_cap double precision,
+        OUT o_status text, OUT o_epoch bigint, OUT o_owner text, OUT o_holder text,
+        OUT o_ttl double precision, OUT o_remaining double precision,
+        OUT o_retry_in double precision, OUT o_ticket bigint)
     LANGUAGE plpgsql AS $$
     DECLARE
         v_now timestamptz;
@@ -173,20 +174,24 @@ _OPERATIONS = (
         v_found boolean;
         v_req {s}.requests%ROWTYPE;
         v_minimum bigint;
-        v_head record;
-        v_mine boolean;
-        v_ticket bigint := p_ticket;
+        v_head bigint;
+        v_head_expires timestamptz;
+        v_watched boolean;
         v_epoch bigint;
-        v_remaining double precision;
-        v_retry double precision;
+        v_count integer;
         v_expired boolean := false;
+        v_ignored text;
         v_eps constant double precision := 0.001;
     BEGIN
+        o_ticket := p_ticket;
         -- Conflicts with advance() only: the minimum epoch read below stays valid until commit.
         LOCK TABLE {s}.resources IN ROW EXCLUSIVE MODE;
         LOOP
             v_now := clock_timestamp();
-            SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
+            SELECT r.*, (SELECT m.value::bigint FROM {s}.meta m WHERE m.key = 'minimum_epoch')
+            INTO v_row.name, v_row.epoch, v_row.owner, v_row.holder, v_row.ttl,
+                 v_row.expires_at, v_row.value, v_row.ended, v_minimum
+            FROM {s}.resources r WHERE r.name = p_name FOR UPDATE OF r;
             v_found := FOUND;
             IF v_found AND v_row.owner IS NOT NULL AND v_row.expires_at <= v_now THEN
                 PERFORM {s}._expire(p_name, v_row.epoch, v_row.holder, v_row.expires_at);
@@ -197,10 +202,11 @@ _OPERATIONS = (
             IF p_request_id IS NOT NULL THEN
                 SELECT * INTO v_req FROM {s}.requests q WHERE q.request_id = p_request_id;
                 IF FOUND THEN
-                    PERFORM set_config('synchronous_commit', 'off', true);
+                    v_ignored := set_config('synchronous_commit', 'off', true);
+                    o_epoch := v_req.epoch;
                     IF v_req.name <> p_name THEN
-                        RETURN QUERY SELECT 'foreign'::text, v_req.epoch, NULL::text, v_req.name,
-                            NULL::float8, NULL::float8, NULL::float8, v_ticket;
+                        o_status := 'foreign';
+                        o_holder := v_req.name;
                         RETURN;
                     END IF;
                     IF v_row.owner IS NULL OR v_row.epoch <> v_req.epoch
@@ -208,76 +214,113 @@ _OPERATIONS = (
                         IF v_expired THEN
                             PERFORM {s}._wake(p_name, true);
                         END IF;
-                        RETURN QUERY SELECT 'lost'::text, v_req.epoch, NULL::text, NULL::text,
-                            NULL::float8, NULL::float8, NULL::float8, v_ticket;
+                        o_status := 'lost';
                         RETURN;
                     END IF;
-                    IF v_ticket IS NOT NULL THEN
-                        DELETE FROM {s}.waiters w WHERE w.id = v_ticket;
+                    IF p_ticket IS NOT NULL THEN
+                        DELETE FROM {s}.waiters w WHERE w.id = p_ticket;
                     END IF;
-                    RETURN QUERY SELECT 'granted'::text, v_req.epoch, v_req.owner, v_req.holder,
-                        v_req.ttl, extract(epoch FROM v_row.expires_at - v_now)::float8,
-                        NULL::float8, NULL::bigint;
+                    o_status := 'granted';
+                    o_owner := v_req.owner;
+                    o_holder := v_req.holder;
+                    o_ttl := v_req.ttl;
+                    o_remaining := extract(epoch FROM v_row.expires_at - v_now);
+                    o_ticket := NULL;
                     RETURN;
                 END IF;
             END IF;
-            IF v_row.owner IS NOT NULL THEN
-                -- blocked by a live lease: retry at its expiry (or at the keep-alive)
-                PERFORM set_config('synchronous_commit', 'off', true);
-                v_ticket := {s}._keep(p_name, v_ticket, p_holder, v_now, p_keepalive);
-                v_remaining := greatest(extract(epoch FROM v_row.expires_at - v_now)::float8, 0);
-                v_retry := v_remaining + v_eps;
-                IF v_ticket IS NOT NULL THEN
-                    v_retry := least(v_retry, p_retry_cap);
+            IF v_row.owner = p_owner THEN
+                -- this very request was granted already (its reply was lost): the same lease
+                IF p_ticket IS NOT NULL THEN
+                    DELETE FROM {s}.waiters w WHERE w.id = p_ticket;
                 END IF;
-                RETURN QUERY SELECT 'blocked'::text, v_row.epoch, NULL::text, v_row.holder,
-                    v_row.ttl, v_remaining, v_retry, v_ticket;
+                o_status := 'granted';
+                o_epoch := v_row.epoch;
+                o_owner := v_row.owner;
+                o_holder := v_row.holder;
+                o_ttl := v_row.ttl;
+                o_remaining := extract(epoch FROM v_row.expires_at - v_now);
+                o_ticket := NULL;
                 RETURN;
             END IF;
-            SELECT m.value::bigint INTO v_minimum FROM {s}.meta m WHERE m.key = 'minimum_epoch';
+            IF v_row.owner IS NOT NULL THEN
+                -- blocked by a live lease: retry at its expiry (or at the keep-alive)
+                v_ignored := set_config('synchronous_commit', 'off', true);
+                o_ticket := {s}._keep(p_name, p_ticket, p_holder, v_now, p_keepalive);
+                o_status := 'blocked';
+                o_epoch := v_row.epoch;
+                o_holder := v_row.holder;
+                o_ttl := v_row.ttl;
+                o_remaining := greatest(extract(epoch FROM v_row.expires_at - v_now), 0);
+                o_retry_in := o_remaining + v_eps;
+                IF o_ticket IS NOT NULL THEN
+                    o_retry_in := least(o_retry_in, p_retry_cap);
+                END IF;
+                RETURN;
+            END IF;
+            IF NOT v_found THEN
+                SELECT m.value::bigint INTO v_minimum FROM {s}.meta m
+                WHERE m.key = 'minimum_epoch';
+            END IF;
             v_epoch := greatest(coalesce(v_row.epoch, 0), coalesce(v_minimum, 0));
-            v_mine := v_ticket IS NOT NULL AND EXISTS (
-                SELECT 1 FROM {s}.waiters w WHERE w.id = v_ticket AND w.name = p_name);
-            SELECT w.id, w.expires_at INTO v_head FROM {s}.waiters w
-            WHERE w.name = p_name AND w.expires_at > v_now
-              AND w.id < CASE WHEN v_mine THEN v_ticket ELSE 9223372036854775807 END
-            ORDER BY w.id LIMIT 1;
-            IF FOUND THEN
+            -- the first live waiter ahead of the caller (if any), and whether anyone watches
+            SELECT h.id, h.expires_at,
+                   EXISTS (SELECT 1 FROM {s}.watchers x
+                           WHERE x.name = p_name AND x.expires_at > v_now)
+            INTO v_head, v_head_expires, v_watched
+            FROM (SELECT 1) AS one LEFT JOIN LATERAL (
+                SELECT w.id, w.expires_at FROM {s}.waiters w
+                WHERE w.name = p_name AND w.expires_at > v_now
+                  AND w.id < CASE
+                      WHEN p_ticket IS NULL THEN 9223372036854775807
+                      WHEN EXISTS (SELECT 1 FROM {s}.waiters m
+                                   WHERE m.id = p_ticket AND m.name = p_name) THEN p_ticket
+                      ELSE 9223372036854775807 END
+                ORDER BY w.id LIMIT 1) AS h ON true;
+            IF v_head IS NOT NULL THEN
                 -- free, but an earlier live waiter is first in line
-                PERFORM set_config('synchronous_commit', 'off', true);
-                v_ticket := {s}._keep(p_name, v_ticket, p_holder, v_now, p_keepalive);
+                v_ignored := set_config('synchronous_commit', 'off', true);
+                o_ticket := {s}._keep(p_name, p_ticket, p_holder, v_now, p_keepalive);
                 IF v_expired THEN
-                    PERFORM {s}._wake(p_name, true);
+                    PERFORM pg_notify('{c}', v_head::text || ':' || p_name);
                 END IF;
-                v_retry := greatest(extract(epoch FROM v_head.expires_at - v_now)::float8, 0)
-                    + v_eps;
-                IF v_ticket IS NOT NULL THEN
-                    v_retry := least(v_retry, p_retry_cap);
+                o_status := 'blocked';
+                o_epoch := v_epoch;
+                o_remaining := 0;
+                o_retry_in := greatest(extract(epoch FROM v_head_expires - v_now), 0) + v_eps;
+                IF o_ticket IS NOT NULL THEN
+                    o_retry_in := least(o_retry_in, p_retry_cap);
                 END IF;
-                RETURN QUERY SELECT 'blocked'::text, v_epoch, NULL::text, NULL::text,
-                    NULL::float8, 0::float8, v_retry, v_ticket;
                 RETURN;
             END IF;
             v_epoch := v_epoch + 1;
             IF v_found THEN
-                UPDATE {s}.resources r SET epoch = v_epoch, owner = p_owner, holder = p_holder,
-                    ttl = p_ttl, expires_at = v_now + p_ttl * interval '1 second',
-                    value = p_value, ended = 'none'
-                WHERE r.name = p_name;
+                WITH u AS (
+                    UPDATE {s}.resources r SET epoch = v_epoch, owner = p_owner,
+                        holder = p_holder, ttl = p_ttl,
+                        expires_at = v_now + p_ttl * interval '1 second',
+                        value = p_value, ended = 'none'
+                    WHERE r.name = p_name RETURNING r.name)
+                INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
+                SELECT v_now, 'granted', u.name, v_epoch, p_holder,
+                       jsonb_build_object('after', v_row.ended)
+                FROM u;
             ELSE
-                INSERT INTO {s}.resources (name, epoch, owner, holder, ttl, expires_at, value)
-                VALUES (p_name, v_epoch, p_owner, p_holder, p_ttl,
-                        v_now + p_ttl * interval '1 second', p_value)
-                ON CONFLICT (name) DO NOTHING;
-                IF NOT FOUND THEN
+                WITH u AS (
+                    INSERT INTO {s}.resources (name, epoch, owner, holder, ttl, expires_at, value)
+                    VALUES (p_name, v_epoch, p_owner, p_holder, p_ttl,
+                            v_now + p_ttl * interval '1 second', p_value)
+                    ON CONFLICT (name) DO NOTHING RETURNING name)
+                INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
+                SELECT v_now, 'granted', u.name, v_epoch, p_holder, '{"after": "none"}'::jsonb
+                FROM u;
+                GET DIAGNOSTICS v_count = ROW_COUNT;
+                IF v_count = 0 THEN
                     CONTINUE;  -- a concurrent first grant created the row: decide again
                 END IF;
             END IF;
-            INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
-            VALUES (v_now, 'granted', p_name, v_epoch, p_holder,
-                    jsonb_build_object('after', coalesce(v_row.ended, 'none')));
-            IF v_ticket IS NOT NULL THEN
-                DELETE FROM {s}.waiters w WHERE w.id = v_ticket;
+            IF p_ticket IS NOT NULL THEN
+                DELETE FROM {s}.waiters w WHERE w.id = p_ticket;
             END IF;
             IF p_request_id IS NOT NULL THEN
                 INSERT INTO {s}.requests (request_id, name, epoch, owner, holder, ttl, created_at)
@@ -295,10 +338,19 @@ _OPERATIONS = (
                   AND x.at < v_now - (SELECT m.value::float8 FROM {s}.meta m
                                       WHERE m.key = 'records_retention') * interval '1 second';
             END IF;
-            PERFORM {s}._wake(p_name, false);
-            PERFORM {s}._durable();
-            RETURN QUERY SELECT 'granted'::text, v_epoch, p_owner, p_holder, p_ttl, p_ttl,
-                NULL::float8, NULL::bigint;
+            IF v_watched THEN
+                PERFORM pg_notify('{c}', '0:' || p_name);
+            END IF;
+            IF current_setting('synchronous_commit') = 'off' THEN
+                v_ignored := set_config('synchronous_commit', 'on', true);  -- durable grants
+            END IF;
+            o_status := 'granted';
+            o_epoch := v_epoch;
+            o_owner := p_owner;
+            o_holder := p_holder;
+            o_ttl := p_ttl;
+            o_remaining := p_ttl;
+            o_ticket := NULL;
             RETURN;
         END LOOP;
     END $$""",
@@ -309,72 +361,92 @@ _OPERATIONS = (
     DECLARE
         v_now timestamptz := clock_timestamp();
         v_row {s}.resources%ROWTYPE;
+        v_ignored text;
     BEGIN
-        SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
-        IF NOT FOUND OR v_row.owner IS NULL THEN
-            RETURN NULL;
+        UPDATE {s}.resources r SET expires_at = v_now + p_ttl * interval '1 second'
+        WHERE r.name = p_name AND r.epoch = p_epoch AND r.owner = p_owner
+          AND r.expires_at > v_now;
+        IF FOUND THEN
+            IF current_setting('synchronous_commit') = 'off' THEN
+                v_ignored := set_config('synchronous_commit', 'on', true);
+            END IF;
+            RETURN p_ttl;
         END IF;
-        IF v_row.expires_at <= v_now THEN
-            PERFORM set_config('synchronous_commit', 'off', true);
+        -- not renewed: record the expiry if that is why
+        v_ignored := set_config('synchronous_commit', 'off', true);
+        SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
+        IF FOUND AND v_row.owner IS NOT NULL AND v_row.expires_at <= clock_timestamp() THEN
             PERFORM {s}._expire(p_name, v_row.epoch, v_row.holder, v_row.expires_at);
             PERFORM {s}._wake(p_name, true);
-            RETURN NULL;
         END IF;
-        IF v_row.epoch <> p_epoch OR v_row.owner <> p_owner THEN
-            RETURN NULL;
-        END IF;
-        UPDATE {s}.resources r SET expires_at = v_now + p_ttl * interval '1 second'
-        WHERE r.name = p_name;
-        PERFORM {s}._durable();
-        RETURN p_ttl;
+        RETURN NULL;
     END $$""",
+    # A lost release only delays the next grant until the lease's expiry: no fsync. The
+    # successful release is one statement (end the lease, record it, find whom to wake).
     """CREATE OR REPLACE FUNCTION {s}.release(p_name text, p_epoch bigint, p_owner text)
     RETURNS boolean
     LANGUAGE plpgsql AS $$
     DECLARE
         v_now timestamptz := clock_timestamp();
         v_row {s}.resources%ROWTYPE;
+        v_released boolean;
+        v_head bigint;
+        v_watched boolean;
+        v_ignored text;
     BEGIN
-        -- A lost release only delays the next grant until the lease's expiry: no fsync.
-        PERFORM set_config('synchronous_commit', 'off', true);
-        SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
-        IF NOT FOUND OR v_row.owner IS NULL THEN
-            RETURN false;
+        v_ignored := set_config('synchronous_commit', 'off', true);
+        WITH u AS (
+            UPDATE {s}.resources r SET owner = NULL, value = NULL, ended = 'released'
+            WHERE r.name = p_name AND r.epoch = p_epoch AND r.owner = p_owner
+              AND r.expires_at > v_now
+            RETURNING r.holder),
+        rec AS (
+            INSERT INTO {s}.records (at, kind, resource, epoch, holder)
+            SELECT v_now, 'released', p_name, p_epoch, u.holder FROM u RETURNING 1)
+        SELECT EXISTS (SELECT 1 FROM rec),
+               (SELECT w.id FROM {s}.waiters w
+                WHERE w.name = p_name AND w.expires_at > v_now ORDER BY w.id LIMIT 1),
+               EXISTS (SELECT 1 FROM {s}.watchers x
+                       WHERE x.name = p_name AND x.expires_at > v_now)
+        INTO v_released, v_head, v_watched;
+        IF v_released THEN
+            IF v_head IS NOT NULL THEN
+                PERFORM pg_notify('{c}', v_head::text || ':' || p_name);
+            ELSIF v_watched THEN
+                PERFORM pg_notify('{c}', '0:' || p_name);
+            END IF;
+            RETURN true;
         END IF;
-        IF v_row.expires_at <= v_now THEN
+        SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
+        IF FOUND AND v_row.owner IS NOT NULL AND v_row.expires_at <= clock_timestamp() THEN
             PERFORM {s}._expire(p_name, v_row.epoch, v_row.holder, v_row.expires_at);
             PERFORM {s}._wake(p_name, true);
-            RETURN false;
         END IF;
-        IF v_row.epoch <> p_epoch OR v_row.owner <> p_owner THEN
-            RETURN false;
-        END IF;
-        UPDATE {s}.resources r SET owner = NULL, value = NULL, ended = 'released'
-        WHERE r.name = p_name;
-        INSERT INTO {s}.records (at, kind, resource, epoch, holder)
-        VALUES (v_now, 'released', p_name, p_epoch, v_row.holder);
-        PERFORM {s}._wake(p_name, true);
-        RETURN true;
+        RETURN false;
     END $$""",
-    """CREATE OR REPLACE FUNCTION {s}.current_lease(p_name text)
-    RETURNS TABLE (o_epoch bigint, o_holder text, o_remaining double precision,
-                   o_ttl double precision, o_value text)
+    """CREATE OR REPLACE FUNCTION {s}.current_lease(p_name text,
+        OUT o_epoch bigint, OUT o_holder text, OUT o_remaining double precision,
+        OUT o_ttl double precision, OUT o_value text)
     LANGUAGE plpgsql AS $$
     DECLARE
         v_now timestamptz := clock_timestamp();
         v_row {s}.resources%ROWTYPE;
+        v_ignored text;
     BEGIN
         SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name;
         IF NOT FOUND OR v_row.owner IS NULL THEN
             RETURN;
         END IF;
         IF v_row.expires_at <= v_now THEN
-            PERFORM set_config('synchronous_commit', 'off', true);
+            v_ignored := set_config('synchronous_commit', 'off', true);
             PERFORM {s}._expire_due(p_name);
             RETURN;
         END IF;
-        RETURN QUERY SELECT v_row.epoch, v_row.holder,
-            extract(epoch FROM v_row.expires_at - v_now)::float8, v_row.ttl, v_row.value;
+        o_epoch := v_row.epoch;
+        o_holder := v_row.holder;
+        o_remaining := extract(epoch FROM v_row.expires_at - v_now);
+        o_ttl := v_row.ttl;
+        o_value := v_row.value;
     END $$""",
     """CREATE OR REPLACE FUNCTION {s}.proclaim(
         p_name text, p_epoch bigint, p_owner text, p_value text)

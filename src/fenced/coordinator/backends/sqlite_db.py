@@ -117,10 +117,10 @@ class Database:
             conn = self._connection()
             try:
                 if durable:
-                    return _retrying(lambda: conn.execute(sql, params).fetchall())
+                    return _retrying(_run, conn, sql, params)
                 conn.execute("PRAGMA synchronous=NORMAL")
                 try:
-                    return _retrying(lambda: conn.execute(sql, params).fetchall())
+                    return _retrying(_run, conn, sql, params)
                 finally:
                     conn.execute("PRAGMA synchronous=FULL")
             except sqlite3.Error as error:
@@ -140,7 +140,7 @@ class Database:
                 if not durable:
                     conn.execute("PRAGMA synchronous=NORMAL")
                 try:
-                    _retrying(lambda: conn.execute("BEGIN IMMEDIATE"))
+                    _retrying(conn.execute, "BEGIN IMMEDIATE")
                     try:
                         yield conn
                     except BaseException:
@@ -175,12 +175,16 @@ def _without_busy_handler(conn: sqlite3.Connection) -> sqlite3.Connection:
     return conn
 
 
-def _retrying(step: Callable[[], T]) -> T:
-    """Run ``step`` (which changes nothing when it fails with SQLITE_BUSY) until it gets the
-    write lock: short sleeps, doubling from 50 µs to 1 ms, for at most BUSY_TIMEOUT seconds;
+def _run(conn: sqlite3.Connection, sql: str, params: dict[str, object]) -> list[Any]:
+    return conn.execute(sql, params).fetchall()
+
+
+def _retrying(step: Callable[..., T], *args: Any) -> T:
+    """Run ``step(*args)`` (which changes nothing when it fails with SQLITE_BUSY) until it gets
+    the write lock: short sleeps, doubling from 50 µs to 1 ms, for at most BUSY_TIMEOUT seconds;
     then the last SQLITE_BUSY error propagates."""
     try:
-        return step()
+        return step(*args)
     except sqlite3.OperationalError as error:
         if not is_busy(error):
             raise
@@ -189,7 +193,7 @@ def _retrying(step: Callable[[], T]) -> T:
     while True:
         time.sleep(pause)
         try:
-            return step()
+            return step(*args)
         except sqlite3.OperationalError as error:
             if not is_busy(error) or time.monotonic() >= deadline:
                 raise

@@ -1,0 +1,422 @@
+"""fenced's etcd backend against the etcd locks Python users reach for, on one 3-member cluster.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_etcd.py                 # ~2-3 minutes
+    .venv/bin/python benchmarks/bench_etcd.py --rounds 5 --seconds 2
+    .venv/bin/python benchmarks/bench_etcd.py --only cycles --only handoff
+
+The benchmark starts its own 3-member etcd cluster (``fenced.testing.etcd.EtcdCluster``: loopback
+ports, fsync on as etcd always does, ``--heartbeat-interval 50 --election-timeout 500``) and
+stops it by PID at the end. Implementations, all through the same cluster, each on its own key:
+
+- ``fenced``: ``fenced.connect("etcd://…")``, ``acquire(ttl=30)`` / ``release()``: a fencing
+  token, the epoch and the record written in the grant's transaction;
+- ``aetcd Lock``: ``aetcd.Client.lock(name, ttl=30)`` (gRPC): a new etcd lease per acquire, a
+  create-if-absent txn, a delete txn; waiters all watch the lock key;
+- ``etcd v3lock``: etcd's built-in ``Lock``/``Unlock`` RPC through the JSON gateway with one
+  session lease (what ``etcdctl lock`` does); waiters watch their predecessor;
+- ``tooz etcd3gw``: ``tooz.coordination.get_coordinator("etcd3+http://…")`` lock: a new lease
+  per attempt, retries with a backoff (up to 1 s) instead of watching.
+
+Sections (every section interleaves the implementations round by round, in alternating order,
+after one discarded warm-up round; ratios are taken per round, then the median is reported):
+
+1. **cycles**: uncontended ``acquire`` + ``release`` back to back for ``--seconds`` per round.
+   Targets: fenced ≥ 1.2 × aetcd Lock and ≥ 2 × tooz.
+2. **handoff**: two processes pass the lock back and forth; the waiter announces itself and
+   blocks in acquire, the holder keeps the lock 40-60 ms more (so that every implementation's
+   waiter is really blocked, watches established), records ``time.monotonic()`` just before its
+   ``release()``; the waiter records it just after its ``acquire()`` returned. Target: fenced
+   p50 ≤ 5 ms.
+3. **fairness**: ``--processes`` processes (8) loop acquire / release on one key for
+   ``--fair-seconds``, starting together; only grants inside the window count. Target: every
+   fenced process gets ≥ 0.8 × the mean share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _common import fmt_rate, fmt_ratio, fmt_time, jain, percentile, print_table, verdict
+
+from fenced.coordinator.backends.etcd_client import Transport, b64
+from fenced.testing.etcd import EtcdCluster
+
+IMPLS = ["fenced", "aetcd Lock", "etcd v3lock", "tooz etcd3gw"]
+
+
+# -- drivers: one sync acquire/release API per implementation -----------------------------------
+
+
+class Driver(Protocol):
+    def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class FencedDriver:
+    def __init__(self, endpoints: list[str], key: str) -> None:
+        import fenced
+
+        self._coord = fenced.connect("etcd://" + ",".join(endpoints) + "?prefix=/bench-fenced")
+        self._key = key
+        self._lease: Any = None
+
+    def acquire(self) -> None:
+        self._lease = self._coord.acquire(self._key, ttl=30, wait=None)
+
+    def release(self) -> None:
+        self._coord.release(self._lease)
+
+    def close(self) -> None:
+        self._coord.close()
+
+
+class AetcdDriver:
+    def __init__(self, endpoints: list[str], key: str) -> None:
+        import aetcd
+
+        host, port = endpoints[0].rsplit(":", 1)
+        self._loop = asyncio.new_event_loop()
+        self._client = aetcd.Client(host=host, port=int(port))
+        self._key = ("/bench-aetcd/" + key).encode()
+        self._lock: Any = None
+
+    def acquire(self) -> None:
+        self._lock = self._client.lock(self._key, ttl=30)
+        self._loop.run_until_complete(self._lock.acquire(timeout=None))
+
+    def release(self) -> None:
+        self._loop.run_until_complete(self._lock.release())
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._client.close())
+        self._loop.close()
+
+
+class V3LockDriver:
+    """etcd's Lock RPC via the gateway, one session lease kept for the whole run (TTL 60)."""
+
+    def __init__(self, endpoints: list[str], key: str) -> None:
+        hosts = [(e.rsplit(":", 1)[0], int(e.rsplit(":", 1)[1])) for e in endpoints]
+        self._http = Transport(hosts[:1], timeout=30, connect_timeout=1)
+        self._lease = self._http.call("lease/grant", {"TTL": "60"}, mutating=True)["ID"]
+        self._name = b64("/bench-v3lock/" + key)
+        self._held = ""
+
+    def acquire(self) -> None:
+        reply = self._http.call(
+            "lock/lock", {"name": self._name, "lease": self._lease}, mutating=True
+        )
+        self._held = reply["key"]
+
+    def release(self) -> None:
+        self._http.call("lock/unlock", {"key": self._held}, mutating=True)
+
+    def close(self) -> None:
+        self._http.call("lease/revoke", {"ID": self._lease}, mutating=True)
+        self._http.close()
+
+
+class ToozDriver:
+    def __init__(self, endpoints: list[str], key: str) -> None:
+        from tooz import coordination
+
+        self._coord = coordination.get_coordinator(
+            "etcd3+http://" + endpoints[0], uuid.uuid4().hex.encode()
+        )
+        self._coord.start(start_heart=True)
+        self._lock = self._coord.get_lock(("/bench-tooz/" + key).encode())
+
+    def acquire(self) -> None:
+        self._lock.acquire(blocking=True)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def close(self) -> None:
+        self._coord.stop()
+
+
+DRIVERS: dict[str, Callable[[list[str], str], Driver]] = {
+    "fenced": FencedDriver,
+    "aetcd Lock": AetcdDriver,
+    "etcd v3lock": V3LockDriver,
+    "tooz etcd3gw": ToozDriver,
+}
+
+
+# -- 1. cycles ----------------------------------------------------------------------------------
+
+
+def cycles(driver: Driver, seconds: float) -> list[float]:
+    durations: list[float] = []
+    end = time.perf_counter() + seconds
+    while True:
+        started = time.perf_counter()
+        if started >= end:
+            return durations
+        driver.acquire()
+        driver.release()
+        durations.append(time.perf_counter() - started)
+
+
+def bench_cycles(endpoints: list[str], impls: list[str], rounds: int, seconds: float) -> None:
+    drivers = {name: DRIVERS[name](endpoints, "cycle") for name in impls}
+    rates: dict[str, list[float]] = {name: [] for name in impls}
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    print(f"\n[cycles] warm-up + {rounds} rounds x {seconds:g} s per implementation", flush=True)
+    for number in range(rounds + 1):
+        order = impls if number % 2 == 0 else impls[::-1]
+        for name in order:
+            durations = cycles(drivers[name], seconds if number else min(seconds, 0.5))
+            if number:
+                rates[name].append(len(durations) / sum(durations))
+                samples[name] += durations
+    for driver in drivers.values():
+        driver.close()
+    rows = []
+    for name in impls:
+        rows.append(
+            [
+                name,
+                fmt_rate(statistics.median(rates[name])),
+                f"{fmt_rate(min(rates[name]))} – {fmt_rate(max(rates[name]))}",
+                fmt_time(percentile(samples[name], 50)),
+                fmt_time(percentile(samples[name], 99)),
+            ]
+        )
+    print_table(
+        "1. Uncontended acquire+release cycle (one process, one key)",
+        ["implementation", "cycles/s", "rounds min–max", "cycle p50", "cycle p99"],
+        rows,
+    )
+
+    def ratio(other: str) -> float:
+        per_round = [f / o for f, o in zip(rates["fenced"], rates[other], strict=True)]
+        return statistics.median(per_round)
+
+    if "fenced" in impls:
+        for other, target in (("aetcd Lock", 1.2), ("tooz etcd3gw", 2.0), ("etcd v3lock", 0.0)):
+            if other in impls:
+                value = ratio(other)
+                goal = f"target ≥ {target:g}: {verdict(value >= target)}" if target else "info"
+                print(f"fenced / {other}: {fmt_ratio(value)} (median of per-round ratios; {goal})")
+
+
+# -- 2. handoff ---------------------------------------------------------------------------------
+
+
+def _handoff_worker(
+    name: str, endpoints: list[str], key: str, conn: mpc.Connection, role: str
+) -> None:
+    driver = DRIVERS[name](endpoints, key)
+    rng = random.Random()
+    while True:
+        command = conn.recv()
+        if command == "stop":
+            break
+        if role == "holder":
+            if command == "acquire":
+                driver.acquire()
+                conn.send("held")
+            elif command == "release":
+                time.sleep(rng.uniform(0.04, 0.06))
+                released = time.monotonic()
+                driver.release()
+                conn.send(released)
+        else:  # waiter
+            conn.send("ready")
+            driver.acquire()
+            got = time.monotonic()
+            driver.release()
+            conn.send(got)
+    driver.close()
+
+
+def bench_handoff(endpoints: list[str], impls: list[str], rounds: int, per_round: int) -> None:
+    ctx = mp.get_context("spawn")
+    latencies: dict[str, list[float]] = {name: [] for name in impls}
+    round_p50: dict[str, list[float]] = {name: [] for name in impls}
+    pairs = {}
+    for name in impls:
+        key = "handoff-" + uuid.uuid4().hex[:6]
+        ends = []
+        for role in ("holder", "waiter"):
+            mine, theirs = ctx.Pipe()
+            process = ctx.Process(
+                target=_handoff_worker, args=(name, endpoints, key, theirs, role), daemon=True
+            )
+            process.start()
+            ends.append((mine, process))
+        pairs[name] = ends
+    print(f"\n[handoff] warm-up + {rounds} rounds x {per_round} handoffs", flush=True)
+    for number in range(rounds + 1):
+        order = impls if number % 2 == 0 else impls[::-1]
+        for name in order:
+            (holder, _), (waiter, _) = pairs[name]
+            count = per_round if number else 3
+            if name == "tooz etcd3gw":
+                count = max(2, count // 8)  # ~1 s each
+            found = []
+            for _ in range(count):
+                holder.send("acquire")
+                assert holder.recv() == "held"
+                waiter.send("go")
+                assert waiter.recv() == "ready"
+                holder.send("release")
+                released = holder.recv()
+                got = waiter.recv()
+                found.append(got - released)
+            if number:
+                latencies[name] += found
+                round_p50[name].append(statistics.median(found))
+    for ends in pairs.values():
+        for conn, process in ends:
+            conn.send("stop")
+            process.join(10)
+    rows = []
+    for name in impls:
+        values = latencies[name]
+        rows.append(
+            [
+                name,
+                str(len(values)),
+                fmt_time(percentile(values, 50)),
+                fmt_time(percentile(values, 90)),
+                fmt_time(percentile(values, 99)),
+                f"{fmt_time(min(round_p50[name]))} – {fmt_time(max(round_p50[name]))}",
+            ]
+        )
+    print_table(
+        "2. Handoff (holder's release() called -> blocked waiter's acquire() returned)",
+        ["implementation", "n", "p50", "p90", "p99", "round p50 min–max"],
+        rows,
+    )
+    if "fenced" in impls:
+        p50 = percentile(latencies["fenced"], 50)
+        print(f"fenced handoff p50 {fmt_time(p50)}: target ≤ 5 ms {verdict(p50 <= 5e-3)}")
+
+
+# -- 3. fairness --------------------------------------------------------------------------------
+
+
+def _fair_worker(
+    name: str, endpoints: list[str], key: str, start: float, seconds: float, conn: mpc.Connection
+) -> None:
+    driver = DRIVERS[name](endpoints, key)
+    conn.send("ready")
+    while time.monotonic() < start:
+        time.sleep(0.001)
+    count = 0
+    end = start + seconds
+    while True:
+        driver.acquire()
+        if time.monotonic() < end:
+            count += 1
+        else:
+            driver.release()
+            break
+        driver.release()
+    conn.send(count)
+    driver.close()
+
+
+def bench_fairness(
+    endpoints: list[str], impls: list[str], rounds: int, processes: int, seconds: float
+) -> None:
+    ctx = mp.get_context("spawn")
+    results: dict[str, list[list[int]]] = {name: [] for name in impls}
+    print(f"\n[fairness] {rounds} rounds x {processes} processes x {seconds:g} s", flush=True)
+    for number in range(rounds):
+        order = impls if number % 2 == 0 else impls[::-1]
+        for name in order:
+            key = "fair-" + uuid.uuid4().hex[:6]
+            start = time.monotonic() + 3.0 + 0.3 * processes
+            ends = []
+            for _ in range(processes):
+                mine, theirs = ctx.Pipe()
+                process = ctx.Process(
+                    target=_fair_worker,
+                    args=(name, endpoints, key, start, seconds, theirs),
+                    daemon=True,
+                )
+                process.start()
+                ends.append((mine, process))
+            for conn, _ in ends:
+                assert conn.recv() == "ready"
+            counts = []
+            for conn, process in ends:
+                counts.append(conn.recv() if conn.poll(seconds + 60) else 0)
+                process.join(10)
+            results[name].append(counts)
+    rows = []
+    for name in impls:
+        worst = min(results[name], key=lambda c: min(c) / max(statistics.mean(c), 1e-9))
+        rates = [sum(c) / seconds for c in results[name]]
+        mean = statistics.mean(worst)
+        rows.append(
+            [
+                name,
+                fmt_rate(statistics.median(rates)),
+                f"{min(worst)} / {max(worst)}",
+                fmt_ratio(min(worst) / mean if mean else math.nan),
+                fmt_ratio(jain([float(c) for c in worst])),
+            ]
+        )
+    print_table(
+        f"3. Fairness ({processes} processes, one key, {seconds:g} s; worst round)",
+        ["implementation", "acquisitions/s", "per-process min / max", "min/mean", "Jain"],
+        rows,
+    )
+    if "fenced" in impls:
+        share = min(min(c) / statistics.mean(c) for c in results["fenced"])
+        print(f"fenced min/mean share {fmt_ratio(share)}: target ≥ 0.8 {verdict(share >= 0.8)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=1.5)
+    parser.add_argument("--handoffs", type=int, default=20, help="handoffs per round")
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--fair-seconds", type=float, default=4.0)
+    parser.add_argument("--fair-rounds", type=int, default=1)
+    parser.add_argument("--only", action="append", choices=["cycles", "handoff", "fairness"])
+    parser.add_argument("--impl", action="append", choices=IMPLS)
+    args = parser.parse_args()
+    sections = args.only or ["cycles", "handoff", "fairness"]
+    impls = args.impl or IMPLS
+    with EtcdCluster(3) as cluster:
+        endpoints = cluster.endpoints
+        leader = cluster.leader()
+        # single-endpoint clients talk to the leader, as fenced (which finds it) does
+        ordered = [leader.endpoint] + [e for e in endpoints if e != leader.endpoint]
+        print(f"etcd 3-member cluster {','.join(endpoints)}; leader {leader.endpoint}")
+        if "cycles" in sections:
+            bench_cycles(ordered, impls, args.rounds, args.seconds)
+        if "handoff" in sections:
+            bench_handoff(ordered, impls, args.rounds, args.handoffs)
+        if "fairness" in sections:
+            bench_fairness(ordered, impls, args.fair_rounds, args.processes, args.fair_seconds)
+
+
+if __name__ == "__main__":
+    main()

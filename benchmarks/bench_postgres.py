@@ -1,0 +1,569 @@
+"""fenced on PostgreSQL against what PostgreSQL users reach for, on the same durable server.
+
+    .venv/bin/python benchmarks/bench_postgres.py [--rounds N] [--seconds S] [--handoffs N]
+
+One private PostgreSQL 15 cluster with PostgreSQL's durable defaults (fsync on, synchronous
+commit) on the repository's disk, on a free loopback port, stopped by PID at the end. Every
+figure is compared with baselines measured *in the same run*, interleaved round by round (A, B,
+C then C, B, A, …) after one discarded warm-up round (see ../shared/anchors/README.md: only
+same-run ratios mean anything on a shared machine).
+
+1. Uncontended acquire+release cycles/s (one client, one resource):
+   - ``pg_advisory_lock``/``unlock`` on one connection (neither durable nor fenced);
+   - tooz's postgresql driver, emulated: a **new** psycopg connection per acquire, then
+     ``pg_advisory_lock``, and ``pg_advisory_unlock`` + close on release (tooz is not installed:
+     it drags in oslo.* and psycopg2; its driver does exactly this per acquire);
+   - a raw conditional ``UPDATE … SET epoch = $1 WHERE name = $2 AND epoch < $1`` (autocommit,
+     synchronous commit) — one durable fenced write, no lease;
+   - a hand-written lease row: a conditional ``UPDATE`` to grant (synchronous commit) and one to
+     release (``synchronous_commit = off``) — the least any durable lease can cost;
+   - fenced: ``acquire(ttl=30, wait=0)`` + ``release()`` (a durable grant + a release).
+2. Store write: fenced ``store.put(token, key, value)`` (strict mode, the token installed) vs the
+   raw conditional UPDATE above.
+3. Handoff latency: a holder process releases -> a waiter blocked in ``acquire(wait=None)`` in
+   another process holds (``time.monotonic`` in both processes); the same with
+   ``pg_advisory_lock`` (the waiter blocks inside the server) as the baseline.
+
+Targets (issue 6): cycle ≥ 0.5 × advisory and ≥ 5 × tooz; handoff p50 ≤ 2 ms; put ≥ 0.7 × the
+raw conditional update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import os
+import platform
+import random
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from _common import fmt_rate, fmt_ratio, fmt_time, median, percentile, print_table, verdict
+
+import fenced
+from fenced.coordinator.connect import connect
+from fenced.fence.backend import StoreOptions
+from fenced.fence.postgres_store import open_postgres_store
+from fenced.testing.postgres import PostgresServer
+
+TTL = 30.0
+ADVISORY = "pg_advisory_lock/unlock"
+TOOZ = "tooz-pg (new conn/acquire)"
+RAW_UPDATE = "raw conditional UPDATE"
+RAW_LEASE = "raw lease row (sync + async)"
+FENCED = "fenced acquire+release"
+PUT = "fenced store.put"
+KEY = 4242
+
+
+# -- implementations of one "cycle" -----------------------------------------------------------
+
+
+class Impl:
+    """One thing measured in a loop: ``step()`` is one cycle (acquire+release, or one write)."""
+
+    name = ""
+    what = ""
+
+    def step(self) -> tuple[float, float]:
+        """Run one cycle; return the durations of its two halves (or (t, 0))."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+def _halves(first: Callable[[], object], second: Callable[[], object]) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    first()
+    t1 = time.perf_counter()
+    second()
+    return t1 - t0, time.perf_counter() - t1
+
+
+class Advisory(Impl):
+    name = ADVISORY
+    what = "psycopg 3, one connection: SELECT pg_advisory_lock / pg_advisory_unlock"
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+
+    def step(self) -> tuple[float, float]:
+        return _halves(
+            lambda: self.conn.execute("SELECT pg_advisory_lock(%s)", (KEY,)).fetchone(),
+            lambda: self.conn.execute("SELECT pg_advisory_unlock(%s)", (KEY,)).fetchone(),
+        )
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ToozLike(Impl):
+    name = TOOZ
+    what = "new connection + pg_advisory_lock(k1, k2); unlock + close (tooz's driver)"
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def _acquire(self) -> None:
+        self.conn = psycopg.connect(self.dsn, autocommit=True)
+        self.conn.execute("SELECT pg_advisory_lock(%s, %s)", (KEY, 7)).fetchone()
+
+    def _release(self) -> None:
+        assert self.conn is not None
+        self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (KEY, 7)).fetchone()
+        self.conn.close()
+        self.conn = None
+
+    def step(self) -> tuple[float, float]:
+        return _halves(self._acquire, self._release)
+
+
+class RawUpdate(Impl):
+    name = RAW_UPDATE
+    what = "UPDATE fence SET epoch = $1 WHERE name = $2 AND epoch < $1 (sync commit)"
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS raw_fence (name text PRIMARY KEY, epoch bigint)"
+        )
+        self.conn.execute("INSERT INTO raw_fence VALUES ('r', 0) ON CONFLICT DO NOTHING")
+        row = self.conn.execute("SELECT epoch FROM raw_fence WHERE name = 'r'").fetchone()
+        self.epoch = int(row[0]) if row else 0
+
+    def _update(self) -> None:
+        self.epoch += 1
+        cur = self.conn.execute(
+            "UPDATE raw_fence SET epoch = %s WHERE name = %s AND epoch < %s",
+            (self.epoch, "r", self.epoch),
+        )
+        if cur.rowcount != 1:
+            raise RuntimeError("the raw conditional update was not applied")
+
+    def step(self) -> tuple[float, float]:
+        return _halves(self._update, lambda: None)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class RawLeaseRow(Impl):
+    name = RAW_LEASE
+    what = "hand-written lease row: grant UPDATE (sync commit) + release UPDATE (async commit)"
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.cur = psycopg.ClientCursor(self.conn)
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS raw_lease (name text PRIMARY KEY, epoch bigint,"
+            " owner text, expires_at timestamptz)"
+        )
+        self.conn.execute(
+            "INSERT INTO raw_lease VALUES ('r', 0, NULL, NULL) ON CONFLICT DO NOTHING"
+        )
+        self.epoch = 0
+
+    def _acquire(self) -> None:
+        row = self.conn.execute(
+            "UPDATE raw_lease SET epoch = epoch + 1, owner = %s,"
+            " expires_at = clock_timestamp() + interval '30 s'"
+            " WHERE name = 'r' AND (owner IS NULL OR expires_at <= clock_timestamp())"
+            " RETURNING epoch",
+            ("me",),
+        ).fetchone()
+        if row is None:
+            raise RuntimeError("the raw lease row was not granted")
+        self.epoch = int(row[0])
+
+    def _release(self) -> None:
+        self.cur.execute(
+            "BEGIN; SET LOCAL synchronous_commit = off; UPDATE raw_lease SET owner = NULL"
+            " WHERE name = 'r' AND owner = %s AND epoch = %s; COMMIT",
+            ("me", self.epoch),
+        )
+
+    def step(self) -> tuple[float, float]:
+        return _halves(self._acquire, self._release)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class FencedCycle(Impl):
+    name = FENCED
+    what = "fenced.connect(postgresql) acquire(ttl=30, wait=0) + release"
+
+    def __init__(self, url: str) -> None:
+        self.coord = connect(url)
+        self.lease: fenced.Lease | None = None
+
+    def _acquire(self) -> None:
+        self.lease = self.coord.acquire("bench/cycle", ttl=TTL, wait=0)
+
+    def _release(self) -> None:
+        assert self.lease is not None
+        if not self.coord.release(self.lease):
+            raise RuntimeError("release() did not release")
+
+    def step(self) -> tuple[float, float]:
+        return _halves(self._acquire, self._release)
+
+    def close(self) -> None:
+        self.coord.close()
+
+
+class FencedPut(Impl):
+    name = PUT
+    what = "store.put(token, 'k', 16 bytes), strict mode, token installed (sync commit)"
+
+    def __init__(self, url: str, coordinator_id: str) -> None:
+        from fenced.core.clock import SystemClock
+
+        options = StoreOptions(7 * 24 * 3600.0, 3600.0, 5.0, SystemClock())
+        self.store = open_postgres_store(url, "strict", options)
+        self.token = fenced.FencingToken(coordinator_id, "bench/put", 1)
+        self.store.fence(self.token)
+
+    def step(self) -> tuple[float, float]:
+        return _halves(lambda: self.store.put(self.token, "k", b"0123456789abcdef"), lambda: None)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+# -- rounds -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Round:
+    rate: float
+    cycles: list[float]
+    firsts: list[float]
+    seconds: list[float]
+
+
+def run(impl: Impl, seconds: float) -> Round:
+    cycles: list[float] = []
+    firsts: list[float] = []
+    secs: list[float] = []
+    start = time.perf_counter()
+    end = start + seconds
+    now = start
+    while now < end:
+        first, second = impl.step()
+        firsts.append(first)
+        secs.append(second)
+        cycles.append(first + second)
+        now = time.perf_counter()
+    return Round(len(cycles) / (now - start), cycles, firsts, secs)
+
+
+def interleaved(names: Sequence[str], round_number: int) -> list[str]:
+    return list(names) if round_number % 2 == 0 else list(reversed(names))
+
+
+@dataclass
+class Results:
+    rounds: dict[str, list[Round]] = field(default_factory=dict)
+    what: dict[str, str] = field(default_factory=dict)
+
+    def ratio(self, name: str, baseline: str) -> list[float]:
+        return [
+            a.rate / b.rate for a, b in zip(self.rounds[name], self.rounds[baseline], strict=True)
+        ]
+
+
+def bench(impls: list[Impl], rounds: int, seconds: float, title: str) -> Results:
+    results = Results({i.name: [] for i in impls}, {i.name: i.what for i in impls})
+    by_name = {i.name: i for i in impls}
+    print(f"\n{title}: warm-up + {rounds} rounds x {len(impls)} x {seconds} s", flush=True)
+    for impl in impls:
+        run(impl, min(seconds, 0.3))
+    for number in range(rounds):
+        for name in interleaved(list(by_name), number):
+            results.rounds[name].append(run(by_name[name], seconds))
+        print(
+            f"  round {number + 1}: "
+            + ", ".join(f"{n} {fmt_rate(results.rounds[n][-1].rate)}/s" for n in by_name),
+            flush=True,
+        )
+    for impl in impls:
+        impl.close()
+    return results
+
+
+def report(results: Results, title: str, halves: tuple[str, str]) -> None:
+    rows = []
+    for name, rounds in results.rounds.items():
+        rates = [r.rate for r in rounds]
+        cycles = [x for r in rounds for x in r.cycles]
+        rows.append([
+            name,
+            fmt_rate(median(rates)),
+            f"{fmt_rate(min(rates))} – {fmt_rate(max(rates))}",
+            fmt_time(percentile(cycles, 50)),
+            fmt_time(percentile(cycles, 99)),
+            fmt_time(percentile([x for r in rounds for x in r.firsts], 50)),
+            fmt_time(percentile([x for r in rounds for x in r.seconds], 50)),
+            results.what[name],
+        ])  # fmt: skip
+    print_table(
+        title,
+        ["implementation", "ops/s", "rounds min–max", "p50", "p99", *halves, "what"],
+        rows,
+    )
+
+
+# -- handoff between processes ----------------------------------------------------------------
+
+
+def worker_main(conn: Connection, url: str, dsn: str) -> None:
+    coord = connect(url)
+    advisory = psycopg.connect(dsn, autocommit=True)
+    leases: dict[str, fenced.Lease] = {}
+    conn.send(("ready",))
+    while True:
+        message = conn.recv()
+        command = message[0]
+        if command == "exit":
+            break
+        impl = message[1]
+        if command == "acquire":
+            conn.send(("entering",))
+            if impl == FENCED:
+                leases["x"] = coord.acquire("bench/handoff", ttl=TTL, wait=None)
+            else:
+                advisory.execute("SELECT pg_advisory_lock(%s)", (KEY + 1,)).fetchone()
+            conn.send(("acquired", time.monotonic()))
+        elif command == "release":
+            before = time.monotonic()
+            if impl == FENCED:
+                if not coord.release(leases.pop("x")):
+                    raise RuntimeError("release() did not release")
+            else:
+                advisory.execute("SELECT pg_advisory_unlock(%s)", (KEY + 1,)).fetchone()
+            conn.send(("released", before, time.monotonic() - before))
+    coord.close()
+    advisory.close()
+
+
+def expect(conn: Connection, kind: str, timeout: float = 60.0) -> tuple[Any, ...]:
+    if not conn.poll(timeout):
+        raise RuntimeError(f"a worker sent no {kind!r} within {timeout} s")
+    message: tuple[Any, ...] = conn.recv()
+    if message[0] != kind:
+        raise RuntimeError(f"expected {kind!r} from a worker, got {message!r}")
+    return message
+
+
+def handoff_round(
+    impl: str, a: Connection, b: Connection, count: int, rng: random.Random
+) -> tuple[list[float], list[float]]:
+    latencies: list[float] = []
+    releases: list[float] = []
+    holder, waiter = a, b
+    holder.send(("acquire", impl))
+    expect(holder, "entering")
+    expect(holder, "acquired")
+    for _ in range(count):
+        waiter.send(("acquire", impl))
+        expect(waiter, "entering")
+        time.sleep(rng.uniform(0.005, 0.015))  # the waiter is blocked in acquire by now
+        holder.send(("release", impl))
+        _, released_at, took = expect(holder, "released")
+        _, acquired_at = expect(waiter, "acquired")
+        latencies.append(acquired_at - released_at)
+        releases.append(took)
+        holder, waiter = waiter, holder
+    holder.send(("release", impl))
+    expect(holder, "released")
+    return latencies, releases
+
+
+def bench_handoff(
+    url: str, dsn: str, rounds: int, total: int
+) -> dict[str, list[tuple[list[float], list[float]]]]:
+    context = multiprocessing.get_context("spawn")
+    conns: list[Connection] = []
+    procs = []
+    for _ in range(2):
+        parent, child = context.Pipe()
+        proc = context.Process(target=worker_main, args=(child, url, dsn), daemon=True)
+        proc.start()
+        child.close()
+        conns.append(parent)
+        procs.append(proc)
+    for conn in conns:
+        expect(conn, "ready")
+    names = [FENCED, ADVISORY]
+    results: dict[str, list[tuple[list[float], list[float]]]] = {n: [] for n in names}
+    per_round = math.ceil(total / rounds)
+    rng = random.Random(1)
+    print(f"\n[3/3] handoff: warm-up + {rounds} rounds x {per_round} handoffs", flush=True)
+    try:
+        for name in names:
+            handoff_round(name, conns[0], conns[1], 10, rng)
+        for number in range(rounds):
+            for name in interleaved(names, number):
+                results[name].append(handoff_round(name, conns[0], conns[1], per_round, rng))
+            print(
+                f"  round {number + 1}: "
+                + ", ".join(
+                    f"{n} p50 {fmt_time(percentile(results[n][-1][0], 50))}" for n in names
+                ),
+                flush=True,
+            )
+    finally:
+        for conn in conns:
+            conn.send(("exit",))
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    return results
+
+
+def report_handoff(results: dict[str, list[tuple[list[float], list[float]]]]) -> None:
+    rows = []
+    for name, rounds in results.items():
+        lat = [x for r in rounds for x in r[0]]
+        p50s = [percentile(r[0], 50) for r in rounds]
+        rows.append([
+            name,
+            str(len(lat)),
+            fmt_time(percentile(lat, 50)),
+            fmt_time(percentile(lat, 90)),
+            fmt_time(percentile(lat, 99)),
+            fmt_time(max(lat)),
+            f"{fmt_time(min(p50s))} – {fmt_time(max(p50s))}",
+            fmt_time(percentile([x for r in rounds for x in r[1]], 50)),
+        ])  # fmt: skip
+    print_table(
+        "3. Handoff latency (holder releases -> waiter in another process holds)",
+        ["implementation", "n", "p50", "p90", "p99", "max", "round p50 min–max", "release p50"],
+        rows,
+    )
+
+
+# -- summary ----------------------------------------------------------------------------------
+
+
+def summary(
+    cycles: Results | None,
+    puts: Results | None,
+    handoff: dict[str, list[tuple[list[float], list[float]]]] | None,
+) -> None:
+    rows: list[list[str]] = []
+
+    def ratio_row(results: Results, name: str, base: str, target: float, label: str) -> None:
+        ratios = results.ratio(name, base)
+        rows.append([
+            label,
+            fmt_ratio(median(ratios)),
+            f"{fmt_ratio(min(ratios))} – {fmt_ratio(max(ratios))}",
+            f"≥ {target:g}",
+            verdict(median(ratios) >= target),
+        ])  # fmt: skip
+
+    if cycles is not None:
+        ratio_row(cycles, FENCED, ADVISORY, 0.5, "fenced cycle / advisory-lock cycle")
+        ratio_row(cycles, FENCED, TOOZ, 5.0, "fenced cycle / tooz-pg cycle")
+        ratio_row(cycles, RAW_LEASE, ADVISORY, 0.0, "(raw lease row / advisory-lock cycle)")
+        ratio_row(cycles, FENCED, RAW_LEASE, 0.0, "fenced cycle / raw lease row")
+    if puts is not None:
+        ratio_row(puts, PUT, RAW_UPDATE, 0.7, "fenced put / raw conditional update")
+    if handoff is not None:
+        lat = [x for r in handoff[FENCED] for x in r[0]]
+        p50 = percentile(lat, 50)
+        rows.append(["fenced handoff p50", fmt_time(p50), "", "≤ 2 ms", verdict(p50 <= 0.002)])
+    print_table(
+        "Summary (ratios: median of per-round ratios)", ["", "value", "rounds", "target", ""], rows
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--handoffs", type=int, default=120)
+    parser.add_argument(
+        "--only", choices=["cycles", "put", "handoff"], action="append", help="repeatable"
+    )
+    parser.add_argument("--dir", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="fenced with ?prepare=off (no prepared statements)",
+    )
+    args = parser.parse_args(argv)
+    sections = set(args.only or ["cycles", "put", "handoff"])
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=".bench-pg-", dir=args.dir) as tmp:
+        os.chmod(tmp, 0o755)  # the server runs as the postgres user
+        server = PostgresServer(Path(tmp) / "pg", durable=True)
+        server.start()
+        try:
+            dsn = server.dsn()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT version(), current_setting('fsync'), "
+                    "current_setting('synchronous_commit')"
+                ).fetchone()
+            assert row is not None
+            print(f"fenced {fenced.__version__}, Python {platform.python_version()}, psycopg "
+                  f"{psycopg.__version__}, {os.cpu_count()} CPUs")  # fmt: skip
+            print(f"{row[0].split(',')[0]}, fsync={row[1]}, synchronous_commit={row[2]}, "
+                  f"data in {server.data_dir}")  # fmt: skip
+            query = f"schema=bench_{uuid.uuid4().hex[:8]}" + (
+                "&prepare=off" if args.no_prepare else ""
+            )
+            url = f"{dsn}?{query}"
+            coordinator_id = connect(url).coordinator_id
+            cycles = puts = handoff = None
+            if "cycles" in sections:
+                cycles = bench(
+                    [
+                        Advisory(dsn),
+                        ToozLike(dsn),
+                        RawUpdate(dsn),
+                        RawLeaseRow(dsn),
+                        FencedCycle(url),
+                    ],
+                    args.rounds,
+                    args.seconds,
+                    "[1/3] uncontended cycles",
+                )
+                report(
+                    cycles,
+                    "1. Uncontended cycle (1 client, 1 resource; the raw update is one write)",
+                    ("acquire p50", "release p50"),
+                )
+            if "put" in sections:
+                puts = bench(
+                    [RawUpdate(dsn), FencedPut(url, coordinator_id)],
+                    args.rounds,
+                    args.seconds,
+                    "[2/3] durable fenced writes",
+                )
+                report(puts, "2. One durable fenced write", ("write p50", "-"))
+            if "handoff" in sections:
+                handoff = bench_handoff(url, dsn, args.rounds, args.handoffs)
+                report_handoff(handoff)
+            summary(cycles, puts, handoff)
+        finally:
+            server.stop("fast", remove=False)
+    print(f"\ntotal {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The etcd key layout of fenced, and the JSON values stored under it. No I/O.
+
+Under a prefix ``P`` (default ``/fenced``; resource names cannot contain ``:``, so ``NAME:`` never
+is a prefix of another resource's keys)::
+
+    P/meta/id                 coordinator id (32 hex), written once
+    P/meta/minimum            coordinator-wide minimum epoch (decimal; absent = 0); see advance
+    P/meta/seq                record sequence counter (decimal; absent = 0)
+    P/res/NAME                durable per-resource state: last epoch and how its lease ended
+    P/lease/NAME              the live lease (attached to an etcd lease: etcd deletes it at expiry)
+    P/queue/NAME:TICKET       a waiter (attached to its process's queue lease); order = create rev
+    P/req/REQUEST_ID          a grant made with a request_id (attached to a 24 h retention lease)
+    P/rec/SEQ                 one record (SEQ zero-padded to 20 digits), oldest pruned
+
+Epochs live in ``P/res/NAME`` and the minimum in ``P/meta/minimum``; etcd revisions are never
+used as epochs or sequence numbers (they move back after ``etcdctl snapshot restore``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fenced.core.errors import ConfigurationError
+from fenced.core.records import Record, RecordKind
+
+__all__ = ["DEFAULT_PREFIX", "Keys", "LeaseValue", "ResourceState", "record_from", "record_value"]
+
+DEFAULT_PREFIX = "/fenced"
+SEQ_DIGITS = 20
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The etcd ``range_end`` that selects every key starting with ``prefix``."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+class Keys:
+    """Key names under one prefix (see the module docstring)."""
+
+    def __init__(self, prefix: str) -> None:
+        if (
+            not prefix.startswith("/")
+            or prefix.endswith("/")
+            or not prefix.isprintable()
+            or "//" in prefix
+            or len(prefix) > 200
+        ):
+            raise ConfigurationError(
+                f"etcd key prefix must look like /fenced (starts with '/', no trailing '/'), "
+                f"got {prefix!r}"
+            )
+        self.prefix = prefix
+        base = prefix.encode()
+        self.coordinator_id = base + b"/meta/id"
+        self.minimum = base + b"/meta/minimum"
+        self.seq = base + b"/meta/seq"
+        self.res_prefix = base + b"/res/"
+        self.lease_prefix = base + b"/lease/"
+        self.queue_prefix = base + b"/queue/"
+        self.req_prefix = base + b"/req/"
+        self.rec_prefix = base + b"/rec/"
+        self.all = base + b"/"
+
+    def res(self, name: str) -> bytes:
+        return self.res_prefix + name.encode()
+
+    def lease(self, name: str) -> bytes:
+        return self.lease_prefix + name.encode()
+
+    def queue(self, name: str) -> bytes:
+        """The prefix of ``name``'s waiters."""
+        return self.queue_prefix + name.encode() + b":"
+
+    def ticket(self, name: str, ticket_id: str) -> bytes:
+        return self.queue(name) + ticket_id.encode()
+
+    def request(self, request_id: str) -> bytes:
+        return self.req_prefix + request_id.encode()
+
+    def record(self, seq: int) -> bytes:
+        return self.rec_prefix + str(seq).zfill(SEQ_DIGITS).encode()
+
+    def name_of(self, key: bytes, prefix: bytes) -> str:
+        return key[len(prefix) :].decode()
+
+
+def _loads(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as error:
+        raise ConfigurationError(f"unreadable {what} in etcd: {raw[:100]!r}") from error
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"unreadable {what} in etcd: {raw[:100]!r}")
+    return value
+
+
+def dumps(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseValue:
+    """The value of ``P/lease/NAME``. ``owner`` is the owner secret (never put in a record)."""
+
+    epoch: int
+    owner: str
+    holder: str
+    ttl: float
+    value: str | None = None
+
+    def encode(self) -> bytes:
+        return dumps(
+            {
+                "epoch": self.epoch,
+                "owner": self.owner,
+                "holder": self.holder,
+                "ttl": self.ttl,
+                "value": self.value,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LeaseValue:
+        data = _loads(raw, "lease")
+        value = data.get("value")
+        return cls(
+            int(data["epoch"]),
+            str(data["owner"]),
+            str(data["holder"]),
+            float(data["ttl"]),
+            None if value is None else str(value),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceState:
+    """The value of ``P/res/NAME``: the last epoch, and whether its lease's end is recorded.
+
+    ``state`` is ``"held"`` while the lease of ``epoch`` may live (its end not recorded yet), else
+    how it ended: ``"released"``, ``"expired"``, ``"restored"``, or ``"none"`` (never granted).
+    ``holder`` is the holder label of ``epoch`` (for the expiry record). ``seq`` is the value
+    of the record counter written by the same transaction (0: that transaction wrote none): a
+    waiter that watches this key learns the counter without reading it.
+    """
+
+    epoch: int = 0
+    state: str = "none"
+    holder: str | None = None
+    seq: int = 0
+
+    def encode(self) -> bytes:
+        return dumps(
+            {"epoch": self.epoch, "state": self.state, "holder": self.holder, "seq": self.seq}
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ResourceState:
+        data = _loads(raw, "resource state")
+        holder = data.get("holder")
+        return cls(
+            int(data["epoch"]),
+            str(data["state"]),
+            None if holder is None else str(holder),
+            int(data.get("seq", 0)),
+        )
+
+
+def record_value(record: Record) -> bytes:
+    return dumps(record.to_json())
+
+
+def record_from(raw: bytes) -> Record:
+    data = _loads(raw, "record")
+    holder = data.get("holder")
+    detail = data.get("detail") or {}
+    return Record(
+        int(data["seq"]),
+        float(data["at"]),
+        RecordKind(data["kind"]),
+        str(data["resource"]),
+        int(data["epoch"]),
+        None if holder is None else str(holder),
+        dict(detail),
+    )

@@ -1,0 +1,56 @@
+"""Test-only switches for seeded defects ("mutants") used by ``fenced verify --mutants``. Pure.
+
+**Not part of the public API** and not exported by :mod:`fenced`. Every switch is off unless a
+``fenced verify`` worker process turns it on at start-up (from the environment variable that
+verify sets for its own worker processes only); nothing in the library turns one on. Each defect
+is a hook of one or two lines at the exact code site it breaks, guarded by :func:`active`; an
+inactive hook costs one membership test in an empty frozenset.
+
+The catalogue (what each switch breaks, and which invariant of the history checker must catch
+it) lives in :mod:`fenced.verify.mutants`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["ENV_VAR", "KNOWN", "activate", "active"]
+
+ENV_VAR = "_FENCED_VERIFY_MUTANT"
+"""The environment variable a verify worker reads its switches from (comma-separated names)."""
+
+KNOWN = frozenset(
+    {
+        "no-fence-check",
+        "check-then-write",
+        "deadline-from-reply",
+        "renewal-failure-ignored",
+        "release-without-owner",
+        "epoch-reuse",
+        "dedup-after-fence",
+        "publish-no-token-check",
+    }
+)
+"""Every switch that has a hook in the library."""
+
+_ACTIVE: frozenset[str] = frozenset()
+
+
+def active(name: str) -> bool:
+    """True if the seeded defect ``name`` is switched on in this process (never by default)."""
+    return name in _ACTIVE
+
+
+def activate(names: Iterable[str]) -> frozenset[str]:
+    """Switch on exactly ``names`` (replacing earlier ones); returns them.
+
+    Called only by the verify worker at start-up. An unknown name is a :class:`ValueError`, so a
+    typo cannot make a mutant run silently as the correct program.
+    """
+    global _ACTIVE  # noqa: PLW0603 - one process-wide switch board, set once at start-up
+    chosen = frozenset(name.strip() for name in names if name.strip())
+    unknown = chosen - KNOWN
+    if unknown:
+        raise ValueError(f"unknown mutant(s): {', '.join(sorted(unknown))}")
+    _ACTIVE = chosen
+    return chosen

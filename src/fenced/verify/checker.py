@@ -1,0 +1,802 @@
+"""The history checker: verifies a recorded run against the invariants of fenced.
+
+Input: the events of one history file (:func:`fenced.verify.recorder.read_history`) of one
+resource. Output: a :class:`Report` with every :class:`Violation` (each names its invariant;
+a single one fails the run) and the run's figures (operations, faults, stale writes rejected).
+
+Vocabulary of the events (written by :mod:`.worker`, :mod:`.faults`, :mod:`.processes` and the
+drivers; ``t`` is CLOCK_MONOTONIC in the emitting process)::
+
+    meta       resource, ttl, stores {name: {mode, url}}            (first event of a run)
+    c.send     call, op (try_grant|renew|release|report), res, epoch, ttl, rid
+    c.reply    call, ok, applied (true/false/null), granted, error, fault, delay, applied_at
+    s.send     call, store, op (fence|put|publish), epoch, op_id, key, base_len, sha, retry
+    s.reply    call, ok, applied, version, object_id, pub_epoch, error, presented, floor, fault
+    s.read     store, op (get|latest|read), t0, version, pointer, sha, error
+    lease      epoch, deadline, ttl        check  epoch, state, deadline
+    pause      target                      resume target          kill  target
+    restore    t0 (start) … the event's t is its end, available, epochs
+    final      store, chain, version, pointer, read_sha             (after every worker ended)
+    records    source (coordinator | store:NAME), records [...]     (diagnostics, when they exist)
+
+Reasoning about time is conservative in both directions, so that a correct system never fails:
+a call took effect somewhere between its ``send`` (written when the request is forwarded) and
+its reply; a call whose outcome the wrapper could not know (``applied`` null, or no reply because
+the worker was killed) may or may not have taken effect, and the checker assumes whichever is
+more lenient for the rule at hand. Clocks: the embedded coordinator decides expiry with
+CLOCK_BOOTTIME, which runs at the rate of CLOCK_MONOTONIC (the host does not suspend during a run).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fenced.verify.recorder import Event
+
+__all__ = [
+    "INVARIANTS",
+    "REJECTIONS",
+    "SCHEDULING_TOLERANCE",
+    "Report",
+    "Violation",
+    "check_history",
+]
+
+INVARIANTS: dict[str, str] = {
+    "token-unique": "each (resource, epoch) is granted at most once",
+    "token-monotonic": "a grant that starts after another one ended has a larger epoch",
+    "exclusive-grant": "no grant before the previous lease's TTL ran out, unless it was released",
+    "holder-deadline": "the holder's local deadline is never later than the send time of an "
+    "applied acquire/renew + TTL",
+    "stop-at-deadline": "no protected mutation is sent after the holder's local deadline, "
+    "except during an injected pause",
+    "largest-seen": "a store never accepts an epoch below one it has acknowledged; the epochs of "
+    "accepted writes never decrease",
+    "install-then-equal": "a strict store accepts a mutation only with the installed epoch",
+    "chain-integrity": "every accepted write extends exactly the previously accepted state "
+    "(no lost update, no acknowledged write missing)",
+    "compare-owner": "release and renew take effect only on the live lease of that owner and epoch",
+    "op-exactly-once": "an operation id takes effect at most once",
+    "outcome-honesty": "an operation reported as failed never took effect",
+    "pointer-monotonic": "the publication pointer never moves backwards",
+    "pointer-sealed": "the pointer only shows complete objects of accepted publications",
+    "restore-monotonic": "after a restore every grant is above every epoch issued or seen before",
+    "diagnostics-match": "recorded grants, releases, renewal failures and rejected writes match "
+    "the history exactly",
+}
+"""Every invariant the checker verifies, by name (the names appear in reports)."""
+
+SCHEDULING_TOLERANCE = 0.05
+"""Seconds between a worker's lease check and its send that the OS scheduler may add without an
+injected pause (the send-after-deadline rule allows this much; a longer gap needs a pause)."""
+REJECTIONS = frozenset({"StaleToken", "NotInstalled", "ForeignToken"})
+"""Errors that say a store rejected stale (or foreign) authority."""
+_DEFINITE = REJECTIONS | {"Unavailable", "VersionConflict", "IdempotencyConflict", "Busy"}
+_EPS = 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken invariant, with a sentence saying where (epochs, workers, times)."""
+
+    invariant: str
+    message: str
+    t: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"invariant": self.invariant, "message": self.message, "t": self.t}
+
+
+@dataclass
+class Report:
+    """The checker's verdict on one history."""
+
+    violations: list[Violation] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def invariants(self) -> list[str]:
+        """The names of the broken invariants, in catalogue order."""
+        broken = {v.invariant for v in self.violations}
+        return [name for name in INVARIANTS if name in broken]
+
+    def add(self, invariant: str, message: str, t: float | None = None) -> None:
+        assert invariant in INVARIANTS, invariant
+        self.violations.append(Violation(invariant, message, t))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "violations": [v.to_json() for v in self.violations],
+            "stats": dict(sorted(self.stats.items())),
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class _Call:
+    """A recorded call: its send and (unless the worker died first) its reply."""
+
+    send: Event
+    reply: Event | None = None
+
+    @property
+    def w(self) -> str:
+        return str(self.send["w"])
+
+    @property
+    def op(self) -> str:
+        return str(self.send["op"])
+
+    @property
+    def sent(self) -> float:
+        return float(self.send["t"])
+
+    @property
+    def replied(self) -> float | None:
+        return None if self.reply is None else float(self.reply["t"])
+
+    @property
+    def learned(self) -> float | None:
+        """When the wrapper learned the outcome (before an injected reply delay)."""
+        if self.reply is None:
+            return None
+        return float(self.reply.get("applied_at") or self.reply["t"])
+
+    @property
+    def applied(self) -> bool | None:
+        """True: took effect; False: certainly did not; None: unknown."""
+        if self.reply is None:
+            return None
+        value = self.reply.get("applied")
+        return None if value is None else bool(value)
+
+    @property
+    def told(self) -> str | None:
+        """The error the caller was told (None: a normal reply)."""
+        if self.reply is None or self.reply.get("ok"):
+            return None
+        return str(self.reply.get("error"))
+
+    @property
+    def epoch(self) -> int | None:
+        value = self.send.get("epoch")
+        return None if value is None else int(value)
+
+
+@dataclass
+class _Grant:
+    epoch: int
+    call: _Call
+    ttl: float
+
+
+@dataclass
+class _Lease:
+    """What the history says about one epoch's lease."""
+
+    epoch: int
+    grant: _Grant
+    definite: list[float] = field(default_factory=list)
+    """Send times of calls that certainly extended it (the grant, applied renewals)."""
+    maybe: list[_Call] = field(default_factory=list)
+    """Calls that may have extended it (certainly or possibly applied)."""
+    releases: list[_Call] = field(default_factory=list)
+    """Release calls that took or may have taken effect."""
+
+
+class _Checker:
+    def __init__(self, events: list[Event]) -> None:
+        self.events = sorted(events, key=lambda e: float(e["t"]))
+        self.report = Report()
+        self.meta: Event = next((e for e in events if e["ev"] == "meta"), {})
+        self.ttl = float(self.meta.get("ttl", 0) or 0)
+        self.calls: list[_Call] = []
+        by_id: dict[str, _Call] = {}
+        for event in self.events:
+            if event["ev"] in ("c.send", "s.send"):
+                call = _Call(event)
+                by_id[str(event["call"])] = call
+                self.calls.append(call)
+            elif event["ev"] in ("c.reply", "s.reply"):
+                found = by_id.get(str(event["call"]))
+                if found is not None:
+                    found.reply = event
+        self.killed = {str(e["target"]) for e in self.events if e["ev"] == "kill"}
+        self.pauses = self._pauses()
+        self.restores = [e for e in self.events if e["ev"] == "restore" and e.get("available")]
+        self.grants: list[_Grant] = []
+        self.unknown_grants = 0
+        self.leases: dict[int, _Lease] = {}
+
+    def _pauses(self) -> dict[str, list[tuple[float, float]]]:
+        """Per worker: the intervals it was (or may have been) stopped by an injected pause."""
+        spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        started: dict[str, float] = {}
+        for event in self.events:
+            if event["ev"] == "pause":
+                started.setdefault(str(event["target"]), float(event["t"]))
+            elif event["ev"] in ("resume", "kill"):
+                target = str(event["target"])
+                if target in started:
+                    spans[target].append((started.pop(target), float(event["t"])))
+        for target, begin in started.items():
+            spans[target].append((begin, float("inf")))
+        return spans
+
+    def paused_between(self, worker: str, begin: float, end: float) -> bool:
+        return any(a <= end and b >= begin for a, b in self.pauses.get(worker, []))
+
+    # -- the coordinator ------------------------------------------------------------------------
+
+    def collect_leases(self) -> None:
+        for call in self.calls:
+            if call.op != "try_grant":
+                continue
+            if call.reply is None:
+                self.unknown_grants += 1
+                continue
+            granted = call.reply.get("granted")
+            if granted is None:
+                continue
+            ttl = float(call.reply.get("ttl") or call.send.get("ttl") or self.ttl)
+            grant = _Grant(int(granted), call, ttl)
+            self.grants.append(grant)
+            if call.reply.get("replayed"):
+                continue
+            lease = self.leases.get(grant.epoch)
+            if lease is None:
+                lease = self.leases[grant.epoch] = _Lease(grant.epoch, grant)
+                lease.definite.append(call.sent)
+                lease.maybe.append(call)
+        for call in self.calls:
+            epoch = call.epoch
+            if call.op not in ("renew", "release") or epoch is None or epoch not in self.leases:
+                continue
+            lease = self.leases[epoch]
+            if call.applied is False:
+                continue
+            if call.op == "renew":
+                lease.maybe.append(call)
+                if call.applied:
+                    lease.definite.append(call.sent)
+            else:
+                lease.releases.append(call)
+
+    def check_grants(self) -> None:
+        firsts = [g for g in self.grants if not g.call.reply or not g.call.reply.get("replayed")]
+        by_epoch: dict[int, list[_Grant]] = defaultdict(list)
+        for grant in firsts:
+            by_epoch[grant.epoch].append(grant)
+        for epoch, grants in sorted(by_epoch.items()):
+            if len(grants) > 1:
+                who = ", ".join(f"{g.call.w} at {g.call.sent:.3f}" for g in grants)
+                self.report.add("token-unique", f"epoch {epoch} was granted {len(grants)} times: "
+                                f"to {who}", grants[1].call.sent)  # fmt: skip
+        # Real-time order: a grant sent after another one's reply must have a larger epoch.
+        done = sorted((g.call.replied or 0.0, g.epoch, g.call.w) for g in firsts)
+        ends = [d[0] for d in done]
+        best: list[tuple[int, str]] = []
+        for _, epoch, worker in done:
+            best.append(max(best[-1], (epoch, worker)) if best else (epoch, worker))
+        for grant in firsts:
+            index = bisect.bisect_left(ends, grant.call.sent) - 1
+            if index >= 0 and best[index][0] >= grant.epoch:
+                earlier, worker = best[index]
+                self.report.add(
+                    "token-monotonic",
+                    f"{grant.call.w} was granted epoch {grant.epoch} after {worker}'s grant of "
+                    f"epoch {earlier} had completed",
+                    grant.call.sent,
+                )
+        self._check_exclusive(firsts)
+
+    def _check_exclusive(self, firsts: list[_Grant]) -> None:
+        epochs = sorted(self.leases)
+        for grant in firsts:
+            index = bisect.bisect_left(epochs, grant.epoch) - 1
+            if index < 0:
+                continue
+            previous = self.leases[epochs[index]]
+            if previous.epoch != grant.epoch - 1 and self.unknown_grants:
+                continue  # an epoch in between may have been granted to a killed worker
+            granted_by = grant.call.replied
+            assert granted_by is not None
+            if any(r.sent <= granted_by for r in previous.releases):
+                continue
+            if any(previous.grant.call.sent <= e["t"] <= granted_by for e in self.restores):
+                continue
+            expiry = max(previous.definite) + previous.grant.ttl
+            if granted_by < expiry - _EPS:
+                self.report.add(
+                    "exclusive-grant",
+                    f"epoch {grant.epoch} was granted to {grant.call.w} "
+                    f"{expiry - granted_by:.3f}s before epoch {previous.epoch} "
+                    f"({previous.grant.call.w}) could have expired, and it was not released",
+                    granted_by,
+                )
+
+    def check_holders(self) -> None:
+        """holder-deadline and stop-at-deadline."""
+        bases: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for grant in self.grants:
+            bases[(grant.call.w, grant.epoch)].append(grant.call.sent)
+        for call in self.calls:
+            if call.op == "renew" and call.applied is not False and call.epoch is not None:
+                bases[(call.w, call.epoch)].append(call.sent)
+        for times in bases.values():
+            times.sort()
+        ttls = {lease.epoch: lease.grant.ttl for lease in self.leases.values()}
+        last_check: dict[str, Event] = {}
+        for event in self.events:
+            kind = event["ev"]
+            if kind in ("lease", "check") and event.get("deadline") is not None:
+                worker, epoch = str(event["w"]), int(event["epoch"])
+                sends = bases.get((worker, epoch), [])
+                index = bisect.bisect_right(sends, float(event["t"])) - 1
+                ttl = ttls.get(epoch, float(event.get("ttl") or self.ttl))
+                deadline = float(event["deadline"])
+                if index < 0:
+                    self.report.add(
+                        "holder-deadline",
+                        f"{worker} reports a deadline for epoch {epoch} without any grant",
+                        event["t"],
+                    )
+                elif deadline > sends[index] + ttl + _EPS:
+                    self.report.add(
+                        "holder-deadline",
+                        f"{worker}'s local deadline for epoch {epoch} is "
+                        f"{deadline - sends[index] - ttl:.3f}s later than the last applied "
+                        f"request's send time + ttl ({ttl:g}s)",
+                        event["t"],
+                    )
+                if kind == "check":
+                    last_check[worker] = event
+            elif kind == "s.send" and event["op"] in ("put", "publish") and not event.get("retry"):
+                self._check_send(event, last_check.get(str(event["w"])))
+
+    def _check_send(self, send: Event, check: Event | None) -> None:
+        worker, epoch, t = str(send["w"]), int(send["epoch"]), float(send["t"])
+        if check is None or int(check["epoch"]) != epoch or check.get("state") != "held":
+            self.report.add(
+                "stop-at-deadline",
+                f"{worker} sent a {send['op']} with epoch {epoch} without a HELD check first",
+                t,
+            )
+            return
+        deadline, checked = float(check["deadline"]), float(check["t"])
+        if t <= deadline + _EPS or t - checked <= SCHEDULING_TOLERANCE:
+            return
+        if self.paused_between(worker, checked, t):
+            self.report.stats["mutations sent after a pause"] += 1
+            return
+        self.report.add(
+            "stop-at-deadline",
+            f"{worker} sent a {send['op']} with epoch {epoch} {t - deadline:.3f}s after its "
+            "local deadline, with no injected pause since its check",
+            t,
+        )
+
+    def check_owner_ops(self) -> None:
+        """compare-owner: releases and renewals only of the live lease."""
+        granted_at = sorted((g.call.replied or 0.0, g.epoch) for g in self.grants)
+        ends = [g[0] for g in granted_at]
+        newest: list[int] = []
+        for _, epoch in granted_at:
+            newest.append(max(newest[-1], epoch) if newest else epoch)
+        for call in self.calls:
+            if call.op not in ("renew", "release") or not call.applied or call.epoch is None:
+                continue
+            index = bisect.bisect_left(ends, call.sent) - 1
+            if index >= 0 and newest[index] > call.epoch:
+                self.report.add(
+                    "compare-owner",
+                    f"{call.w}'s {call.op} of epoch {call.epoch} took effect after epoch "
+                    f"{newest[index]} had been granted",
+                    call.sent,
+                )
+                continue
+            lease = self.leases.get(call.epoch)
+            if lease is None:
+                continue
+            before = [c for c in lease.maybe if c is not call and c.sent < call.sent]
+            if not before or any(c.replied is None for c in before):
+                continue
+            latest = max(c.replied or 0.0 for c in before) + lease.grant.ttl
+            if call.sent > latest + _EPS:
+                self.report.add(
+                    "compare-owner",
+                    f"{call.w}'s {call.op} of epoch {call.epoch} took effect "
+                    f"{call.sent - latest:.3f}s after that lease had certainly expired",
+                    call.sent,
+                )
+
+    # -- the stores -----------------------------------------------------------------------------
+
+    def check_stores(self) -> None:
+        stores: dict[str, dict[str, Any]] = dict(self.meta.get("stores") or {})
+        for name in sorted(stores):
+            self._check_store(name, str(stores[name].get("mode", "strict")))
+
+    def _check_store(self, name: str, mode: str) -> None:
+        calls = [c for c in self.calls if c.send.get("store") == name]
+        acks: list[tuple[float, int, str]] = []
+        by_op: dict[str, list[_Call]] = defaultdict(list)
+        fences: list[_Call] = []
+        for call in calls:
+            if call.op == "fence":
+                fences.append(call)
+            else:
+                by_op[str(call.send["op_id"])].append(call)
+            if call.applied and call.learned is not None and call.epoch is not None:
+                acks.append((call.learned, call.epoch, f"{call.w}'s {call.op}"))
+        acks.sort()
+        ack_times = [a[0] for a in acks]
+        highest: list[tuple[int, str]] = []
+        for _, epoch, what in acks:
+            highest.append(max(highest[-1], (epoch, what)) if highest else (epoch, what))
+        finals = [e for e in self.events if e["ev"] == "final" and e.get("store") == name]
+        final = finals[-1] if finals else None
+        chain: list[list[Any]] = list((final or {}).get("chain") or [])
+        in_chain = {str(entry[0]) for entry in chain}
+        for op_id, attempts in by_op.items():
+            accepted = any(c.applied for c in attempts) or op_id in in_chain
+            if not accepted:
+                continue
+            first = min(attempts, key=lambda c: c.sent)
+            epoch = int(first.send["epoch"])
+            index = bisect.bisect_left(ack_times, first.sent) - 1
+            if index >= 0 and highest[index][0] > epoch:
+                seen, what = highest[index]
+                self.report.add(
+                    "largest-seen",
+                    f"store {name} ({mode}) accepted {first.w}'s {first.op} {op_id} with epoch "
+                    f"{epoch} although it had acknowledged epoch {seen} ({what}) before it was sent",
+                    first.sent,
+                )
+            if mode == "strict":
+                last = max(c.replied or c.sent for c in attempts)
+                installed = any(
+                    f.epoch == epoch and f.applied is not False and f.sent <= last for f in fences
+                )
+                if not installed:
+                    self.report.add(
+                        "install-then-equal",
+                        f"strict store {name} accepted {first.op} {op_id} with epoch {epoch}, "
+                        "which was never installed",
+                        first.sent,
+                    )
+        if mode == "strict":
+            self._check_fences(name, fences, acks)
+        self._check_outcomes(name, by_op, in_chain)
+        if final is not None:
+            self._check_chain(name, final, by_op)
+        self._check_pointer(name, by_op, final)
+
+    def _check_fences(
+        self, name: str, fences: list[_Call], acks: list[tuple[float, int, str]]
+    ) -> None:
+        for fence in fences:
+            if not fence.applied or fence.epoch is None:
+                continue
+            higher = [a for a in acks if a[0] < fence.sent and a[1] > fence.epoch]
+            if higher:
+                self.report.add(
+                    "largest-seen",
+                    f"store {name} installed epoch {fence.epoch} for {fence.w} after it had "
+                    f"acknowledged epoch {higher[0][1]} ({higher[0][2]})",
+                    fence.sent,
+                )
+
+    def _check_outcomes(self, name: str, by_op: dict[str, list[_Call]], in_chain: set[str]) -> None:
+        """outcome-honesty and op-exactly-once (publications) for one store."""
+        for op_id, attempts in by_op.items():
+            took_effect = op_id in in_chain or any(c.applied for c in attempts)
+            for call in attempts:
+                told = call.told
+                if took_effect and told in _DEFINITE and call.reply is not None:
+                    if call.reply.get("fault") in ("unavailable", "lose_reply"):
+                        continue  # injected: the caller was told what the wire said
+                    if told == "Unavailable" and len(attempts) > 1:
+                        continue  # "this attempt did nothing": true of a retry
+                    self.report.add(
+                        "outcome-honesty",
+                        f"store {name} told {call.w} that {call.op} {op_id} failed ({told}), "
+                        "but it took effect",
+                        call.replied,
+                    )
+            objects = {
+                str(c.reply.get("object_id"))
+                for c in attempts
+                if c.reply is not None and c.applied and c.reply.get("object_id")
+            }
+            if len(objects) > 1:
+                self.report.add(
+                    "op-exactly-once",
+                    f"publication {op_id} took effect {len(objects)} times on store {name}",
+                )
+
+    def _check_chain(self, name: str, final: Event, by_op: dict[str, list[_Call]]) -> None:
+        chain: list[list[Any]] = list(final.get("chain") or [])
+        version = int(final.get("version") or 0)
+        seen: Counter[str] = Counter(str(entry[0]) for entry in chain)
+        for op_id, count in seen.items():
+            if count > 1:
+                self.report.add(
+                    "op-exactly-once", f"write {op_id} appears {count} times in store {name}"
+                )
+        if len(chain) != version:
+            self.report.add(
+                "chain-integrity",
+                f"store {name} accepted {version} writes but its final state holds {len(chain)}: "
+                f"{version - len(chain)} accepted write(s) lost",
+            )
+        positions = {str(entry[0]): index for index, entry in enumerate(chain, start=1)}
+        previous = 0
+        for index, (op_id, epoch) in enumerate(chain, start=1):
+            sends = [c for c in by_op.get(str(op_id), []) if c.op == "put"]
+            if not sends:
+                self.report.add(
+                    "chain-integrity", f"store {name} holds write {op_id} that nobody sent"
+                )
+                continue
+            send = sends[0].send
+            if int(send["epoch"]) != int(epoch):
+                self.report.add(
+                    "chain-integrity",
+                    f"store {name} holds write {op_id} with epoch {epoch}, sent with "
+                    f"{send['epoch']}",
+                )
+            if int(send.get("base_len", -1)) != index - 1:
+                self.report.add(
+                    "chain-integrity",
+                    f"write {op_id} ({sends[0].w}, epoch {epoch}) read a state of "
+                    f"{send.get('base_len')} writes but was accepted as write {index} of store "
+                    f"{name}: it did not extend the previously accepted state (lost update)",
+                    sends[0].sent,
+                )
+            if int(epoch) < previous:
+                self.report.add(
+                    "largest-seen",
+                    f"store {name} accepted write {op_id} with epoch {epoch} after a write with "
+                    f"epoch {previous}",
+                )
+            previous = max(previous, int(epoch))
+        for op_id, attempts in by_op.items():
+            for call in attempts:
+                if call.op != "put" or call.reply is None or call.reply.get("version") is None:
+                    continue
+                if not call.applied:
+                    continue
+                position = positions.get(op_id)
+                if position != int(call.reply["version"]):
+                    where = "is missing" if position is None else f"is write {position}"
+                    self.report.add(
+                        "chain-integrity",
+                        f"{call.w}'s write {op_id} was acknowledged as version "
+                        f"{call.reply['version']} of store {name}, but {where} in its final "
+                        "state (lost update)",
+                        call.replied,
+                    )
+
+    def _check_pointer(
+        self, name: str, by_op: dict[str, list[_Call]], final: Event | None
+    ) -> None:
+        publishes = [c for calls in by_op.values() for c in calls if c.op == "publish"]
+        by_object: dict[str, _Call] = {}
+        by_sha: dict[str, list[_Call]] = defaultdict(list)
+        for call in publishes:
+            by_sha[str(call.send.get("sha"))].append(call)
+            if call.reply is not None and call.reply.get("object_id"):
+                by_object[str(call.reply["object_id"])] = call
+        floors: list[tuple[float, int, str]] = []
+        for call in publishes:
+            if call.reply is not None and call.reply.get("ok") and call.applied:
+                floors.append((float(call.reply["t"]), int(call.send["epoch"]), f"{call.w}'s ack"))
+        observations: list[tuple[float, float, int | None, str]] = []
+        reads = [e for e in self.events if e["ev"] == "s.read" and e.get("store") == name]
+        if final is not None and "pointer" in final:
+            reads.append({**final, "op": "latest", "t0": final["t"]})
+        for event in reads:
+            t0, t1 = float(event.get("t0", event["t"])), float(event["t"])
+            if event["op"] == "latest":
+                pointer = event.get("pointer")
+                if pointer is None:
+                    observations.append((t0, t1, None, f"{event['w']} saw no pointer"))
+                    continue
+                source = by_object.get(str(pointer["object_id"])) or next(
+                    iter(by_sha.get(str(pointer["sha"]), [])), None
+                )
+                if source is None or int(source.send["epoch"]) != int(pointer["epoch"]):
+                    self.report.add(
+                        "pointer-sealed",
+                        f"{event['w']} saw the pointer of store {name} at object "
+                        f"{pointer['object_id']} (epoch {pointer['epoch']}), which no publication "
+                        "with that epoch created",
+                        t1,
+                    )
+                    continue
+                observations.append((t0, t1, int(pointer["epoch"]), f"{event['w']}'s latest"))
+            elif event["op"] == "read":
+                if event.get("error"):
+                    self.report.add(
+                        "pointer-sealed",
+                        f"{event['w']} could not read the publication of store {name}: "
+                        f"{event['error']}",
+                        t1,
+                    )
+                    continue
+                if event.get("sha") is None:
+                    observations.append((t0, t1, None, f"{event['w']} read nothing"))
+                    continue
+                sources = by_sha.get(str(event["sha"]))
+                if not sources:
+                    self.report.add(
+                        "pointer-sealed",
+                        f"{event['w']} read bytes from store {name} that no publication sent",
+                        t1,
+                    )
+                    continue
+                epoch = int(sources[0].send["epoch"])
+                observations.append((t0, t1, epoch, f"{event['w']}'s read"))
+        points = sorted(floors + [(t1, e, what) for _, t1, e, what in observations if e])
+        times = [p[0] for p in points]
+        best: list[tuple[int, str]] = []
+        for _, epoch, what in points:
+            best.append(max(best[-1], (epoch, what)) if best else (epoch, what))
+        for t0, _, epoch, what in observations:
+            index = bisect.bisect_left(times, t0) - 1
+            if index >= 0 and (epoch is None or epoch < best[index][0]):
+                shown = "nothing" if epoch is None else f"epoch {epoch}"
+                self.report.add(
+                    "pointer-monotonic",
+                    f"{what} of store {name} showed {shown} after epoch {best[index][0]} had been "
+                    f"visible ({best[index][1]})",
+                    t0,
+                )
+
+    # -- restores and diagnostics ---------------------------------------------------------------
+
+    def check_restores(self) -> None:
+        for restore in self.restores:
+            t0 = float(restore.get("t0", restore["t"]))
+            before = [g.epoch for g in self.grants if (g.call.replied or 0.0) < t0]
+            seen = [c.epoch for c in self.calls if c.epoch is not None and c.sent < t0]
+            known = max(before + seen + [int(x) for x in restore.get("epochs", [])], default=0)
+            for grant in self.grants:
+                if grant.call.sent > float(restore["t"]) and grant.epoch <= known:
+                    self.report.add(
+                        "restore-monotonic",
+                        f"after the restore, {grant.call.w} was granted epoch {grant.epoch}, not "
+                        f"above epoch {known} known before it",
+                        grant.call.sent,
+                    )
+
+    def check_diagnostics(self) -> None:
+        records = [e for e in self.events if e["ev"] == "records"]
+        if not records:
+            self.report.notes.append("no diagnostic records in this history: not compared")
+        for event in records:
+            source = str(event.get("source"))
+            if event.get("unavailable"):
+                self.report.notes.append(f"{source} records: {event['unavailable']}")
+                continue
+            listed: list[dict[str, Any]] = list(event.get("records") or [])
+            if source == "coordinator":
+                self._match_coordinator(listed)
+            elif source.startswith("store:"):
+                self._match_store(source[len("store:") :], listed)
+
+    def _match_coordinator(self, records: list[dict[str, Any]]) -> None:
+        def mismatch(what: str, recorded: Counter[int], history: Counter[int], slack: int) -> None:
+            missing = history - recorded
+            extra = recorded - history
+            if missing or sum(extra.values()) > slack:
+                self.report.add(
+                    "diagnostics-match",
+                    f"the coordinator's {what} records (epochs {sorted(recorded.elements())}) do "
+                    f"not match the history (epochs {sorted(history.elements())})",
+                )
+
+        kinds: dict[str, Counter[int]] = defaultdict(Counter)
+        for record in records:
+            kinds[str(record["kind"])][int(record["epoch"])] += 1
+        grants = Counter(lease.epoch for lease in self.leases.values())
+        mismatch("granted", kinds["granted"], grants, self.unknown_grants)
+        releases = Counter(
+            e for e, lease in self.leases.items() for r in lease.releases if r.applied
+        )
+        unknown = sum(1 for lease in self.leases.values() for r in lease.releases if not r.applied)
+        mismatch("released", kinds["released"], releases, unknown)
+        reports: Counter[int] = Counter()
+        failures: Counter[int] = Counter()
+        slack = 0
+        for call in self.calls:
+            if call.op == "report" and call.send.get("kind") == "renewal-failed":
+                reports[int(call.send["epoch"])] += 1
+                slack += call.applied is None
+            elif call.op == "renew" and call.reply is not None and call.told is not None:
+                if call.told not in ("LeaseLost",) and call.epoch is not None:
+                    failures[call.epoch] += 1
+        mismatch("renewal-failed", kinds["renewal-failed"], reports, slack)
+        short = failures - reports
+        if short and not self.killed:
+            self.report.add(
+                "diagnostics-match",
+                f"renewal failures seen by holders were not all reported (epochs "
+                f"{sorted(short.elements())})",
+            )
+
+    def _match_store(self, name: str, records: list[dict[str, Any]]) -> None:
+        recorded: Counter[int] = Counter()
+        for record in records:
+            if record.get("kind") == "rejected":
+                detail = record.get("detail") or {}
+                recorded[int(detail.get("presented", record.get("epoch", 0)))] += 1
+        history: Counter[int] = Counter()
+        for call in self.calls:
+            if call.send.get("store") != name or call.reply is None or call.epoch is None:
+                continue
+            error = call.reply.get("true_error") or call.reply.get("error")
+            if call.applied is False and error in REJECTIONS:
+                history[call.epoch] += 1
+        missing, extra = history - recorded, recorded - history
+        if extra or (missing and not self.killed):
+            self.report.add(
+                "diagnostics-match",
+                f"store {name}'s rejected-write records (presented epochs "
+                f"{sorted(recorded.elements())}) do not match the rejections in the history "
+                f"({sorted(history.elements())})",
+            )
+
+    # -- figures --------------------------------------------------------------------------------
+
+    def count(self) -> None:
+        stats = self.report.stats
+        for call in self.calls:
+            stats[f"{call.op} calls"] += 1
+            stats["operations"] += 1
+            if call.reply is None:
+                continue
+            fault = call.reply.get("fault")
+            if fault:
+                stats[f"fault {fault}"] += 1
+                stats["faults"] += 1
+            error = call.reply.get("true_error") or call.reply.get("error")
+            if call.op in ("put", "publish") and call.applied is False and error in REJECTIONS:
+                stats["stale writes rejected"] += 1
+        for event in self.events:
+            if event["ev"] == "s.read":
+                stats["operations"] += 1
+                stats["reads"] += 1
+            elif event["ev"] in ("pause", "kill") or (
+                event["ev"] == "restore" and event.get("available")
+            ):
+                stats[f"fault {event['ev']}"] += 1
+                stats["faults"] += 1
+        stats["grants"] = len(self.leases)
+
+    def run(self) -> Report:
+        self.collect_leases()
+        self.check_grants()
+        self.check_holders()
+        self.check_owner_ops()
+        self.check_stores()
+        self.check_restores()
+        self.check_diagnostics()
+        self.count()
+        self.report.violations.sort(key=lambda v: (v.t is None, v.t or 0.0))
+        return self.report
+
+
+def check_history(events: Iterable[Event]) -> Report:
+    """Check one history (the events of one run on one resource); see the module docstring."""
+    return _Checker(list(events)).run()

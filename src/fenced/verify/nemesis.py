@@ -1,0 +1,220 @@
+"""The nemesis of randomized verification: seeded pauses, kills and restores of real processes.
+
+A :class:`NemesisPlan` is drawn from the schedule's seed before the run starts: at which offsets
+it strikes, with what, for how long. Timing is biased to land around TTL boundaries, where
+fencing matters:
+
+* **pauses** (SIGSTOP … SIGCONT) last 0.3-0.8 × ttl (the lease survives), 0.8-1.2 × ttl (it
+  expires or survives by a hair, depending on where the renewal cycle stood), or 1.2-2.5 × ttl
+  (it expires and a successor takes over while the paused process has work in flight);
+  the victim is the current lease holder in 70 % of the strikes, so the pause lands between a
+  holder's lease check and its write;
+* **kills** (SIGKILL) of a worker, which is replaced by a fresh process (a new name);
+* **restores** of the coordinator state from a backup taken at the start of the schedule (once
+  :mod:`fenced.coordinator.restore` exists);
+* **coordinator restarts**: the embedded SQLite coordinator has no process to restart: its
+  state is a file every worker opens, and killing a worker in the middle of a grant *is* the
+  crash of the coordinator code (SQLite's atomic commit is what survives it). For networked
+  coordinators, restarting the server is possible only for a server verify started itself
+  (see :mod:`fenced.verify.target`); a server given by URL is never touched.
+
+Wire faults (lost and delayed replies, unavailability) are injected inside each worker by its
+:class:`~fenced.verify.faults.FaultPlan`, seeded from the same schedule seed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fenced.verify.processes import Run, WorkerProcess
+
+__all__ = ["Action", "Nemesis", "NemesisPlan", "pause_length"]
+
+ActionKind = Literal["pause", "kill", "restore", "restart"]
+
+
+def pause_length(rng: random.Random, ttl: float) -> float:
+    """A pause length biased around the TTL boundary (see the module docstring)."""
+    roll = rng.random()
+    if roll < 0.25:
+        return ttl * rng.uniform(0.3, 0.8)
+    if roll < 0.75:
+        return ttl * rng.uniform(0.8, 1.2)
+    return ttl * rng.uniform(1.2, 2.5)
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One strike: at ``at`` seconds after the start, ``kind``, lasting ``length`` (pauses)."""
+
+    at: float
+    kind: ActionKind
+    length: float = 0.0
+    prefer_holder: bool = True
+    pick: float = 0.0
+    """A uniform number that picks the victim among the candidates (seeded)."""
+
+
+@dataclass
+class NemesisPlan:
+    """The seeded strikes of one schedule."""
+
+    actions: list[Action] = field(default_factory=list)
+    seed: int = 0
+    """Seeds the lengths of the pauses that workers start themselves (before a send)."""
+
+    @classmethod
+    def draw(
+        cls,
+        rng: random.Random,
+        *,
+        duration: float,
+        ttl: float,
+        restores: bool,
+        restarts: bool,
+    ) -> NemesisPlan:
+        """Strikes every ~0.8 ttl on average (exponential gaps) over ``duration`` seconds."""
+        actions: list[Action] = []
+        at = rng.uniform(0.2, 0.6) * ttl
+        while at < duration:
+            roll = rng.random()
+            kind: ActionKind = "pause"
+            if roll < 0.15:
+                kind = "kill"
+            elif roll < 0.2 and restores:
+                kind = "restore"
+            elif roll < 0.25 and restarts:
+                kind = "restart"
+            length = pause_length(rng, ttl) if kind == "pause" else 0.0
+            actions.append(Action(at, kind, length, rng.random() < 0.7, rng.random()))
+            at += rng.expovariate(1 / (0.8 * ttl))
+        return cls(actions, rng.getrandbits(32))
+
+
+class Nemesis:
+    """Executes a :class:`NemesisPlan` against the workers of a run.
+
+    ``slots`` maps a slot number to the worker process currently in it; ``respawn(slot)``
+    replaces a killed worker; ``restore()`` and ``restart()`` (optional) act on the coordinator.
+    Paused workers are resumed by :meth:`tick` when their pause is over, and by :meth:`calm`.
+    """
+
+    def __init__(
+        self,
+        run: Run,
+        plan: NemesisPlan,
+        ttl: float,
+        slots: dict[int, WorkerProcess],
+        respawn: Callable[[int], WorkerProcess],
+        *,
+        restore: Callable[[], None] | None = None,
+        restart: Callable[[], None] | None = None,
+    ) -> None:
+        self.run = run
+        self.ttl = ttl
+        self.pending = list(plan.actions)
+        self.slots = slots
+        self._respawn = respawn
+        self._restore = restore
+        self._restart = restart
+        self._resume_at: dict[str, float] = {}
+        self._rng = random.Random(plan.seed)
+        self._seen = 0
+        self.started = time.monotonic()
+
+    def _holder(self) -> str | None:
+        """The worker that most recently reported a lease and has not left it."""
+        self.run.tail.poll()
+        holder: str | None = None
+        for event in reversed(self.run.tail.events[-400:]):
+            if event["ev"] == "lease":
+                holder = str(event["w"])
+                break
+        return holder
+
+    def _victim(self, action: Action) -> tuple[int, WorkerProcess] | None:
+        live = [(s, w) for s, w in sorted(self.slots.items()) if w.alive() and not w.paused]
+        if not live:
+            return None
+        if action.prefer_holder:
+            holder = self._holder()
+            for slot, worker in live:
+                if worker.name == holder:
+                    return slot, worker
+        return live[min(int(action.pick * len(live)), len(live) - 1)]
+
+    def _worker(self, name: str) -> WorkerProcess | None:
+        return self.run.workers.get(name)
+
+    def _self_stops(self, now: float) -> None:
+        """Workers that stopped themselves just before a send: resume them after a pause."""
+        self.run.tail.poll()
+        events = self.run.tail.events
+        for event in events[self._seen :]:
+            if event["ev"] == "pause" and event.get("self_stop"):
+                worker = self._worker(str(event["w"]))
+                if worker is not None:
+                    worker.paused = True
+                    self._resume_at[worker.name] = now + pause_length(self._rng, self.ttl)
+        self._seen = len(events)
+
+    def tick(self) -> float:
+        """Do what is due now; returns how long the caller may sleep before the next tick."""
+        now = time.monotonic()
+        self._self_stops(now)
+        for name, when in list(self._resume_at.items()):
+            worker = self._worker(name)
+            if worker is None or not worker.alive():
+                del self._resume_at[name]
+            elif when <= now and worker.stopped():
+                del self._resume_at[name]
+                worker.resume()
+        while self.pending and self.started + self.pending[0].at <= now:
+            action = self.pending.pop(0)
+            self._strike(action, now)
+        upcoming = [self.started + a.at for a in self.pending[:1]] + list(self._resume_at.values())
+        return max(0.0, min(upcoming, default=now + 0.05) - time.monotonic())
+
+    def _strike(self, action: Action, now: float) -> None:
+        if action.kind == "restore":
+            if self._restore is not None:
+                self._restore()
+            return
+        if action.kind == "restart":
+            if self._restart is not None:
+                self._restart()
+            return
+        chosen = self._victim(action)
+        if chosen is None:
+            return
+        slot, worker = chosen
+        if action.kind == "pause":
+            worker.pause()
+            self._resume_at[worker.name] = now + action.length
+        else:
+            worker.kill()
+            self.slots[slot] = self._respawn(slot)
+
+    def calm(self, deadline: float) -> None:
+        """Stop striking; resume every paused worker until all have exited or ``deadline``.
+
+        A worker that stops itself during the drain is resumed at once. Workers still running
+        at the deadline are killed.
+        """
+        self.pending.clear()
+        self._resume_at.clear()
+        while time.monotonic() < deadline:
+            self._self_stops(time.monotonic())
+            live = [w for w in self.run.workers.values() if w.alive()]
+            if not live:
+                return
+            for worker in live:
+                if worker.paused or worker.stopped():
+                    worker.resume()
+            time.sleep(0.005)
+        for worker in self.run.workers.values():
+            worker.kill()

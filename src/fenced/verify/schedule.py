@@ -1,0 +1,343 @@
+"""Randomized verification: seeded fault schedules of real worker processes, checked afterwards.
+
+One schedule (:class:`Schedule`, drawn entirely from its seed): 2-4 worker processes take leases
+on one fresh resource and do read-modify-writes of the chain value and publications in a strict
+and a monotonic store, for ``duration`` seconds, while
+
+* each worker's :class:`~fenced.verify.faults.FaultPlan` loses and delays replies and makes
+  calls unavailable (coordinator: grants, renewals, releases; stores: installs, writes,
+  publications), at seeded rates;
+* the :class:`~fenced.verify.nemesis.Nemesis` pauses, kills (and replaces) workers and, once
+  available, restores the coordinator, with timing biased around TTL boundaries.
+
+Every worker records every call into the one history file; afterwards the verify process
+records the final state of both stores and the coordinator's (and stores') diagnostic records,
+and :func:`~fenced.verify.checker.check_history` judges the history.
+
+Schedule ``i`` of ``--random N --seed S`` has seed ``S + i``; ``fenced verify --random 1 --seed
+S+i`` replays it: the same workers, TTL, fault rates and nemesis plan. The interleaving of real
+processes is not reproducible exactly; a replay reproduces the *schedule*, and the kept history
+file documents the run that failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import secrets
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fenced.coordinator.connect import connect
+from fenced.core.errors import ConfigurationError, FencedError
+from fenced.fence.store import open_store
+from fenced.verify.checker import Report, check_history
+from fenced.verify.nemesis import Nemesis, NemesisPlan
+from fenced.verify.processes import Run, WorkerProcess
+from fenced.verify.recorder import Event, read_history
+from fenced.verify.restoring import RestoreSupport
+from fenced.verify.target import Target
+from fenced.verify.worker import KEY, PUBLICATION, WorkerConfig, decode_chain
+
+__all__ = [
+    "DEFAULT_DURATION",
+    "RandomSummary",
+    "Schedule",
+    "ScheduleResult",
+    "collect_final",
+    "run_random",
+    "run_schedule",
+]
+
+DEFAULT_DURATION = 4.0
+"""Seconds of work per schedule (plus start-up and drain)."""
+BASE_RATES = {
+    "try_grant": 0.06,
+    "renew": 0.12,
+    "release": 0.2,
+    "fence": 0.05,
+    "put": 0.08,
+    "publish": 0.1,
+    "stop": 0.08,
+}
+"""Mean probability of a wire fault per call, by operation (scaled per schedule); ``stop``: of a
+worker stopping itself with SIGSTOP between its lease check and its send (resumed by the nemesis
+after a TTL-biased pause)."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One seeded schedule (see the module docstring)."""
+
+    seed: int
+    duration: float
+    workers: int
+    ttl: float
+    margin: float
+    rates: dict[str, float]
+    nemesis: NemesisPlan
+
+    @classmethod
+    def draw(
+        cls,
+        seed: int,
+        duration: float = DEFAULT_DURATION,
+        *,
+        restores: bool = False,
+        restarts: bool = False,
+    ) -> Schedule:
+        rng = random.Random(seed)
+        ttl = rng.choice((0.6, 0.8, 1.0))
+        scale = rng.uniform(0.5, 1.5)
+        rates = {op: round(rate * scale, 4) for op, rate in BASE_RATES.items()}
+        plan = NemesisPlan.draw(
+            rng, duration=duration, ttl=ttl, restores=restores, restarts=restarts
+        )
+        return cls(seed, duration, rng.randint(2, 4), ttl, round(ttl * 0.2, 4), rates, plan)
+
+    def describe(self) -> str:
+        kinds = Counter(a.kind for a in self.nemesis.actions)
+        strikes = ", ".join(f"{n} {k}s" for k, n in sorted(kinds.items())) or "no strikes"
+        return (
+            f"seed {self.seed}: {self.workers} workers, ttl {self.ttl:g}s, "
+            f"{self.duration:g}s, {strikes}"
+        )
+
+
+@dataclass
+class ScheduleResult:
+    """What one schedule did and what the checker said."""
+
+    schedule: Schedule
+    report: Report
+    history: Path
+    elapsed: float
+    stores: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok
+
+
+def collect_final(run: Run, coordinator: str, stores: dict[str, str], resource: str) -> None:
+    """Record the final state of every store and the diagnostic records (after the workers)."""
+    for role, url in sorted(stores.items()):
+        with open_store(url) as store:
+            item = store.get(resource, KEY)
+            chain = decode_chain(None if item is None else item.value)
+            latest = store.latest(resource, PUBLICATION)
+            pointer = None
+            if latest is not None:
+                pointer = {"epoch": latest.epoch, "object_id": latest.object_id}
+                pointer["sha"] = hashlib.sha256(store.read(resource, PUBLICATION)).hexdigest()
+            run.rec.emit(
+                "final",
+                store=role,
+                chain=chain,
+                version=0 if item is None else item.version,
+                pointer=pointer,
+            )
+            try:
+                records = [r.to_json() for r in store.history(resource)]
+            except (ConfigurationError, AttributeError) as error:
+                run.rec.emit("records", source=f"store:{role}", unavailable=str(error))
+            else:
+                run.rec.emit("records", source=f"store:{role}", records=records)
+    with connect(coordinator) as coord:
+        try:
+            coordinator_records = [r.to_json() for r in coord.history(resource)]
+        except (ConfigurationError, NotImplementedError) as error:
+            run.rec.emit("records", source="coordinator", unavailable=str(error))
+        else:
+            run.rec.emit("records", source="coordinator", records=coordinator_records)
+
+
+def run_schedule(
+    schedule: Schedule,
+    target: Target,
+    workdir: Path,
+    *,
+    mutants: Iterable[str] = (),
+    restore: RestoreSupport | None = None,
+) -> ScheduleResult:
+    """Run ``schedule`` with real processes in ``workdir``; check its history."""
+    chosen = sorted(mutants)
+    began = time.monotonic()
+    rundir = workdir / f"schedule-{schedule.seed}"
+    run = Run(rundir, f"schedule-{schedule.seed}")
+    coordinator = target.coordinator_url(rundir)
+    stores = target.store_urls(rundir, schedule.seed)
+    resource = f"verify/s{schedule.seed}-{secrets.token_hex(3)}"
+    modes = {"S": "strict", "M": "monotonic"}
+    run.rec.emit(
+        "meta",
+        kind="schedule",
+        seed=schedule.seed,
+        resource=resource,
+        ttl=schedule.ttl,
+        margin=schedule.margin,
+        workers=schedule.workers,
+        rates=schedule.rates,
+        mutants=chosen,
+        stores={role: {"url": url, "mode": modes[role]} for role, url in stores.items()},
+        coordinator=coordinator,
+    )
+    go = rundir / "go"
+    incarnations: Counter[int] = Counter()
+
+    def spawn(slot: int) -> WorkerProcess:
+        incarnation = incarnations[slot]
+        incarnations[slot] += 1
+        name = f"w{slot}" + (f".{incarnation}" if incarnation else "")
+        config = WorkerConfig(
+            name=name,
+            history="",
+            coordinator=coordinator,
+            resource=resource,
+            stores=stores,
+            fence=["S"],
+            ttl=schedule.ttl,
+            margin=schedule.margin,
+            mode="random",
+            seed=schedule.seed * 1000 + slot * 10 + incarnation,
+            go=str(go),
+            rates=schedule.rates,
+        )
+        return run.spawn(config, chosen)
+
+    restore_now: Callable[[], None] | None = None
+    if restore is not None and target.embedded:
+        backup_path = rundir / "coordinator.backup"
+        restore.backup(coordinator, backup_path)
+
+        def restore_now() -> None:
+            t0 = time.monotonic()
+            try:
+                restore.restore(backup_path, coordinator)
+            except Exception as error:
+                run.rec.emit("restore", t0=t0, available=True, error=repr(error))
+                raise
+            run.rec.emit("restore", t0=t0, available=True)
+
+    try:
+        slots = {slot: spawn(slot) for slot in range(schedule.workers)}
+        waiting = {worker.name for worker in slots.values()}
+
+        def all_started(event: Event) -> bool:
+            if event["ev"] == "start":
+                waiting.discard(str(event["w"]))
+            return not waiting
+
+        run.wait_for(all_started, 60.0, "the workers to start")
+        nemesis = Nemesis(
+            run, schedule.nemesis, schedule.ttl, slots, spawn, restore=restore_now
+        )
+        end = nemesis.started + schedule.duration
+        temporary = go.with_suffix(".tmp")
+        temporary.write_text(repr(end))
+        temporary.rename(go)
+        while (now := time.monotonic()) < end:
+            time.sleep(max(0.001, min(nemesis.tick(), end - now, 0.05)))
+        nemesis.calm(time.monotonic() + 6 * schedule.ttl + 10.0)
+        collect_final(run, coordinator, stores, resource)
+    finally:
+        run.close()
+    report = check_history(read_history(run.history))
+    return ScheduleResult(schedule, report, run.history, time.monotonic() - began, stores)
+
+
+@dataclass
+class RandomSummary:
+    """The outcome of ``--random N --seed S``."""
+
+    seed: int
+    results: list[ScheduleResult] = field(default_factory=list)
+    kept: dict[int, Path] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> list[ScheduleResult]:
+        return [r for r in self.results if not r.ok]
+
+    def totals(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for result in self.results:
+            total.update(result.report.stats)
+        return total
+
+    def to_json(self) -> dict[str, Any]:
+        totals = self.totals()
+        return {
+            "seed": self.seed,
+            "schedules": len(self.results),
+            "violations": sum(len(r.report.violations) for r in self.results),
+            "ok": self.ok,
+            "operations": totals["operations"],
+            "faults": totals["faults"],
+            "stale_writes_rejected": totals["stale writes rejected"],
+            "totals": dict(sorted(totals.items())),
+            "failed": [
+                {
+                    "seed": r.schedule.seed,
+                    "violations": [v.to_json() for v in r.report.violations],
+                    "history": str(self.kept.get(r.schedule.seed, r.history)),
+                }
+                for r in self.failed
+            ],
+        }
+
+
+def run_random(
+    count: int,
+    seed: int,
+    target: Target,
+    *,
+    duration: float = DEFAULT_DURATION,
+    mutants: Iterable[str] = (),
+    keep_history: Path | None = None,
+    restore: RestoreSupport | None = None,
+    stop_on_failure: bool = False,
+    progress: Callable[[ScheduleResult], None] | None = None,
+) -> RandomSummary:
+    """Run schedules ``seed`` … ``seed + count - 1``; keep the history of every failing one.
+
+    Failing histories are copied to ``keep_history`` (or kept in a directory that is not
+    removed); with ``keep_history`` every history is copied there.
+    """
+    if count < 1:
+        raise ConfigurationError("--random needs at least 1 schedule")
+    summary = RandomSummary(seed)
+    chosen = list(mutants)
+    workdir = Path(tempfile.mkdtemp(prefix="fenced-verify-"))
+    failures_dir: Path | None = keep_history
+    try:
+        for index in range(count):
+            schedule = Schedule.draw(seed + index, duration, restores=restore is not None)
+            result = run_schedule(schedule, target, workdir, mutants=chosen, restore=restore)
+            summary.results.append(result)
+            if keep_history is not None or not result.ok:
+                if failures_dir is None:
+                    failures_dir = Path(tempfile.mkdtemp(prefix="fenced-verify-failed-"))
+                failures_dir.mkdir(parents=True, exist_ok=True)
+                kept = failures_dir / result.history.name
+                shutil.copyfile(result.history, kept)
+                summary.kept[schedule.seed] = kept
+            shutil.rmtree(result.history.parent, ignore_errors=True)
+            if progress is not None:
+                progress(result)
+            if stop_on_failure and not result.ok:
+                break
+    except FencedError:
+        raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return summary

@@ -1,0 +1,94 @@
+"""What a verification run runs against: the coordinator URL and the stores.
+
+By default everything is embedded and fresh: each case and each schedule gets its own SQLite
+coordinator database and two new stores in a temporary directory — a **strict** one (``S``, where
+every holder installs its epoch with ``hold(fence=[S])``) and a **monotonic** one (``M``, the
+largest-seen rule, no install). The two embedded store kinds alternate between the roles
+(``sqlite:`` strict and ``file:`` monotonic, then the other way round), so both store backends
+are verified in both modes.
+
+``--coordinator URL`` replaces the embedded coordinator (each run uses a fresh resource name, so
+runs never see each other's leases); ``--store URL`` (repeatable) replaces the temporary store of
+the role matching that store's mode (a new store is created strict). The coordinator must be
+reachable by every worker process; ``memory://`` is refused (its state lives in one process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fenced.coordinator.connect import connect, resolve_url
+from fenced.core.errors import ConfigurationError
+from fenced.core.urls import scheme_of
+from fenced.fence.store import open_store
+
+__all__ = ["Target"]
+
+
+@dataclass
+class Target:
+    """The coordinator and stores under verification (see the module docstring)."""
+
+    coordinator: str | None = None
+    """A coordinator URL, or None for a fresh embedded SQLite coordinator per run."""
+    stores: dict[str, str] = field(default_factory=dict)
+    """User-given stores by role (``S`` strict, ``M`` monotonic)."""
+
+    @classmethod
+    def create(cls, coordinator: str | None, stores: tuple[str, ...] = ()) -> Target:
+        """Validate the URLs (connecting once to each) before anything runs."""
+        url = None
+        if coordinator is not None:
+            url = resolve_url(coordinator)
+            if scheme_of(url) == "memory":
+                raise ConfigurationError(
+                    "fenced verify needs a coordinator shared between processes; memory:// is not"
+                )
+            connect(url).close()
+        roles: dict[str, str] = {}
+        for store_url in stores:
+            with open_store(store_url) as store:
+                role = "S" if store.mode == "strict" else "M"
+            if role in roles:
+                raise ConfigurationError(
+                    f"two --store URLs of the same mode ({store.mode}): {roles[role]}, {store_url}"
+                )
+            roles[role] = store_url
+        return cls(url, roles)
+
+    @property
+    def embedded(self) -> bool:
+        """True if the coordinator is a fresh embedded one (per run)."""
+        return self.coordinator is None or scheme_of(self.coordinator) == "sqlite"
+
+    def describe(self) -> str:
+        coordinator = self.coordinator or "embedded SQLite (fresh per run)"
+        stores = ", ".join(f"{r}={u}" for r, u in sorted(self.stores.items())) or "embedded"
+        return f"coordinator {coordinator}; stores {stores}"
+
+    def coordinator_url(self, workdir: Path) -> str:
+        return self.coordinator or f"sqlite://{workdir / 'coordinator.db'}"
+
+    def store_urls(self, workdir: Path, index: int) -> dict[str, str]:
+        """``{"S": strict URL, "M": monotonic URL}`` for run number ``index`` (created here)."""
+        kinds = ("sqlite", "file") if index % 2 == 0 else ("file", "sqlite")
+        urls: dict[str, str] = {}
+        for role, kind, mode in (("S", kinds[0], "strict"), ("M", kinds[1], "monotonic")):
+            url = self.stores.get(role)
+            if url is None:
+                suffix = ".db" if kind == "sqlite" else ""
+                url = f"{kind}://{workdir / f'store-{role}{suffix}'}"
+                with contextlib.closing(open_store(url, mode=mode)):
+                    pass
+            urls[role] = url
+        return urls
+
+    def store_kinds(self, index: int) -> dict[str, str]:
+        """What each role is, for reports."""
+        kinds = ("sqlite", "file") if index % 2 == 0 else ("file", "sqlite")
+        return {
+            "S": self.stores.get("S", kinds[0]),
+            "M": self.stores.get("M", kinds[1]),
+        }

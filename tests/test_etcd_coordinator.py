@@ -1,0 +1,625 @@
+"""The coordinator on ``etcd://`` against a real 3-member etcd cluster started by the session.
+
+It runs :class:`CoordinatorConformance` and :class:`HistoryConformance` (each test on its own key
+prefix). It does **not** run :class:`ManualClockConformance`: expiry is decided by etcd leases,
+i.e. by the etcd leader's clock, which cannot be injected (``connect(url, host_clock=...)`` is
+refused loudly). Expiry by etcd leases is tested directly instead, with etcd's granularity (a
+lease of ttl T expires between ceil(T) and ceil(T) + 0.5 s after its last keep-alive).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fenced
+from fenced.coordinator.backend import Blocked, Granted, GrantRequest
+from fenced.coordinator.backends.etcd import EtcdBackend, EtcdTicket, parse_etcd_url
+from fenced.coordinator.backends.etcd_client import Transport, WatchStream, b64
+from fenced.coordinator.client import Coordinator
+from fenced.coordinator.connect import connect, open_backend
+from fenced.core.clock import ManualClock
+from fenced.core.errors import (
+    Busy,
+    ConfigurationError,
+    FencedError,
+    LeaseLost,
+    OutcomeUnknown,
+    StaleToken,
+    Unavailable,
+)
+from fenced.core.lease import LeaseState
+from fenced.core.records import RecordKind
+from fenced.core.restore import restore_base
+from fenced.core.token import FencingToken
+from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
+from fenced.testing.etcd import EtcdCluster, free_ports
+from fenced.testing.proxy import TcpProxy
+
+R = "exports/daily"
+
+
+def _prefix() -> str:
+    return "/t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def etcd_url(etcd_cluster: EtcdCluster) -> str:
+    return etcd_cluster.url(prefix=_prefix(), timeout=2)
+
+
+class TestEtcdCoordinator(CoordinatorConformance):
+    @pytest.fixture
+    def url(self, etcd_url: str) -> str:
+        return etcd_url
+
+
+class TestEtcdHistory(HistoryConformance):
+    @pytest.fixture
+    def url(self, etcd_url: str) -> str:
+        return etcd_url
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+WORKERS = Path(__file__).with_name("etcd_workers.py")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A cluster of this test's own (for tests that kill, restart or restore members)."""
+    own = EtcdCluster(3, tmp_path / "etcd")
+    try:
+        own.start()
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture
+def opened() -> Iterator[Callable[[str], Coordinator]]:
+    """``connect(url)``; every coordinator is closed at the end of the test."""
+    coords: list[Coordinator] = []
+
+    def make(url: str) -> Coordinator:
+        coords.append(connect(url))
+        return coords[-1]
+
+    yield make
+    for coord in coords:
+        coord.close()
+
+
+class Worker:
+    """A worker process of ``tests/etcd_workers.py`` and its JSON-lines output."""
+
+    def __init__(self, out: Path, mode: str, *args: str, netns: str | None = None) -> None:
+        self.out = out
+        argv = [sys.executable, str(WORKERS), mode, "--out", str(out), *args]
+        if netns is not None:
+            argv = ["ip", "netns", "exec", netns, *argv]
+        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        if not self.out.exists():
+            return []
+        lines = self.out.read_text().splitlines()
+        found = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in found if name is None or e["event"] == name]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGCONT)
+                os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.stop()
+
+
+# -- URLs and configuration -----------------------------------------------------------------------
+
+
+def test_url_forms_and_bad_urls() -> None:
+    settings = parse_etcd_url("etcd://10.0.0.1:2379,[::1]:2380,etcd3?prefix=/p/q&timeout=2")
+    assert settings.endpoints == [("10.0.0.1", 2379), ("::1", 2380), ("etcd3", 2379)]
+    assert (settings.prefix, settings.timeout, settings.connect_timeout) == ("/p/q", 2.0, 1.0)
+    for bad in [
+        "etcd://",
+        "etcd://h:0",
+        "etcd://h:x",
+        "etcd://h:1/path",
+        "etcd://h:1?prefix=nope",
+        "etcd://h:1?prefix=/a/",
+        "etcd://h:1?timeout=-1",
+        "etcd://h:1?tls=on",
+        "etcd://user@h:1",
+    ]:
+        with pytest.raises(ConfigurationError):
+            parse_etcd_url(bad)
+
+
+def test_the_expiry_clock_cannot_be_injected(etcd_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="etcd leases"):
+        open_backend(etcd_url, host_clock=ManualClock())
+
+
+def test_an_unreachable_cluster_is_unavailable_not_a_hang() -> None:
+    dead = free_ports(2)
+    started = time.monotonic()
+    with pytest.raises(Unavailable):
+        connect(f"etcd://127.0.0.1:{dead[0]},127.0.0.1:{dead[1]}?timeout=0.5")
+    assert time.monotonic() - started < 3
+
+
+def test_a_dead_first_endpoint_fails_over(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    dead = free_ports(1)[0]
+    url = f"etcd://127.0.0.1:{dead}," + ",".join(etcd_cluster.endpoints) + f"?prefix={_prefix()}"
+    coord = opened(url)
+    lease = coord.acquire(R, ttl=5, wait=0)
+    assert coord.release(lease)
+
+
+def test_a_foreign_value_under_the_prefix_is_a_configuration_error(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    prefix = _prefix()
+    raw = Transport(
+        [("127.0.0.1", etcd_cluster.members[0].client_port)], timeout=2, connect_timeout=1
+    )
+    raw.call("kv/put", {"key": b64(f"{prefix}/meta/id"), "value": b64("not an id")}, mutating=True)
+    raw.close()
+    with pytest.raises(ConfigurationError, match="coordinator id"):
+        connect(etcd_cluster.url(prefix=prefix))
+
+
+# -- expiry by etcd leases ------------------------------------------------------------------------
+
+
+def test_expiry_is_decided_by_the_etcd_lease(
+    etcd_url: str, opened: Callable[[str], Coordinator]
+) -> None:
+    """ttl 0.4 becomes an etcd lease of etcd's minimum TTL (1 s here); it expires 1-1.5 s after
+    its last keep-alive, and renew reports that TTL (the Coordinator caps the deadline at ttl)."""
+    coord = opened(etcd_url)
+    lease = coord.acquire(R, ttl=0.4, wait=0, safety_margin=0.05)
+    assert lease.deadline - time.monotonic() <= 0.4
+    backend = _etcd(coord)
+    assert backend.renew(R, lease.epoch, lease.owner, 0.4) >= 1.0
+    renewed_at = time.monotonic()
+    renewed = coord.renew(lease)
+    assert renewed.deadline <= time.monotonic() + 0.4
+    wait_for(lambda: coord.current(R) is None, timeout=4, what="the etcd lease to expire")
+    gone_after = time.monotonic() - renewed_at
+    assert 0.9 <= gone_after <= 3.0
+    with pytest.raises(LeaseLost):
+        backend.renew(R, lease.epoch, lease.owner, 0.4)
+    assert coord.acquire(R, ttl=5, wait=0).epoch == lease.epoch + 1
+    assert [r.kind for r in coord.history(R)][-2:] == [RecordKind.EXPIRED, RecordKind.GRANTED]
+
+
+def test_one_etcd_lease_carries_one_grant_and_renewing_one_never_extends_another(
+    etcd_url: str, opened: Callable[[str], Coordinator]
+) -> None:
+    coord = opened(etcd_url)
+    a = coord.acquire("res/a", ttl=1, wait=0)
+    b = coord.acquire("res/b", ttl=1, wait=0)
+    backend = _etcd(coord)
+    leases = {_lease_id(backend, name) for name in ("res/a", "res/b")}
+    assert len(leases) == 2
+    started = time.monotonic()
+    while time.monotonic() - started < 2.5:  # renew a only, for 2.5 x its ttl
+        a = coord.renew(a)
+        time.sleep(0.2)
+    assert coord.current("res/b") is None
+    assert coord.current("res/a") is not None
+    assert coord.release(a)
+    # the released etcd lease is reused for the next grant (no LeaseGrant on the hot path)
+    c = coord.acquire("res/c", ttl=1, wait=0)
+    assert _lease_id(backend, "res/c") in leases
+    with pytest.raises(LeaseLost):  # a late renew of the released grant touches nothing
+        coord.renew(a)
+    assert coord.current("res/c") is not None and coord.current("res/c").epoch == c.epoch  # type: ignore[union-attr]
+    del b
+
+
+def test_a_waiter_that_gives_up_leaves_no_key_behind(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    prefix = _prefix()
+    url = etcd_cluster.url(prefix=prefix)
+    holder, waiter = opened(url), opened(url)
+    lease = holder.acquire(R, ttl=10, wait=0)
+    with pytest.raises(Busy):
+        waiter.acquire(R, ttl=5, wait=0.3)
+    raw = Transport(
+        [("127.0.0.1", etcd_cluster.members[1].client_port)], timeout=2, connect_timeout=1
+    )
+    queue = f"{prefix}/queue/".encode()
+    reply = raw.call(
+        "kv/range", {"key": b64(queue), "range_end": b64(queue[:-1] + b"0")}, mutating=False
+    )
+    raw.close()
+    assert int(reply.get("count", 0)) == 0
+    assert holder.release(lease)
+
+
+# -- watches: resume and compaction ---------------------------------------------------------------
+
+
+def test_a_watch_resumes_after_a_cut_connection_without_losing_events(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    member = etcd_cluster.members[0]
+    key = f"{_prefix()}/w".encode()
+    with TcpProxy("127.0.0.1", member.client_port) as proxy:
+        watched = Transport([("127.0.0.1", proxy.port)], timeout=2, connect_timeout=1)
+        direct = Transport([("127.0.0.1", member.client_port)], timeout=2, connect_timeout=1)
+        reply = direct.call("kv/put", {"key": b64(key), "value": b64("0")}, mutating=True)
+        start = int(reply["header"]["revision"]) + 1
+        seen: list[bytes] = []
+        stream = WatchStream(
+            watched,
+            key,
+            None,
+            start,
+            lambda ev, rev: seen.extend(e.kv.value for e in ev),
+            lambda reason: None,
+        )
+        assert stream.created.wait(5)
+        for i in range(1, 11):
+            direct.call("kv/put", {"key": b64(key), "value": b64(str(i))}, mutating=True)
+            if i in (3, 7):
+                proxy.cut()
+        wait_for(lambda: len(seen) >= 10, timeout=5, what="all ten events")
+        time.sleep(0.2)
+        stream.stop()
+        assert seen == [str(i).encode() for i in range(1, 11)]
+        watched.close()
+        direct.close()
+
+
+def test_a_compacted_start_revision_makes_the_waiter_re_read(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    url = etcd_cluster.url(prefix=_prefix())
+    holder, waiter = opened(url), opened(url)
+    lease = holder.acquire(R, ttl=10, wait=0)
+    raw = Transport(
+        [("127.0.0.1", etcd_cluster.members[0].client_port)], timeout=2, connect_timeout=1
+    )
+    troubles: list[str] = []
+    head = int(raw.call("kv/range", {"key": b64("x")}, mutating=False)["header"]["revision"])
+    raw.call("kv/compaction", {"revision": str(head)}, mutating=True)
+    stream = WatchStream(raw, b"x", None, 1, lambda ev, rev: None, troubles.append)
+    wait_for(lambda: troubles == ["compacted"], timeout=5, what="the compaction to be reported")
+    stream.stop()
+    # a waiter whose predecessor watch starts at a compacted revision re-reads, then waits again
+    backend = _etcd(waiter)
+    request = GrantRequest(R, 5.0, "1" * 32, "waiter")
+    ticket = backend.enqueue(request)
+    assert isinstance(ticket, EtcdTicket)
+    backend._follow(ticket, ticket.pred, 1)
+    backend.wait(ticket, 5)
+    assert ticket.changed.is_set()
+    assert isinstance(backend.try_grant(request, ticket), Blocked)  # re-read: still held
+    holder.release(lease)
+    backend.wait(ticket, 5)
+    granted = backend.try_grant(request, ticket)
+    assert isinstance(granted, Granted) and granted.epoch == lease.epoch + 1
+    raw.close()
+
+
+# -- processes and faults -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_leader_while_8_processes_contend(
+    cluster: EtcdCluster, tmp_path: Path, workers: list[Worker]
+) -> None:
+    url = cluster.url(prefix="/fenced", timeout=1, connect_timeout=0.3)
+    store_url = f"sqlite://{tmp_path}/store.db"
+    fenced.open_store(store_url, "strict").close()
+    until = time.monotonic() + 7.0
+    args = ["--url", url, "--store", store_url, "--ttl", "2"]
+    for i in range(8):
+        workers.append(Worker(tmp_path / f"w{i}.jsonl", "contend", *args, "--until", str(until)))
+    wait_for(
+        lambda: sum(len(w.events("held")) for w in workers) >= 40, timeout=20, what="contention"
+    )
+    killed_at = time.monotonic()
+    cluster.kill(cluster.leader())
+    for worker in workers:
+        worker.process.wait(40)
+    held = [(e["epoch"], e["version"], e["t"], e["pid"]) for w in workers for e in w.events("held")]
+    epochs = [epoch for epoch, _, _, _ in held]
+    assert len(epochs) == len(set(epochs)), "an epoch was granted twice"
+    by_version = sorted(held, key=lambda h: h[1])
+    assert [v for _, v, _, _ in by_version] == list(range(1, len(held) + 1))
+    assert [e for e, _, _, _ in by_version] == sorted(epochs), "the store accepted a stale holder"
+    after = sorted(t for _, _, t, _ in held if t > killed_at)
+    assert after, "no acquisition after the leader was killed"
+    assert after[0] - killed_at < 2.0, f"acquisitions resumed {after[0] - killed_at:.2f}s after"
+    errors = [e["error"] for w in workers for e in w.events("error")]
+    assert not [e for e in errors if "StaleToken" in e or "NotInstalled" in e], errors
+
+
+@pytest.mark.slow
+def test_a_stopped_holder_loses_the_lease_and_its_stale_writes_are_rejected(
+    etcd_cluster: EtcdCluster,
+    tmp_path: Path,
+    workers: list[Worker],
+    opened: Callable[[str], Coordinator],
+) -> None:
+    url = etcd_cluster.url(prefix=_prefix(), timeout=1)
+    store = fenced.open_store(f"sqlite://{tmp_path}/store.db", "strict")
+    coord = opened(url)
+    holder = Worker(tmp_path / "h.jsonl", "hold", "--url", url, "--ttl", "1", "--seconds", "20")
+    workers.append(holder)
+    wait_for(lambda: holder.events("held"), timeout=10, what="the holder")
+    old_epoch = holder.events("held")[0]["epoch"]
+    old_token = FencingToken(coord.coordinator_id, R, old_epoch)
+    store.fence(old_token)
+    os.kill(holder.process.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    with coord.hold(R, ttl=5, wait=10, fence=[store]) as held:
+        took = time.monotonic() - stopped_at
+        assert held.epoch == old_epoch + 1
+        assert 0.5 < took < 4.0  # the etcd lease (1 s) expired; no keep-alive came
+        with pytest.raises(StaleToken):
+            store.put(old_token, "k", b"stale")  # the paused holder's write, after it wakes
+        os.kill(holder.process.pid, signal.SIGCONT)
+        wait_for(lambda: holder.events("done"), timeout=10, what="the holder to notice")
+        assert any(e["event"] == "lost" for e in holder.events())
+        store.put(held.token, "k", b"fresh")
+    assert store.get(R, "k").value == b"fresh"  # type: ignore[union-attr]
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_restart_of_the_whole_cluster_with_leases_held(
+    cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    url = cluster.url(prefix="/fenced", timeout=1, connect_timeout=0.3)
+    coord, other = opened(url), opened(url)
+    states: list[LeaseState] = []
+    with coord.hold(R, ttl=6, wait=0) as held:
+        epoch = held.epoch
+        for member in cluster.members:
+            cluster.kill(member)
+        wait_for(lambda: held.state is LeaseState.UNCERTAIN, timeout=6, what="UNCERTAIN")
+        states.append(held.state)
+        cluster.start_all()
+        wait_for(lambda: held.state is LeaseState.HELD, timeout=6, what="HELD again")
+        states.append(held.state)
+        assert not held.lost.is_set()
+        with pytest.raises(Busy):
+            other.acquire(R, ttl=5, wait=0)
+        info = other.current(R)
+        assert info is not None and info.epoch == epoch
+    assert states == [LeaseState.UNCERTAIN, LeaseState.HELD]
+    assert other.acquire(R, ttl=5, wait=0).epoch == epoch + 1
+
+
+@pytest.mark.slow
+def test_lost_and_delayed_replies_through_a_tcp_proxy(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    prefix = _prefix()
+    member = etcd_cluster.leader()
+    direct = opened(etcd_cluster.url(prefix=prefix))
+    with TcpProxy("127.0.0.1", member.client_port) as proxy:
+        proxied = opened(f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}&timeout=1")
+        # a lost grant reply: OutcomeUnknown, and the retry with the request_id finds the grant
+        warm = proxied.acquire("exports/warm", ttl=5, wait=0, request_id="warm")  # etcd leases
+        assert proxied.release(warm)
+        proxy.lose_replies()
+        with pytest.raises(OutcomeUnknown):
+            proxied.acquire(R, ttl=5, wait=0, request_id="lost-1")
+        proxy.forward()
+        assert direct.current(R) is not None and direct.last_epoch(R) == 1
+        lease = proxied.acquire(R, ttl=5, wait=0, request_id="lost-1")
+        assert lease.epoch == 1 and proxied.release(lease)
+        # a delayed reply to a renewal: the local deadline counts from the send time
+        lease = proxied.acquire(R, ttl=3, wait=0)
+        proxy.delay(0.5)
+        sent = time.monotonic()
+        renewed = proxied.renew(lease)
+        assert time.monotonic() - sent >= 0.9  # two requests, each reply 0.5 s late
+        assert renewed.deadline <= sent + 3
+        proxy.forward()
+        # a delayed release from the old owner never affects the newer lease
+        short = proxied.acquire("exports/other", ttl=1, wait=0)
+        proxy.blackhole()
+        outcome: list[object] = []
+        releaser = threading.Thread(
+            target=lambda: outcome.append(_attempt(lambda: proxied.release(short)))
+        )
+        releaser.start()
+        newer = direct.acquire("exports/other", ttl=10, wait=5)
+        assert newer.epoch == short.epoch + 1
+        proxy.forward()
+        releaser.join(10)
+        time.sleep(0.3)
+        info = direct.current("exports/other")
+        assert info is not None and info.epoch == newer.epoch
+        assert outcome and outcome[0] is not True
+        assert direct.release(newer)
+        assert direct.release(lease) is True
+
+
+def _lease_id(backend: EtcdBackend, resource: str) -> int:
+    kv = backend._lease_kv(resource)
+    assert kv is not None
+    return kv.lease
+
+
+def _etcd(coord: Coordinator) -> EtcdBackend:
+    backend = coord.backend
+    assert isinstance(backend, EtcdBackend)
+    return backend
+
+
+def _attempt(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except FencedError as error:
+        return error
+
+
+@pytest.mark.slow
+def test_snapshot_restore_then_advance_puts_every_later_epoch_above_the_earlier_ones(
+    cluster: EtcdCluster, tmp_path: Path, opened: Callable[[str], Coordinator]
+) -> None:
+    url = cluster.url(prefix="/fenced", timeout=2)
+    coord = opened(url)
+    store = fenced.open_store(f"sqlite://{tmp_path}/store.db", "strict")
+    for _ in range(41):
+        coord.release(coord.acquire(R, ttl=5, wait=0))
+    assert coord.last_epoch(R) == 41
+    snapshot = cluster.snapshot_save(tmp_path / "snap.db")
+    coord.release(coord.acquire(R, ttl=5, wait=0))
+    with coord.hold(R, ttl=5, wait=0, fence=[store]) as held:
+        assert held.epoch == 43
+        store.put(held.token, "k", b"by 43")
+    cluster.restore(snapshot)
+    restored = opened(url)
+    assert restored.coordinator_id == coord.coordinator_id
+    assert restored.last_epoch(R) == 41  # etcd went back: epoch 42 would be handed out again
+    floor = store.floor(R)
+    assert floor == 43
+    minimum = restored.backend.advance(restore_base(time.time()), {R: floor}, {"why": "restore"})
+    assert minimum >= restore_base(time.time() - 60)
+    with restored.hold(R, ttl=5, wait=0, fence=[store]) as held:
+        assert held.epoch > 43
+        store.put(held.token, "k", b"after the restore")
+    assert store.get(R, "k").value == b"after the restore"  # type: ignore[union-attr]
+    assert coord.acquire("exports/fresh", ttl=5, wait=0).epoch > minimum  # an old client too
+    kinds = [r.kind for r in restored.history(R)]
+    assert RecordKind.RESTORED in kinds
+    store.close()
+
+
+# -- a partition in a network-namespace lab -------------------------------------------------------
+
+
+class NetnsLab:
+    """A private network: a "switch" namespace with a bridge, one namespace per host, each joined
+    to the bridge by a veth pair; addresses in a private /24 that exists only inside the lab (no
+    link to this namespace, no default route). ``cut(i)`` downs host i's switch port."""
+
+    SUBNET = "10.199.77"
+
+    def __init__(self, hosts: int) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.switch = f"fz{tag}sw"
+        self.hosts = [f"fz{tag}h{i + 1}" for i in range(hosts)]
+        self.addresses = [f"{self.SUBNET}.{i + 1}" for i in range(hosts)]
+
+    @staticmethod
+    def _ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+    def __enter__(self) -> NetnsLab:
+        try:
+            self._ip("netns", "add", self.switch)
+            self._ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            self._ip("-n", self.switch, "link", "set", "br0", "up")
+            for i, (host, address) in enumerate(zip(self.hosts, self.addresses, strict=True)):
+                port = f"p{i + 1}"
+                self._ip("netns", "add", host)
+                self._ip("-n", host, "link", "set", "lo", "up")
+                self._ip(
+                    "link", "add", "eth0", "netns", host, "type", "veth",
+                    "peer", "name", port, "netns", self.switch,
+                )  # fmt: skip
+                self._ip("-n", self.switch, "link", "set", port, "master", "br0")
+                self._ip("-n", self.switch, "link", "set", port, "up")
+                self._ip("-n", host, "addr", "add", f"{address}/24", "dev", "eth0")
+                self._ip("-n", host, "link", "set", "eth0", "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def cut(self, index: int) -> None:
+        self._ip("-n", self.switch, "link", "set", f"p{index + 1}", "down")
+
+    def heal(self, index: int) -> None:
+        self._ip("-n", self.switch, "link", "set", f"p{index + 1}", "up")
+
+    def close(self) -> None:
+        """Delete every namespace of the lab (that removes its veths and bridge)."""
+        for name in [*self.hosts, self.switch]:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@pytest.mark.slow
+def test_a_holder_whose_member_is_cut_off_goes_uncertain_then_lost_and_others_proceed(
+    tmp_path: Path, workers: list[Worker]
+) -> None:
+    with NetnsLab(3) as lab:
+        cluster = EtcdCluster(
+            3, tmp_path / "etcd", hosts=list(zip(lab.addresses, lab.hosts, strict=True))
+        )
+        try:
+            cluster.start(timeout=30)
+            url = cluster.url(prefix="/fenced", timeout=0.5, connect_timeout=0.2)
+            leader = cluster.leader()
+            cut = cluster.members.index(leader)
+            holder = Worker(
+                tmp_path / "holder.jsonl", "hold", "--url", url, "--ttl", "3", "--seconds", "20",
+                netns=leader.netns,
+            )  # fmt: skip
+            workers.append(holder)
+            wait_for(lambda: holder.events("held"), timeout=15, what="the holder")
+            epoch = holder.events("held")[0]["epoch"]
+            time.sleep(0.3)
+            cut_at = time.monotonic()
+            lab.cut(cut)
+            other_host = lab.hosts[(cut + 1) % 3]
+            other = Worker(
+                tmp_path / "other.jsonl", "acquire", "--url", url, "--ttl", "5", "--wait", "20",
+                netns=other_host,
+            )  # fmt: skip
+            workers.append(other)
+            wait_for(lambda: other.events("granted") or other.events("failed"), timeout=25)
+            assert other.events("granted"), other.events("failed")
+            granted = other.events("granted")[0]
+            assert granted["epoch"] == epoch + 1
+            wait_for(lambda: holder.events("done"), timeout=15, what="the holder to give up")
+            states = [(e["state"], e["t"]) for e in holder.events("state")]
+            names = [name for name, _ in states]
+            assert names[:2] == ["UNCERTAIN", "LOST"], states
+            uncertain_at, lost_at = states[0][1], states[1][1]
+            assert cut_at < uncertain_at < lost_at <= cut_at + 3.0 + 0.5
+            assert lost_at < granted["t"], "the other holder was granted before the old one knew"
+            assert [e["reason"] for e in holder.events("lost")] == ["EXPIRED"]
+            lab.heal(cut)
+        finally:
+            for worker in workers:
+                worker.stop()
+            cluster.stop()
