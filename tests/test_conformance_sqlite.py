@@ -1,7 +1,8 @@
 """The coordinator conformance suite on the embedded SQLite backend (a fresh database per test).
 
 SQLite has every capability the suite checks: notifications for waiters, ``request_id``
-deduplication, and an injectable expiry clock (:class:`ManualClockConformance`).
+deduplication, records (:class:`HistoryConformance`), and an injectable expiry clock
+(:class:`ManualClockConformance`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from fenced.testing.conformance import CoordinatorConformance, ManualClockConformance
+from fenced.testing.conformance import (
+    CoordinatorConformance,
+    HistoryConformance,
+    ManualClockConformance,
+)
 
 
 @pytest.fixture
@@ -25,6 +30,12 @@ class TestSQLiteCoordinator(CoordinatorConformance):
 
 
 class TestSQLiteManualClock(ManualClockConformance):
+    @pytest.fixture
+    def url(self, sqlite_url: str) -> str:
+        return sqlite_url
+
+
+class TestSQLiteHistory(HistoryConformance):
     @pytest.fixture
     def url(self, sqlite_url: str) -> str:
         return sqlite_url

@@ -15,7 +15,7 @@ try again without a notification (the current lease's expiry, or the keep-alive 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from fenced.core.lease import LeaseInfo
@@ -46,7 +46,7 @@ class GrantRequest:
 
     resource: str
     ttl: float
-    owner: str
+    owner: str = field(repr=False)
     holder: str
     request_id: str | None = None
     value: str | None = None
@@ -63,7 +63,7 @@ class Granted:
     """
 
     epoch: int
-    owner: str
+    owner: str = field(repr=False)
     holder: str
     ttl: float
     expires_in: float

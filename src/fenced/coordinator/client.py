@@ -25,6 +25,7 @@ from fenced.coordinator.backend import (
     GrantRequest,
     Ticket,
 )
+from fenced.core import mutants
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import Busy, ConfigurationError, LeaseLost, LossReason
 from fenced.core.lease import Lease, LeaseInfo
@@ -139,6 +140,8 @@ class Coordinator:
                 result = self._backend.try_grant(request, ticket)
                 if isinstance(result, Granted):
                     ticket = None  # the grant consumed it
+                    if mutants.active("deadline-from-reply"):  # seeded defect (fenced verify)
+                        sent = self._clock.monotonic()
                     return self._lease(request, policy, result, sent)
                 now = self._clock.monotonic()
                 if give_up is not None and now >= give_up:
@@ -187,6 +190,8 @@ class Coordinator:
         if sent >= lease.deadline:
             raise LeaseLost(LossReason.EXPIRED, "the local deadline passed before renewal")
         remaining = self._backend.renew(lease.resource, lease.epoch, lease.owner, lease.ttl)
+        if mutants.active("deadline-from-reply"):  # seeded defect of `fenced verify --mutants`
+            sent = self._clock.monotonic()
         return dataclasses.replace(
             lease,
             deadline=sent + min(remaining, lease.ttl) - lease.safety_margin,

@@ -12,9 +12,12 @@ it) lives in :mod:`fenced.verify.mutants`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
-__all__ = ["ENV_VAR", "KNOWN", "activate", "active"]
+from fenced.core.lease import Lease
+
+__all__ = ["ENV_VAR", "KNOWN", "activate", "active", "assumed_renewal", "caught"]
 
 ENV_VAR = "_FENCED_VERIFY_MUTANT"
 """The environment variable a verify worker reads its switches from (comma-separated names)."""
@@ -54,3 +57,14 @@ def activate(names: Iterable[str]) -> frozenset[str]:
         raise ValueError(f"unknown mutant(s): {', '.join(sorted(unknown))}")
     _ACTIVE = chosen
     return chosen
+
+
+def caught(name: str) -> tuple[type[Exception], ...]:
+    """For an ``except`` clause: every exception while ``name`` is active, else none."""
+    return (Exception,) if name in _ACTIVE else ()
+
+
+def assumed_renewal(lease: Lease, sent: float) -> Lease:
+    """Seeded defect ``renewal-failure-ignored``: the lease as if the failed renewal sent at
+    monotonic ``sent`` had succeeded (its deadline extended from ``sent``)."""
+    return dataclasses.replace(lease, deadline=sent + lease.ttl - lease.safety_margin)

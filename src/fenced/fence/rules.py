@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from fenced.core import mutants
 from fenced.core.errors import (
     ConfigurationError,
     ForeignToken,
@@ -100,6 +101,8 @@ def admit_mutation(mode: Mode, head: Head, token: FencingToken) -> Head:
 
     Raises ForeignToken, StaleToken, or (strict mode, epoch above the floor) NotInstalled.
     """
+    if mutants.active("no-fence-check"):  # seeded defect of `fenced verify --mutants`
+        return Head(token.coordinator_id, max(head.floor or 0, token.epoch))
     _check_binding(head, token)
     floor = head.floor
     if floor is not None and token.epoch < floor:
@@ -128,6 +131,8 @@ def check_pointer(token: FencingToken, pointer_epoch: int | None) -> None:
     The floor check already implies this (a pointer's epoch never exceeds the floor); it is
     kept as a second, independent guard of the publication invariant.
     """
+    if mutants.active("publish-no-token-check"):  # seeded defect of `fenced verify --mutants`
+        return
     if pointer_epoch is not None and token.epoch < pointer_epoch:
         raise StaleToken(token.resource, token.epoch, pointer_epoch)
 

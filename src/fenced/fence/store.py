@@ -40,6 +40,7 @@ from functools import partial
 from types import TracebackType
 from typing import BinaryIO, TypeVar, cast
 
+from fenced.core import mutants
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
@@ -538,6 +539,8 @@ class Store:
         record and the store records (an implicit install; the accepted mutation) are written.
         Any exception leaves the transaction uncommitted. ``what`` learns what happened.
         """
+        if mutants.active("dedup-after-fence"):  # seeded defect of `fenced verify --mutants`
+            rules.admit_mutation(self.mode, tx.head(), token)
         if op_id is not None:
             retention = self._options.op_retention
             recorded = ops.replay(tx.op(op_id), digest, now=now, retention=retention)
@@ -545,6 +548,8 @@ class Store:
                 what.replayed = True
                 return decode(recorded)
         head = tx.head()
+        if mutants.active("publish-no-token-check") and what.op == "publish":  # seeded defect
+            head = rules.Head(head.coordinator_id, token.epoch)  # any token passes
         new = rules.admit_mutation(self.mode, head, token)
         outcome = change()
         if new != head:

@@ -370,13 +370,20 @@ class EtcdTicket:
             return
         changed = self.changed
 
+        def state_caught_up(revision: int) -> None:
+            """The head: give the state watch a moment to deliver ``revision`` too."""
+            if state is None:
+                return
+            give_up = time.monotonic() + _STATE_GRACE
+            while time.monotonic() < give_up:
+                watches = self.watches
+                if len(watches) > 1 and watches[1].revision > revision:
+                    return
+                time.sleep(0.0005)
+
         def on_events(events: list[Event], revision: int) -> None:
             if any(event.kind == "DELETE" for event in events):
-                watches = self.watches
-                if len(watches) > 1:  # the head: let the state watch deliver this revision too
-                    give_up = time.monotonic() + _STATE_GRACE
-                    while watches[1].revision <= revision and time.monotonic() < give_up:
-                        time.sleep(0.0005)
+                state_caught_up(revision)
                 changed.set()
 
         def on_trouble(reason: str) -> None:
@@ -389,7 +396,10 @@ class EtcdTicket:
                 {"key": b64(pred), "revision": str(confirmed), "count_only": True},
                 mutating=False,
             )
-            return int(reply.get("count", 0)) > 0
+            if int(reply.get("count", 0)) > 0:
+                return True
+            state_caught_up(confirmed)
+            return False
 
         self.watches = [
             WatchStream(
@@ -803,10 +813,14 @@ class EtcdBackend:
                     keys_only=True,
                 ),
                 _get(ticket.key, keys_only=True),
+                _get(keys.res(name)),
+                _get(keys.minimum),
+                _get(keys.seq),
             ],
             "checking the queue",
         )
-        lease_kv, pred_kv, mine = (_first(response) for response in responses)
+        lease_kv, pred_kv, mine, res_kv, min_kv, seq_kv = (_first(r) for r in responses)
+        self._remember(res=(name, res_kv), minimum=min_kv, seq=seq_kv)
         if mine is None:
             return None  # our key is gone: the grant attempt queues us again
         pred = pred_kv.key if pred_kv is not None else (lease_kv.key if lease_kv else None)

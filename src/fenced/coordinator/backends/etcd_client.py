@@ -614,6 +614,7 @@ class WatchStream:
                 for event in result.get("events", [])
             ]
             if events:
-                self.revision = max(self.revision, events[-1].kv.mod_revision + 1)
-                self._on_events(events, self.revision - 1)
+                last = events[-1].kv.mod_revision
+                self._on_events(events, last)
+                self.revision = max(self.revision, last + 1)  # after: "delivered" means handled
         return False

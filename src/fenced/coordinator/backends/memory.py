@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from fenced.coordinator.backend import (
+    CAP_RECORDS,
     CAP_REQUEST_ID,
     CAP_WAIT_NOTIFY,
     Blocked,
@@ -24,6 +25,7 @@ from fenced.coordinator.backend import (
     Ticket,
 )
 from fenced.coordinator.backends.hostclock import SystemHostClock
+from fenced.core import mutants
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, LeaseLost, LossReason
 from fenced.core.lease import LeaseInfo
@@ -86,7 +88,7 @@ _STATES_LOCK = threading.Lock()
 class MemoryBackend:
     """Reference backend; see the module docstring."""
 
-    capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID})
+    capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
 
     def __init__(self, name: str = "default", *, host_clock: HostClock | None = None) -> None:
         if not name or not name.replace("-", "").replace("_", "").isalnum():
@@ -202,6 +204,8 @@ class MemoryBackend:
     def release(self, resource: str, epoch: int, owner: str) -> bool:
         with self._state.cond:
             lease = self._live(resource)
+            if mutants.active("release-without-owner"):  # seeded defect (fenced verify)
+                epoch, owner = (lease.epoch, lease.owner) if lease else (epoch, owner)
             if lease is None or lease.epoch != epoch or lease.owner != owner:
                 return False
             del self._state.leases[resource]

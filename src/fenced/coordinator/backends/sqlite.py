@@ -90,6 +90,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from fenced.coordinator.backend import (
+    CAP_RECORDS,
     CAP_REQUEST_ID,
     CAP_WAIT_NOTIFY,
     Blocked,
@@ -100,6 +101,7 @@ from fenced.coordinator.backend import (
 from fenced.coordinator.backends.hostclock import SystemHostClock
 from fenced.coordinator.backends.notify import NETNS, Delivery, Waker, WakeSocket
 from fenced.coordinator.backends.sqlite_db import Database
+from fenced.core import mutants
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, FencedError, LeaseLost, LossReason
 from fenced.core.lease import LeaseInfo
@@ -143,6 +145,10 @@ WHERE NOT (resources.owner IS NOT NULL AND resources.boot_id = :boot
            AND resources.expires_at > :now)
 RETURNING epoch, EXISTS (SELECT 1 FROM watchers WHERE name = :name)
 """
+_GRANT_REUSING_EPOCH = _GRANT.replace(  # seeded defect of `fenced verify --mutants`
+    f"epoch = max(epoch, {_MINIMUM}) + 1,",
+    f"epoch = iif(resources.ended IS 'released', max(epoch, {_MINIMUM}) + 1, epoch),",
+)
 _FIRST_WAITER = f"FROM waiters WHERE name = :name AND {_LIVE_WAITER} ORDER BY id LIMIT 1"
 # The head waiter comes back with the answer: it is woken without another round trip.
 _RELEASE = f"""
@@ -151,6 +157,7 @@ WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE}
 RETURNING EXISTS (SELECT 1 FROM watchers WHERE name = :name), (SELECT id {_FIRST_WAITER}),
     (SELECT addr {_FIRST_WAITER}), (SELECT netns {_FIRST_WAITER})
 """
+_RELEASE_ANY_OWNER = _RELEASE.replace("epoch = :epoch AND owner = :owner AND ", "")  # mutant
 _RENEW = f"""
 UPDATE resources SET ttl = :ttl, expires_at = :now + :ttl
 WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE} RETURNING 1
@@ -260,7 +267,7 @@ class SQLiteBackend:
     ) -> None:
         self.path = Path(path).expanduser().absolute()
         self.url = "sqlite://" + quote(str(self.path))
-        self.capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID})
+        self.capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
         self._clock: HostClock = host_clock if host_clock is not None else SystemHostClock()
         self._db = Database(self.path, coordinator_id_for_new)
         self.coordinator_id = self._db.coordinator_id
@@ -331,6 +338,7 @@ class SQLiteBackend:
 
     def _grant(self, request: GrantRequest, ticket: SQLiteTicket | None) -> Granted | None:
         """One grant step; None if not granted (a live lease, or a live waiter ahead)."""
+        grant = _GRANT_REUSING_EPOCH if mutants.active("epoch-reuse") else _GRANT  # mutant
         doing = f"acquiring {request.resource}"
         wall = time.time()
         now, params = self._params(
@@ -344,12 +352,12 @@ class SQLiteBackend:
         )
         replayed = None
         if request.request_id is None and ticket is None:
-            rows = self._db.write(_GRANT, params, doing, durable=True)
+            rows = self._db.write(grant, params, doing, durable=True)
         else:
             with self._db.transaction(doing, durable=True) as conn:
                 if request.request_id is not None:
                     replayed = self._replay(conn, request, now, params)
-                rows = [] if replayed is not None else conn.execute(_GRANT, params).fetchall()
+                rows = [] if replayed is not None else conn.execute(grant, params).fetchall()
                 if rows and request.request_id is not None:
                     self._remember(conn, request, rows[0][0], wall)
                 if ticket is not None and (rows or replayed is not None):
@@ -461,7 +469,8 @@ class SQLiteBackend:
         release lost to an OS crash is moot, because the reboot expires the lease anyway.
         """
         _, params = self._params(name=resource, epoch=epoch, owner=owner, wall=time.time())
-        rows = self._db.write(_RELEASE, params, f"releasing {resource}", durable=False)
+        release = _RELEASE_ANY_OWNER if mutants.active("release-without-owner") else _RELEASE
+        rows = self._db.write(release, params, f"releasing {resource}", durable=False)
         if not rows:
             return False
         watched, *head = rows[0]
