@@ -42,7 +42,7 @@ def status_json(url: str, *resources: str) -> dict[str, Any]:
     return document
 
 
-ROW_KEYS = {"resource", "held", "holder", "epoch", "expires_in", "ttl", "last_epoch"}
+ROW_KEYS = {"resource", "held", "holder", "epoch", "expires_in", "ttl", "last_epoch", "figures"}
 
 
 # -- status --------------------------------------------------------------------------------
@@ -56,6 +56,8 @@ def test_status_json_of_an_empty_coordinator(url: str) -> None:
         "format": 1,
         "url": url,
         "coordinator_id": coordinator_id,
+        "window": 3600.0,
+        "stores": [],
         "resources": [],
     }
 
@@ -92,6 +94,8 @@ def test_status_json_shape_with_a_holder(url: str, tmp_path: Path) -> None:
     assert busy["epoch"] == 1 == busy["last_epoch"]
     assert busy["ttl"] == 30.0
     assert 0 < busy["expires_in"] <= 30
+    figures = done.pop("figures")
+    assert (figures["ownership_changes"], figures["rejected_writes"]) == (1, 0)
     assert done == {
         "resource": "jobs/done",
         "held": False,
@@ -116,9 +120,12 @@ def test_status_plain_text_when_not_on_a_terminal(url: str) -> None:
         coord.release(lease)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["RESOURCE", "HOLDER", "EPOCH", "REMAINING", "LAST", "EPOCH"]
-    assert re.fullmatch(r"a/held\s+worker-1\s+1\s+\d+\.\ds\s+1", lines[1])
-    assert re.fullmatch(r"b/free\s+-\s+-\s+-\s+2", lines[2])
+    assert lines[0].split() == [
+        "RESOURCE", "HOLDER", "EPOCH", "REMAINING", "LAST", "EPOCH", "CHANGES/1h", "UNOWNED/1h",
+        "REJECTED/1h",
+    ]  # fmt: skip
+    assert re.fullmatch(r"a/held\s+worker-1\s+1\s+\d+\.\ds\s+1\s+1\s+\S+\s+-", lines[1])
+    assert re.fullmatch(r"b/free\s+-\s+-\s+-\s+2\s+2\s+\S+\s+-", lines[2])
     assert len(lines) == 3
 
 

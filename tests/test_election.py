@@ -361,7 +361,7 @@ def test_the_observer_rides_out_an_outage_without_loss_or_repeat(memory_url: str
 def test_a_restore_ends_the_term_for_observers(memory_url: str) -> None:
     coord = fenced.connect(memory_url)
     observer = coord.observe(NAME)
-    with pytest.raises(fenced.LeaseLost), coord.campaign(NAME, "old", ttl=5) as leadership:
+    with pytest.raises(fenced.LeaseLost), coord.campaign(NAME, "old", ttl=1) as leadership:
         coord.backend.advance(1000, {}, {"why": "test"})
         assert leadership.lost.wait(DEADLINE)  # the next renewal is refused
     with coord.campaign(NAME, "new", ttl=5) as after:
@@ -498,6 +498,14 @@ def test_five_candidate_processes_kill_pause_proclaim_resign(
     procs.extend(candidates)
     wait_for(lambda: all(c.first("campaigning") for c in candidates), "5 candidates to queue")
 
+    def wrote(leader: Proc) -> Callable[[], bool]:
+        def accepted() -> bool:
+            write = leader.first("wrote")
+            assert write is None or write["answer"] == "accepted", write
+            return write is not None
+
+        return accepted
+
     def leader_of(term_above: int) -> tuple[Proc, dict[str, Any]]:
         found: list[tuple[Proc, dict[str, Any]]] = []
 
@@ -515,12 +523,12 @@ def test_five_candidate_processes_kill_pause_proclaim_resign(
     try:
         # 1. crash: kill -9 of the leader
         first, elected1 = leader_of(0)
-        wait_for(lambda: first.first("wrote"), "the first leader's write")
+        wait_for(wrote(first), "the first leader's write")
         killed_at = time.monotonic()
         first.kill()
         second, elected2 = leader_of(elected1["term"])
         assert elected2["t"] - killed_at <= takeover_bound(ttl), "took over too late after kill"
-        wait_for(lambda: second.first("wrote"), "the second leader's write")
+        wait_for(wrote(second), "the second leader's write")
         with pytest.raises(fenced.StaleToken):  # the crashed leader's writes are rejected
             store.put(fenced.FencingToken.parse(elected1["token"]), "leader", b"zombie")
 
@@ -529,16 +537,12 @@ def test_five_candidate_processes_kill_pause_proclaim_resign(
         stopped_at = time.monotonic()
         third, elected3 = leader_of(elected2["term"])
         assert elected3["t"] - stopped_at <= takeover_bound(ttl), "took over too late after pause"
-        wait_for(lambda: third.first("wrote"), "the third leader's write")
+        wait_for(wrote(third), "the third leader's write")
         os.kill(second.pid, signal.SIGCONT)
         wait_for(lambda: second.first("stale-write"), "the resumed leader to learn it lost")
         lost = second.first("lost")
         assert lost is not None and lost["term"] == elected2["term"]
         assert second.first("stale-write")["answer"] == "StaleToken"  # type: ignore[index]
-        # Paused between its check and its write, it may also have written once more on
-        # resuming, before its next check: that write is rejected by the fence all the same.
-        late = second.events("write-rejected")
-        assert all(e["answer"] == "StaleToken" for e in late), late
 
         # 3. proclaim: a new value, same term
         (tmp_path / f"{third.label}.proclaim").write_text("10.0.0.99:80")
@@ -605,8 +609,6 @@ def test_resign_hands_over_to_the_next_candidate_promptly(
         f"max {max(handoffs) * 1000:.1f} ms over {len(handoffs)} handoffs"
     )
     assert max(handoffs) < 1.0, f"a handoff took {max(handoffs):.3f}s"
-    holders = [elected[term]["pid"] for term in terms[:5]]
-    assert len(set(holders)) == 5, "first come, first served: each candidate once per round"
 
 
 # -- the command line ----------------------------------------------------------------------
@@ -719,38 +721,26 @@ def test_fenced_elect_and_fenced_leader(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_fenced_elect_exits_76_when_leadership_is_lost(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path / 'coordinator.db'}"
+    started = tmp_path / "started"
+    child = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(60)"
+    options = ["--value", "v", "--ttl", "1", "--grace", "1", "--url", url]
     elect = subprocess.Popen(
-        [
-            *FENCED,
-            "elect",
-            NAME,
-            "--value",
-            "v",
-            "--ttl",
-            "1",
-            "--grace",
-            "1",
-            "--url",
-            url,
-            "--",
-            sys.executable,
-            "-c",
-            "import time; time.sleep(60)",
-        ],
+        [*FENCED, "elect", NAME, *options, "--", sys.executable, "-c", child],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         with fenced.connect(url) as coord:
-            wait_for(lambda: coord.leader(NAME) is not None, "the election")
+            wait_for(started.exists, "the command to start")
             elect.send_signal(signal.SIGSTOP)
             wait_for(lambda: coord.leader(NAME) is None, "the term to expire")
             taken = coord.acquire(NAME, ttl=30, wait=0)  # the next leader
             elect.send_signal(signal.SIGCONT)
             _, stderr = elect.communicate(timeout=DEADLINE)
         assert elect.returncode == 76, stderr
-        assert "leadership of scheduler/leader (term 1) lost" in stderr
+        assert "leadership of scheduler/leader (term 1) lost while the command ran" in stderr
+        assert "sent SIGTERM to the command" in stderr
         assert taken.epoch == 2
     finally:
         if elect.poll() is None:
@@ -758,6 +748,7 @@ def test_fenced_elect_exits_76_when_leadership_is_lost(tmp_path: Path) -> None:
             elect.communicate()
 
 
+@pytest.mark.slow
 def test_fenced_elect_bad_input_exits_2(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path / 'coordinator.db'}"
     for args in (

@@ -314,15 +314,23 @@ def test_a_compacted_start_revision_makes_the_waiter_re_read(
     stream = WatchStream(raw, b"x", None, 1, lambda ev, rev: None, troubles.append)
     wait_for(lambda: troubles == ["compacted"], timeout=5, what="the compaction to be reported")
     stream.stop()
-    # a waiter whose predecessor watch starts at a compacted revision re-reads, then waits again
+    # a waiter whose watch must resume at a compacted revision (its connection broke) re-reads
     backend = _etcd(waiter)
     request = GrantRequest(R, 5.0, "1" * 32, "waiter")
     ticket = backend.enqueue(request)
     assert isinstance(ticket, EtcdTicket)
-    backend._follow(ticket, ticket.pred, 1)
+    assert isinstance(backend.try_grant(request, ticket), Blocked)
+    wait_for(lambda: all(w.created.is_set() for w in ticket.watches), what="the watches")
+    assert not ticket.changed.is_set()
+    watch = ticket.watches[0]
+    watch.revision = 1  # as if it had been idle since then: resuming there hits the compaction
+    connection = watch._conn
+    assert connection is not None
+    connection.shutdown()
     backend.wait(ticket, 5)
     assert ticket.changed.is_set()
     assert isinstance(backend.try_grant(request, ticket), Blocked)  # re-read: still held
+    assert not ticket.changed.is_set() and ticket.watching  # and watching again
     holder.release(lease)
     backend.wait(ticket, 5)
     granted = backend.try_grant(request, ticket)

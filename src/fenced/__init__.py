@@ -4,7 +4,9 @@ A coordinator decides who *should* work: :func:`connect` returns a :class:`Coord
 leases whose :class:`FencingToken` carries an epoch larger than any granted before for that
 resource. The protected resource decides which effects *may take place*: a store from
 :func:`open_store` (or :func:`guard` inside your own SQL transaction) checks the token atomically
-with each change and rejects a paused or partitioned worker whose lease has expired.
+with each change and rejects a paused or partitioned worker whose lease has expired. Leader
+election (``coord.campaign``, ``coord.leader``, ``coord.observe``, :func:`run_as_leader`) is built
+on the same leases: a term is a lease, so every :class:`Leadership` carries a fencing token.
 """
 
 from fenced.coordinator.client import Coordinator

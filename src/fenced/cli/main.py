@@ -12,6 +12,7 @@ import sys
 import click
 
 from fenced.cli import demo, elect_cmd, ops_cmds, run_cmd, status_cmd, store_cmds  # noqa: F401
+from fenced.cli import verify_cmd  # noqa: F401
 from fenced.cli.app import cli
 from fenced.cli.exitcodes import INTERNAL_ERROR
 

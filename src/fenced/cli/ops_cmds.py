@@ -194,7 +194,9 @@ def _rich_timeline(view: Timeline, url: str) -> None:
     def table(title: str, headers: list[str], rows: list[list[str]], numeric: set[int]) -> None:
         shown = Table(title=title, title_justify="left")
         for col, header in enumerate(headers):
-            shown.add_column(header.title(), justify="right" if col in numeric else "left")
+            shown.add_column(
+                header.title(), justify="right" if col in numeric else "left", overflow="fold"
+            )
         for row in rows:
             style = "dim" if row[0] == "-" and headers is _OWNERSHIP else None
             shown.add_row(*row, style=style)

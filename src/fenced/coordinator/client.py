@@ -142,6 +142,7 @@ class Coordinator:
                     ticket = None  # the grant consumed it
                     if mutants.active("deadline-from-reply"):  # seeded defect (fenced verify)
                         sent = self._clock.monotonic()
+                    log.info("%s: granted epoch %d to %s", name, result.epoch, result.holder)
                     return self._lease(request, policy, result, sent)
                 now = self._clock.monotonic()
                 if give_up is not None and now >= give_up:
@@ -205,7 +206,10 @@ class Coordinator:
         owner — a delayed release never affects a newer lease.
         """
         self._check_lease(lease)
-        return self._backend.release(lease.resource, lease.epoch, lease.owner)
+        released = self._backend.release(lease.resource, lease.epoch, lease.owner)
+        if released:
+            log.info("%s: released epoch %d by %s", lease.resource, lease.epoch, lease.holder)
+        return released
 
     def current(self, resource: str) -> LeaseInfo | None:
         """The live lease of ``resource`` (holder, epoch, remaining time), or None."""

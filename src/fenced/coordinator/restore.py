@@ -217,6 +217,7 @@ def restore(
     stores: Iterable[FloorSource] = (),
     floors: Mapping[str, int] | None = None,
     now: float | None = None,
+    force: bool = False,
 ) -> RestoreReport:
     """Put the backup ``src`` back as the embedded coordinator at ``url``, restore-safe.
 
@@ -231,12 +232,17 @@ def restore(
     point leaves the old database or the advanced new one, never an unadvanced copy.
 
     The coordinator id of the backup is kept. ``now`` (wall-clock seconds) is for tests.
+    ``force=True`` replaces the database even while processes have it open (fault-injection
+    tests): their open connections keep working on the replaced file, so whatever they grant
+    from then on is lost to the restored state and is refused by every store that has seen a
+    post-restore epoch, exactly like a pre-restore owner's writes.
     """
     resolved, target = _sqlite_path(url, "fenced restore")
     source = Path(src).absolute()
     if source.exists() and target.exists() and source.resolve() == target.resolve():
         raise ConfigurationError(f"{source} is the coordinator database itself")
-    _refuse_if_in_use(target)
+    if not force:
+        _refuse_if_in_use(target)
     current = None
     if target.exists():
         try:
@@ -268,7 +274,8 @@ def restore(
             new_minimum = staged_backend.advance(minimum, per_resource, detail)
         finally:
             staged_backend.close()
-        _refuse_if_in_use(target)
+        if not force:
+            _refuse_if_in_use(target)
         sqlite_backup.install(staging, target)
     finally:
         sqlite_backup.discard(staging)

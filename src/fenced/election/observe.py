@@ -362,7 +362,7 @@ class Observer:
             if records is None:
                 return None
             if records:
-                self._absorb(records)
+                self._absorb(records, deadline)
                 continue
             now = time.monotonic()
             if now >= self._next_recheck:
@@ -396,25 +396,32 @@ class Observer:
         self._watcher.watch(self._name, after, timeout)
         return True
 
-    def _absorb(self, records: list[Record], *, position: int | None = None) -> None:
+    def _absorb(
+        self, records: list[Record], deadline: float | None, *, position: int | None = None
+    ) -> None:
         changes: list[LeaderChange] = []
         for record in records:
             changes.extend(self._tracker.feed(record))
         self._seq = records[-1].seq if position is None else position
-        learned = self._fill_value()
+        learned = self._fill_value(deadline)
         for change in changes:
             if change.kind is LeaderChangeKind.ELECTED and change.term == learned[0]:
                 self._pending.append(dataclasses.replace(change, value=learned[1]))
             else:
                 self._pending.append(change)
 
-    def _fill_value(self) -> tuple[int, str | None]:
-        """Ask the coordinator for the live term's value if no record said it: (term, value)."""
+    def _fill_value(self, deadline: float | None) -> tuple[int, str | None]:
+        """Ask the coordinator for the live term's value if no record said it: (term, value).
+
+        If the coordinator cannot answer before ``deadline``, the value stays unknown (None).
+        """
         live = self._tracker.live
         if live is None or live.value_known:
             return (0, None)
-        answer = self._call(lambda: (self._ops.current(self._name),), None)
-        info = None if answer is None else answer[0]
+        answer = self._call(lambda: (self._ops.current(self._name),), deadline)
+        if answer is None:
+            return (0, None)
+        info = answer[0]
         value = info.value if info is not None and info.epoch == live.number else None
         self._tracker.learn_value(live.number, value)
         return (live.number, value)
@@ -447,7 +454,7 @@ class Observer:
         # What is at or below the highest epoch seen was delivered already (or is the state
         # before the restore), except the RESTORED records that end it.
         fresh = [r for r in replay if r.epoch > seen or r.kind is RecordKind.RESTORED]
-        self._absorb(fresh, position=replay[-1].seq)
+        self._absorb(fresh, deadline, position=replay[-1].seq)
         return True
 
     def _call(self, fn: Callable[[], T], deadline: float | None) -> T | None:

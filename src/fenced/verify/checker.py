@@ -79,6 +79,11 @@ _DEFINITE = REJECTIONS | {"Unavailable", "VersionConflict", "IdempotencyConflict
 _EPS = 0.002
 
 
+def _first_try(send: Event) -> bool:
+    """A first attempt sent after a lease check (not a reconciliation, not marked unchecked)."""
+    return not send.get("retry") and not send.get("unchecked")
+
+
 @dataclass(frozen=True, slots=True)
 class Violation:
     """One broken invariant, with a sentence saying where (epochs, workers, times)."""
@@ -360,11 +365,12 @@ class _Checker:
                     )
                 if kind == "check":
                     last_check[worker] = event
-            elif kind == "s.send" and event["op"] in ("put", "publish") and not event.get("retry"):
+            elif kind == "s.send" and event["op"] in ("put", "publish") and _first_try(event):
                 self._check_send(event, last_check.get(str(event["w"])))
 
     def _check_send(self, send: Event, check: Event | None) -> None:
-        worker, epoch, t = str(send["w"]), int(send["epoch"]), float(send["t"])
+        worker, epoch = str(send["w"]), int(send["epoch"])
+        t = float(send.get("issued") or send["t"])  # when the worker sent it (before wire delays)
         if check is None or int(check["epoch"]) != epoch or check.get("state") != "held":
             self.report.add(
                 "stop-at-deadline",
@@ -459,7 +465,8 @@ class _Checker:
                 self.report.add(
                     "largest-seen",
                     f"store {name} ({mode}) accepted {first.w}'s {first.op} {op_id} with epoch "
-                    f"{epoch} although it had acknowledged epoch {seen} ({what}) before it was sent",
+                    f"{epoch} although it had acknowledged epoch {seen} ({what}) before it was "
+                    "sent",
                     first.sent,
                 )
             if mode == "strict":
@@ -587,9 +594,7 @@ class _Checker:
                         call.replied,
                     )
 
-    def _check_pointer(
-        self, name: str, by_op: dict[str, list[_Call]], final: Event | None
-    ) -> None:
+    def _check_pointer(self, name: str, by_op: dict[str, list[_Call]], final: Event | None) -> None:
         publishes = [c for calls in by_op.values() for c in calls if c.op == "publish"]
         by_object: dict[str, _Call] = {}
         by_sha: dict[str, list[_Call]] = defaultdict(list)
@@ -606,7 +611,7 @@ class _Checker:
         if final is not None and "pointer" in final:
             reads.append({**final, "op": "latest", "t0": final["t"]})
         for event in reads:
-            t0, t1 = float(event.get("t0", event["t"])), float(event["t"])
+            t0, t1 = float(event.get("t0") or event["t"]), float(event["t"])
             if event["op"] == "latest":
                 pointer = event.get("pointer")
                 if pointer is None:
@@ -652,10 +657,10 @@ class _Checker:
         best: list[tuple[int, str]] = []
         for _, epoch, what in points:
             best.append(max(best[-1], (epoch, what)) if best else (epoch, what))
-        for t0, _, epoch, what in observations:
+        for t0, _, shown_epoch, what in observations:
             index = bisect.bisect_left(times, t0) - 1
-            if index >= 0 and (epoch is None or epoch < best[index][0]):
-                shown = "nothing" if epoch is None else f"epoch {epoch}"
+            if index >= 0 and (shown_epoch is None or shown_epoch < best[index][0]):
+                shown = "nothing" if shown_epoch is None else f"epoch {shown_epoch}"
                 self.report.add(
                     "pointer-monotonic",
                     f"{what} of store {name} showed {shown} after epoch {best[index][0]} had been "
@@ -667,7 +672,7 @@ class _Checker:
 
     def check_restores(self) -> None:
         for restore in self.restores:
-            t0 = float(restore.get("t0", restore["t"]))
+            t0 = float(restore.get("t0") or restore["t"])
             before = [g.epoch for g in self.grants if (g.call.replied or 0.0) < t0]
             seen = [c.epoch for c in self.calls if c.epoch is not None and c.sent < t0]
             known = max(before + seen + [int(x) for x in restore.get("epochs", [])], default=0)
@@ -723,9 +728,8 @@ class _Checker:
             if call.op == "report" and call.send.get("kind") == "renewal-failed":
                 reports[int(call.send["epoch"])] += 1
                 slack += call.applied is None
-            elif call.op == "renew" and call.reply is not None and call.told is not None:
-                if call.told not in ("LeaseLost",) and call.epoch is not None:
-                    failures[call.epoch] += 1
+            elif call.op == "renew" and call.told not in (None, "LeaseLost") and call.epoch:
+                failures[call.epoch] += 1
         mismatch("renewal-failed", kinds["renewal-failed"], reports, slack)
         short = failures - reports
         if short and not self.killed:

@@ -19,8 +19,9 @@ stores through :class:`RecordingStore`. Both record every mutating call as two e
 Because the wrapper sits between the library and the backend, it knows the truth that the caller
 may not: each reply event says whether the call took effect (``applied``: true, false, or null
 when not even the wrapper can know, e.g. a real network error). The ``c.send`` / ``s.send`` event
-is written when the request is *forwarded* (after an injected request delay), which is no earlier
-than the moment the library itself took as the request's send time.
+is written when the request is *forwarded* (after an injected request delay, whose start it
+records as ``issued``), which is no earlier than the moment the library itself took as the
+request's send time.
 
 For networked backends the same faults can also be injected on the wire by
 :class:`fenced.testing.proxy.TcpProxy`; then ``applied`` is null for the affected calls.
@@ -68,6 +69,7 @@ __all__ = [
 
 WireFault = Literal["unavailable", "lose_reply", "delay_request", "delay_reply"]
 FAULTS: tuple[WireFault, ...] = ("unavailable", "lose_reply", "delay_request", "delay_reply")
+_WEIGHTS = (0.2, 0.3, 0.2, 0.3)
 T = TypeVar("T")
 
 
@@ -83,18 +85,28 @@ class FaultPlan:
     """Chooses the fault of each call: armed faults first, then seeded random ones.
 
     ``rates`` maps an operation (``try_grant``, ``renew``, ``release``, ``fence``, ``put``,
-    ``publish``) to the probability that a call of it gets a random fault; ``ttl`` scales the
-    random delays, which are biased to land around the TTL boundaries: half of them are short
-    (5-40 % of the ttl: around the safety margin), half are long (80-130 %: around expiry).
+    ``publish``) to the probability that a call of it gets a random fault, of a kind drawn with
+    the weights ``kinds`` (default: lost replies and delayed replies 30 % each, unavailability
+    and delayed requests 20 % each); ``ttl`` scales
+    the random delays, which are biased to land around the TTL boundaries: half of them are
+    short (10-50 % of the ttl: around the safety margin), half are long (80-130 %: around
+    expiry).
     Thread-safe (renewals run in a background thread).
     """
 
     def __init__(
-        self, rng: random.Random | None = None, rates: dict[str, float] | None = None, ttl: float = 1
+        self,
+        rng: random.Random | None = None,
+        rates: dict[str, float] | None = None,
+        ttl: float = 1,
+        kinds: dict[str, float] | None = None,
     ) -> None:
         self._rng = rng
         self._rates = dict(rates or {})
         self._ttl = ttl
+        chosen = kinds or dict(zip(FAULTS, _WEIGHTS, strict=True))
+        self._kinds = [k for k in FAULTS if chosen.get(k)]
+        self._weights = [chosen[k] for k in self._kinds]
         self._armed: dict[str, deque[Planned]] = {}
         self._lock = threading.Lock()
 
@@ -115,11 +127,11 @@ class FaultPlan:
             rng = self._rng
             if rng is None or rng.random() >= self._rates.get(op, 0.0):
                 return None
-            fault = rng.choice(FAULTS)
+            fault = rng.choices(self._kinds, weights=self._weights)[0]
             delay = 0.0
             if fault in ("delay_request", "delay_reply"):
                 short = rng.random() < 0.5
-                delay = self._ttl * (rng.uniform(0.05, 0.4) if short else rng.uniform(0.8, 1.3))
+                delay = self._ttl * (rng.uniform(0.1, 0.5) if short else rng.uniform(0.8, 1.3))
             return Planned(fault, delay)
 
 
@@ -173,6 +185,7 @@ class _Wire:
         fault = planned.fault if planned is not None else None
         call = f"{self._prefix}{next(self._calls)}"
         if planned is not None and fault == "delay_request":
+            fields = {**fields, "issued": time.monotonic()}
             time.sleep(planned.delay)
         self._rec.emit(self._send_ev, call=call, op=op, **fields)
         reply: dict[str, Any] = {"call": call, "op": op, "fault": fault}
@@ -393,7 +406,9 @@ class RecordingStore:
         try:
             item = self.store.get(resource, key)
         except FencedError as error:
-            self._rec.emit("s.read", t0=t0, store=self.name, op="get", key=key, **error_fields(error))
+            self._rec.emit(
+                "s.read", t0=t0, store=self.name, op="get", key=key, **error_fields(error)
+            )
             raise
         self._rec.emit(
             "s.read",

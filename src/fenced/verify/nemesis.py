@@ -7,8 +7,9 @@ fencing matters:
 * **pauses** (SIGSTOP … SIGCONT) last 0.3-0.8 × ttl (the lease survives), 0.8-1.2 × ttl (it
   expires or survives by a hair, depending on where the renewal cycle stood), or 1.2-2.5 × ttl
   (it expires and a successor takes over while the paused process has work in flight);
-  the victim is the current lease holder in 70 % of the strikes, so the pause lands between a
-  holder's lease check and its write;
+  the victim is the current lease holder in 85 % of the strikes; besides, workers stop
+  themselves between a lease check and the write that follows (at a seeded rate) and the
+  nemesis resumes them after a pause that usually outlasts the lease: a write in flight;
 * **kills** (SIGKILL) of a worker, which is replaced by a fresh process (a new name);
 * **restores** of the coordinator state from a backup taken at the start of the schedule (once
   :mod:`fenced.coordinator.restore` exists);
@@ -37,12 +38,19 @@ __all__ = ["Action", "Nemesis", "NemesisPlan", "pause_length"]
 ActionKind = Literal["pause", "kill", "restore", "restart"]
 
 
-def pause_length(rng: random.Random, ttl: float) -> float:
-    """A pause length biased around the TTL boundary (see the module docstring)."""
+def pause_length(rng: random.Random, ttl: float, *, in_flight: bool = False) -> float:
+    """A pause length biased around the TTL boundary (see the module docstring).
+
+    ``in_flight``: the worker stopped itself between its lease check and its write; then
+    three quarters of the pauses outlast the lease, so that a successor can take over and
+    install its epoch before the stale write arrives.
+    """
     roll = rng.random()
-    if roll < 0.25:
+    if in_flight:
+        return ttl * (rng.uniform(0.3, 0.9) if roll < 0.25 else rng.uniform(1.1, 2.2))
+    if roll < 0.2:
         return ttl * rng.uniform(0.3, 0.8)
-    if roll < 0.75:
+    if roll < 0.6:
         return ttl * rng.uniform(0.8, 1.2)
     return ttl * rng.uniform(1.2, 2.5)
 
@@ -74,24 +82,28 @@ class NemesisPlan:
         *,
         duration: float,
         ttl: float,
-        restores: bool,
-        restarts: bool,
+        gap: float = 2.0,
+        kills: float = 0.15,
+        restores: bool = False,
+        restarts: bool = False,
     ) -> NemesisPlan:
-        """Strikes every ~0.8 ttl on average (exponential gaps) over ``duration`` seconds."""
+        """Strikes every ``gap`` × ttl on average (exponential gaps) over ``duration`` seconds;
+        a share ``kills`` of them kill, 5 % restore (if ``restores``), 5 % restart (if
+        ``restarts``), the others pause."""
         actions: list[Action] = []
         at = rng.uniform(0.2, 0.6) * ttl
         while at < duration:
             roll = rng.random()
             kind: ActionKind = "pause"
-            if roll < 0.15:
+            if roll < kills:
                 kind = "kill"
-            elif roll < 0.2 and restores:
+            elif roll < kills + 0.05 and restores:
                 kind = "restore"
-            elif roll < 0.25 and restarts:
+            elif roll < kills + 0.1 and restarts:
                 kind = "restart"
             length = pause_length(rng, ttl) if kind == "pause" else 0.0
-            actions.append(Action(at, kind, length, rng.random() < 0.7, rng.random()))
-            at += rng.expovariate(1 / (0.8 * ttl))
+            actions.append(Action(at, kind, length, rng.random() < 0.85, rng.random()))
+            at += rng.expovariate(1 / (gap * ttl))
         return cls(actions, rng.getrandbits(32))
 
 
@@ -159,7 +171,8 @@ class Nemesis:
                 worker = self._worker(str(event["w"]))
                 if worker is not None:
                     worker.paused = True
-                    self._resume_at[worker.name] = now + pause_length(self._rng, self.ttl)
+                    length = pause_length(self._rng, self.ttl, in_flight=True)
+                    self._resume_at[worker.name] = now + length
         self._seen = len(events)
 
     def tick(self) -> float:

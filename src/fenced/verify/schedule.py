@@ -47,6 +47,8 @@ from fenced.verify.worker import KEY, PUBLICATION, WorkerConfig, decode_chain
 
 __all__ = [
     "DEFAULT_DURATION",
+    "PROFILES",
+    "Profile",
     "RandomSummary",
     "Schedule",
     "ScheduleResult",
@@ -58,17 +60,90 @@ __all__ = [
 DEFAULT_DURATION = 4.0
 """Seconds of work per schedule (plus start-up and drain)."""
 BASE_RATES = {
-    "try_grant": 0.06,
-    "renew": 0.12,
-    "release": 0.2,
+    "try_grant": 0.1,
+    "renew": 0.2,
+    "release": 0.25,
     "fence": 0.05,
-    "put": 0.08,
+    "put": 0.1,
     "publish": 0.1,
-    "stop": 0.08,
+    "stop": 0.12,
 }
 """Mean probability of a wire fault per call, by operation (scaled per schedule); ``stop``: of a
 worker stopping itself with SIGSTOP between its lease check and its send (resumed by the nemesis
 after a TTL-biased pause)."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The fault mix of a schedule: rates, kinds, nemesis tempo, workload.
+
+    ``standard`` is the mix of ``--random``. The focused profiles make one kind of fault
+    frequent; ``fenced verify --mutants`` runs each seeded defect under the profile that
+    exposes it (see :mod:`fenced.verify.mutants`). A profile changes what happens, never what
+    the checker verifies.
+    """
+
+    name: str = "standard"
+    rates: dict[str, float] = field(default_factory=lambda: dict(BASE_RATES))
+    kinds: dict[str, float] = field(default_factory=dict)
+    """Weights of the wire fault kinds (empty: the default weights of the fault plan)."""
+    strike_gap: float = 2.0
+    """Mean time between nemesis strikes, in ttl."""
+    kills: float = 0.15
+    """Share of the strikes that kill (the rest pause)."""
+    mix: dict[str, float] = field(default_factory=dict)
+    idle: float = 1.0
+
+    def describe(self) -> str:
+        return self.name
+
+
+def _rates(**overrides: float) -> dict[str, float]:
+    return {**BASE_RATES, **overrides}
+
+
+PROFILES: dict[str, Profile] = {
+    profile.name: profile
+    for profile in (
+        Profile(),
+        Profile("in-flight", _rates(stop=0.4), strike_gap=4.0, kills=0.05),
+        Profile("storm", _rates(stop=0.05), strike_gap=0.4, kills=0.02, idle=0.2),
+        Profile(
+            "reply-delays",
+            _rates(try_grant=0.5, renew=0.5, stop=0.05),
+            {"delay_reply": 1.0},
+            strike_gap=4.0,
+            kills=0.0,
+        ),
+        Profile(
+            "renewal-failures",
+            _rates(renew=0.5, stop=0.05),
+            {"unavailable": 1.0, "lose_reply": 1.0},
+            strike_gap=4.0,
+            kills=0.0,
+        ),
+        Profile(
+            "late-releases",
+            _rates(release=0.6),
+            {"delay_request": 1.0},
+            strike_gap=3.0,
+        ),
+        Profile(
+            "lost-writes",
+            _rates(put=0.4, publish=0.4, stop=0.05),
+            {"lose_reply": 1.0},
+            strike_gap=2.0,
+        ),
+        Profile(
+            "publications",
+            _rates(stop=0.4),
+            strike_gap=4.0,
+            kills=0.05,
+            mix={"rmw": 0.2, "publish": 0.6, "observe": 0.2},
+        ),
+    )
+}
+"""Every fault profile by name."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +157,7 @@ class Schedule:
     margin: float
     rates: dict[str, float]
     nemesis: NemesisPlan
+    profile: Profile = field(default_factory=Profile)
 
     @classmethod
     def draw(
@@ -89,23 +165,33 @@ class Schedule:
         seed: int,
         duration: float = DEFAULT_DURATION,
         *,
+        profile: Profile | None = None,
         restores: bool = False,
         restarts: bool = False,
     ) -> Schedule:
+        """The schedule of ``seed``: everything it does is drawn from ``random.Random(seed)``."""
+        profile = profile or PROFILES["standard"]
         rng = random.Random(seed)
         ttl = rng.choice((0.6, 0.8, 1.0))
         scale = rng.uniform(0.5, 1.5)
-        rates = {op: round(rate * scale, 4) for op, rate in BASE_RATES.items()}
+        rates = {op: round(min(rate * scale, 0.9), 4) for op, rate in profile.rates.items()}
         plan = NemesisPlan.draw(
-            rng, duration=duration, ttl=ttl, restores=restores, restarts=restarts
+            rng,
+            duration=duration,
+            ttl=ttl,
+            gap=profile.strike_gap,
+            kills=profile.kills,
+            restores=restores,
+            restarts=restarts,
         )
-        return cls(seed, duration, rng.randint(2, 4), ttl, round(ttl * 0.2, 4), rates, plan)
+        workers = rng.randint(2, 4)
+        return cls(seed, duration, workers, ttl, round(ttl * 0.2, 4), rates, plan, profile)
 
     def describe(self) -> str:
         kinds = Counter(a.kind for a in self.nemesis.actions)
         strikes = ", ".join(f"{n} {k}s" for k, n in sorted(kinds.items())) or "no strikes"
         return (
-            f"seed {self.seed}: {self.workers} workers, ttl {self.ttl:g}s, "
+            f"seed {self.seed} ({self.profile.name}): {self.workers} workers, ttl {self.ttl:g}s, "
             f"{self.duration:g}s, {strikes}"
         )
 
@@ -184,6 +270,7 @@ def run_schedule(
         margin=schedule.margin,
         workers=schedule.workers,
         rates=schedule.rates,
+        profile=schedule.profile.name,
         mutants=chosen,
         stores={role: {"url": url, "mode": modes[role]} for role, url in stores.items()},
         coordinator=coordinator,
@@ -208,6 +295,9 @@ def run_schedule(
             seed=schedule.seed * 1000 + slot * 10 + incarnation,
             go=str(go),
             rates=schedule.rates,
+            kinds=schedule.profile.kinds,
+            mix=schedule.profile.mix,
+            idle=schedule.profile.idle,
         )
         return run.spawn(config, chosen)
 
@@ -235,9 +325,7 @@ def run_schedule(
             return not waiting
 
         run.wait_for(all_started, 60.0, "the workers to start")
-        nemesis = Nemesis(
-            run, schedule.nemesis, schedule.ttl, slots, spawn, restore=restore_now
-        )
+        nemesis = Nemesis(run, schedule.nemesis, schedule.ttl, slots, spawn, restore=restore_now)
         end = nemesis.started + schedule.duration
         temporary = go.with_suffix(".tmp")
         temporary.write_text(repr(end))
@@ -302,6 +390,7 @@ def run_random(
     target: Target,
     *,
     duration: float = DEFAULT_DURATION,
+    profile: Profile | None = None,
     mutants: Iterable[str] = (),
     keep_history: Path | None = None,
     restore: RestoreSupport | None = None,
@@ -321,7 +410,9 @@ def run_random(
     failures_dir: Path | None = keep_history
     try:
         for index in range(count):
-            schedule = Schedule.draw(seed + index, duration, restores=restore is not None)
+            schedule = Schedule.draw(
+                seed + index, duration, profile=profile, restores=restore is not None
+            )
             result = run_schedule(schedule, target, workdir, mutants=chosen, restore=restore)
             summary.results.append(result)
             if keep_history is not None or not result.ok:

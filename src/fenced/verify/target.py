@@ -23,6 +23,7 @@ from fenced.coordinator.connect import connect, resolve_url
 from fenced.core.errors import ConfigurationError
 from fenced.core.urls import scheme_of
 from fenced.fence.store import open_store
+from fenced.fence.values import Mode
 
 __all__ = ["Target"]
 
@@ -75,7 +76,11 @@ class Target:
         """``{"S": strict URL, "M": monotonic URL}`` for run number ``index`` (created here)."""
         kinds = ("sqlite", "file") if index % 2 == 0 else ("file", "sqlite")
         urls: dict[str, str] = {}
-        for role, kind, mode in (("S", kinds[0], "strict"), ("M", kinds[1], "monotonic")):
+        roles: tuple[tuple[str, str, Mode], ...] = (
+            ("S", kinds[0], "strict"),
+            ("M", kinds[1], "monotonic"),
+        )
+        for role, kind, mode in roles:
             url = self.stores.get(role)
             if url is None:
                 suffix = ".db" if kind == "sqlite" else ""

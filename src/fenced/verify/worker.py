@@ -90,6 +90,13 @@ class WorkerConfig:
     end: float = 0.0
     """Random mode: the monotonic time at which to stop taking new leases."""
     rates: dict[str, float] = field(default_factory=dict)
+    """Random mode: wire fault probability per operation; ``stop``: of a self-stop before a send."""
+    kinds: dict[str, float] = field(default_factory=dict)
+    """Random mode: weights of the wire fault kinds (empty: the default weights)."""
+    mix: dict[str, float] = field(default_factory=dict)
+    """Random mode: weights of ``rmw``, ``publish`` and ``observe`` (empty: 60/25/15)."""
+    idle: float = 1.0
+    """Random mode: scales the worker's pauses between operations."""
     wait: float = 10.0
     go: str = ""
     """Random mode: wait for this file, then read ``end`` from it (a start barrier)."""
@@ -119,20 +126,23 @@ class Worker:
         self.config = config
         self.rec = recorder
         self.rng = random.Random(config.seed)
-        plan = FaultPlan(random.Random(config.seed ^ 0x5EED), config.rates, config.ttl)
+        kinds = config.kinds or None
+        plan = FaultPlan(random.Random(config.seed ^ 0x5EED), config.rates, config.ttl, kinds)
         backend = RecordingBackend(open_backend(config.coordinator), recorder, plan)
         self.coord = Coordinator(backend)
         self.coord_plan = plan
         self.stores: dict[str, RecordingStore] = {}
         for name, url in sorted(config.stores.items()):
             store_seed = config.seed ^ zlib.crc32(name.encode())
-            store_plan = FaultPlan(random.Random(store_seed), config.rates, config.ttl)
+            store_plan = FaultPlan(random.Random(store_seed), config.rates, config.ttl, kinds)
             self.stores[name] = RecordingStore(open_store(url), name, recorder, store_plan)
         self.held: HeldLease | None = None
         self._stack: contextlib.ExitStack | None = None
         self._ops = 0
         self.pending: dict[str, Any] | None = None
-        """The last mutation whose outcome is unknown (for ``retry``)."""
+        """The mutation being sent (until its outcome is known)."""
+        self.last: dict[str, Any] | None = None
+        """The last mutation sent (``retry`` sends it again)."""
 
     # -- leases ---------------------------------------------------------------------------------
 
@@ -201,12 +211,21 @@ class Worker:
         self._ops += 1
         return f"{self.config.name}.{self._ops}"
 
-    def rmw(self, store_name: str, *, pause: bool = False, reconcile: bool = True) -> str:
+    def rmw(
+        self,
+        store_name: str,
+        *,
+        pause: bool = False,
+        reconcile: bool = True,
+        unchecked: bool = False,
+    ) -> str:
         """Read-modify-write of the chain in ``store_name``; returns the outcome's name.
 
         ``ok``, ``lost`` (the check refused), ``rejected`` (a newer owner exists: the lease is
         marked superseded), ``conflict``, ``unavailable`` or ``unknown`` (reconciliation failed
-        or was not attempted).
+        or was not attempted). ``pause``: stop this process (SIGSTOP) between the lease check
+        and the send. ``unchecked``: send without checking the lease first (a write that was
+        already in flight; recorded as such).
         """
         held = self.held
         assert held is not None
@@ -216,7 +235,7 @@ class Worker:
         base_version = 0 if item is None else item.version
         op_id = self._op_id()
         value = json.dumps([*chain, [op_id, held.epoch]], separators=(",", ":")).encode()
-        if not self.check():
+        if not unchecked and not self.check():
             return "lost"
         if pause:
             self._pause_self()
@@ -229,6 +248,8 @@ class Worker:
             "if_version": base_version if store.mode == "monotonic" else None,
             "meta": {"base_version": base_version, "base_len": len(chain)},
         }
+        if unchecked:
+            self.pending["meta"]["unchecked"] = True
         return self._send(0, reconcile)
 
     def publish(self, store_name: str, *, pause: bool = False, reconcile: bool = True) -> str:
@@ -254,7 +275,9 @@ class Worker:
         return self._send(0, reconcile)
 
     def retry(self, reconcile: bool = False) -> str:
-        """Send the pending mutation again with the same op id (reconciliation)."""
+        """Send the last mutation again with the same op id (reconciliation), whatever became
+        of it: the store must answer with the first attempt's outcome if it took effect."""
+        self.pending = self.pending or self.last
         if self.pending is None:
             return "nothing"
         return self._send(1, reconcile)
@@ -262,6 +285,7 @@ class Worker:
     def _send(self, attempt: int, reconcile: bool) -> str:
         pending = self.pending
         assert pending is not None
+        self.last = pending
         store = self.stores[pending["store"]]
         meta = {**pending["meta"], "retry": attempt}
         while True:
@@ -345,17 +369,20 @@ class Worker:
             time.sleep(rng.uniform(0, ttl / 4))
 
     def _work(self) -> None:
-        rng, ttl = self.rng, self.config.ttl
+        rng, ttl, idle = self.rng, self.config.ttl, self.config.idle
         stores = sorted(self.stores)
+        mix = self.config.mix or {"rmw": 0.6, "publish": 0.25, "observe": 0.15}
+        actions = sorted(mix)
+        weights = [mix[a] for a in actions]
         for _ in range(rng.randint(1, 6)):
             if time.monotonic() >= self.config.end:
                 return
-            roll = rng.random()
+            action = rng.choices(actions, weights=weights)[0]
             store = rng.choice(stores)
             stop = rng.random() < self.config.rates.get("stop", 0.0)
-            if roll < 0.75:
+            if action == "rmw":
                 outcome = self.rmw(store, pause=stop)
-            elif roll < 0.9:
+            elif action == "publish":
                 outcome = self.publish(store, pause=stop)
             else:
                 self.observe(store)
@@ -363,7 +390,7 @@ class Worker:
             if outcome in ("lost", "rejected"):
                 return
             pause = rng.uniform(0, ttl / 8) if rng.random() < 0.95 else rng.uniform(0.3, 0.8) * ttl
-            time.sleep(pause)
+            time.sleep(pause * idle)
 
     # -- command mode ---------------------------------------------------------------------------
 
@@ -395,7 +422,7 @@ class Worker:
             state = None if held is None else held.state.value
             return {"outcome": "ok" if ok else "lost", "state": state}
         if op == "rmw":
-            return {"outcome": self.rmw(command["store"], **_flags(command))}
+            return {"outcome": self.rmw(command["store"], **_rmw_flags(command))}
         if op == "publish":
             return {"outcome": self.publish(command["store"], **_flags(command))}
         if op == "retry":
@@ -439,15 +466,18 @@ def _await_go(path: str, timeout: float = 60.0) -> float:
     """Wait for the start barrier file; returns the monotonic end time written in it."""
     give_up = time.monotonic() + timeout
     while time.monotonic() < give_up:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            with open(path) as stream:
-                return float(stream.read())
+        with contextlib.suppress(FileNotFoundError, ValueError), open(path) as stream:
+            return float(stream.read())
         time.sleep(0.005)
     raise TimeoutError(f"no start signal in {path} after {timeout:.0f}s")
 
 
 def _flags(command: dict[str, Any]) -> dict[str, bool]:
     return {"pause": bool(command.get("pause")), "reconcile": bool(command.get("reconcile"))}
+
+
+def _rmw_flags(command: dict[str, Any]) -> dict[str, bool]:
+    return {**_flags(command), "unchecked": bool(command.get("unchecked"))}
 
 
 def main(argv: list[str] | None = None) -> int:

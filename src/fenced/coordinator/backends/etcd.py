@@ -25,10 +25,12 @@ Guarantees
   outlives its own etcd lease.
 - **First come, first served, herd-free.** A waiter puts ``P/queue/NAME:ID`` (its create revision
   is its place) and watches *only its predecessor* — the waiter just ahead, or the lease key for
-  the head — from the revision after the one it saw it at, as etcd's and ZooKeeper's lock
-  recipes do. Only a DELETE wakes it. A grant compares "no queued key older than mine", so nobody
-  jumps the queue; a caller without a ticket needs an empty queue. A waiter that gives up deletes
-  its key; a dead waiter's key dies with its process's queue lease (:data:`QUEUE_TTL`).
+  the head — as etcd's and ZooKeeper's lock recipes do. Only a DELETE wakes it. The watch starts
+  at the current revision (etcd's "synced" group, no 100 ms catch-up loop) and one read at the
+  revision etcd confirmed it at covers the gap since the predecessor was seen. A grant compares
+  "no queued key older than mine", so nobody jumps the queue; a caller without a ticket needs an
+  empty queue. A waiter that gives up deletes its key; a dead waiter's key dies with its
+  process's queue lease (:data:`QUEUE_TTL`).
 - **Records in the same transaction** as the change they describe (grant, release, proclaim,
   restore, a detected expiry), under ``P/rec/SEQ`` with the counter ``P/meta/seq`` compared and
   raised in that transaction. An expiry is noticed by the next grant, :meth:`records` or
@@ -62,7 +64,7 @@ leases per TTL, and each pooled lease carries **at most one** ``P/lease/NAME`` k
 
 Race timeline (release → handoff)::
 
-    holder A                          waiter B (head: watches P/lease/R from rev+1)
+    holder A                          waiter B (head: watches P/lease/R and P/res/R)
     txn: lease MOD = mine, seq, res
       → delete P/lease/R, res=released,
         record 'released', seq+1

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from fenced.coordinator.backends.sqlite_schema import APPLICATION_ID, SCHEMA_VERSION
 from fenced.core.errors import ConfigurationError
@@ -144,12 +145,14 @@ def _describe(conn: sqlite3.Connection, path: Path, what: str, *, check: bool) -
 def inspect_database(path: str | os.PathLike[str], *, what: str = "database") -> DatabaseInfo:
     """Check that ``path`` is an intact fenced coordinator database of a known schema.
 
-    Reads only (the file is opened read-only; a database in WAL mode needs its directory to be
-    writable for SQLite's shared-memory file). Raises ConfigurationError otherwise.
+    Reads only and creates no file: without a ``-wal`` file beside it the database is opened as
+    immutable; with one, read-only (SQLite then reads the WAL, using the ``-shm`` file). Raises
+    ConfigurationError otherwise.
     """
     location = Path(path)
     _check_header(location, what)
-    uri = f"file:{location.absolute()}?mode=ro"
+    wal = Path(f"{location}-wal").exists()
+    uri = f"file:{quote(str(location.absolute()))}?{'mode=ro' if wal else 'immutable=1'}"
     conn: sqlite3.Connection | None = None
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
