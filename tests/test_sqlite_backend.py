@@ -82,7 +82,7 @@ def test_creates_the_directory_and_keeps_its_identity_across_reopen(db_path: Pat
     assert db_path.exists()
     assert first.url == f"sqlite://{db_path}"
     assert len(first.coordinator_id) == 32 and int(first.coordinator_id, 16) >= 0
-    assert first.capabilities == {"wait-notify", "request-id"}
+    assert first.capabilities == {"wait-notify", "request-id", "records"}
     first.close()
     again = SQLiteBackend(db_path, coordinator_id_for_new="c" * 32)  # ignored: not new
     assert again.coordinator_id == first.coordinator_id

@@ -131,7 +131,7 @@ def test_unusable_paths_are_configuration_errors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["sqlite://host/fenced.db", "sqlite:///x.db?mode=ro", "mysql:///x", "postgresql://h/db", "x"],
+    ["sqlite://host/fenced.db", "sqlite:///x.db?mode=ro", "mysql:///x", "ftp:///x", "x"],
 )
 def test_bad_urls_are_configuration_errors(url: str) -> None:
     with pytest.raises(ConfigurationError):
