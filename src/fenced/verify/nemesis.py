@@ -136,17 +136,13 @@ class Nemesis:
         self._resume_at: dict[str, float] = {}
         self._rng = random.Random(plan.seed)
         self._seen = 0
+        self._holding: list[str] = []
         self.started = time.monotonic()
 
     def _holder(self) -> str | None:
-        """The worker that most recently reported a lease and has not left it."""
-        self.run.tail.poll()
-        holder: str | None = None
-        for event in reversed(self.run.tail.events[-400:]):
-            if event["ev"] == "lease":
-                holder = str(event["w"])
-                break
-        return holder
+        """The worker that most recently reported a lease and has not left it since."""
+        self._self_stops(time.monotonic())
+        return self._holding[-1] if self._holding else None
 
     def _victim(self, action: Action) -> tuple[int, WorkerProcess] | None:
         live = [(s, w) for s, w in sorted(self.slots.items()) if w.alive() and not w.paused]
@@ -167,6 +163,13 @@ class Nemesis:
         self.run.tail.poll()
         events = self.run.tail.events
         for event in events[self._seen :]:
+            worker_name = str(event["w"])
+            if event["ev"] == "lease":
+                self._holding.append(worker_name)
+            elif event["ev"] in ("unhold", "exit") and worker_name in self._holding:
+                self._holding.remove(worker_name)
+            elif event["ev"] == "kill" and str(event["target"]) in self._holding:
+                self._holding.remove(str(event["target"]))
             if event["ev"] == "pause" and event.get("self_stop"):
                 worker = self._worker(str(event["w"]))
                 if worker is not None:

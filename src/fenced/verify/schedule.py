@@ -93,6 +93,11 @@ class Profile:
     """Share of the strikes that kill (the rest pause)."""
     mix: dict[str, float] = field(default_factory=dict)
     idle: float = 1.0
+    """Scales the workers' pauses between operations."""
+    ops: int = 6
+    """At most this many operations per lease."""
+    stores: tuple[str, str] | None = None
+    """The embedded store kinds of the strict and the monotonic role (None: alternate)."""
 
     def describe(self) -> str:
         return self.name
@@ -107,7 +112,15 @@ PROFILES: dict[str, Profile] = {
     for profile in (
         Profile(),
         Profile("in-flight", _rates(stop=0.4), strike_gap=4.0, kills=0.05),
-        Profile("storm", _rates(stop=0.05), strike_gap=0.4, kills=0.02, idle=0.2),
+        Profile(
+            "storm",
+            _rates(stop=0.05),
+            strike_gap=0.4,
+            kills=0.02,
+            idle=0.1,
+            ops=40,
+            stores=("file", "file"),
+        ),
         Profile(
             "reply-delays",
             _rates(try_grant=0.5, renew=0.5, stop=0.05),
@@ -258,7 +271,7 @@ def run_schedule(
     rundir = workdir / f"schedule-{schedule.seed}"
     run = Run(rundir, f"schedule-{schedule.seed}")
     coordinator = target.coordinator_url(rundir)
-    stores = target.store_urls(rundir, schedule.seed)
+    stores = target.store_urls(rundir, schedule.seed, schedule.profile.stores)
     resource = f"verify/s{schedule.seed}-{secrets.token_hex(3)}"
     modes = {"S": "strict", "M": "monotonic"}
     run.rec.emit(
@@ -298,6 +311,7 @@ def run_schedule(
             kinds=schedule.profile.kinds,
             mix=schedule.profile.mix,
             idle=schedule.profile.idle,
+            ops=schedule.profile.ops,
         )
         return run.spawn(config, chosen)
 

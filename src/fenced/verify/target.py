@@ -72,9 +72,14 @@ class Target:
     def coordinator_url(self, workdir: Path) -> str:
         return self.coordinator or f"sqlite://{workdir / 'coordinator.db'}"
 
-    def store_urls(self, workdir: Path, index: int) -> dict[str, str]:
-        """``{"S": strict URL, "M": monotonic URL}`` for run number ``index`` (created here)."""
-        kinds = ("sqlite", "file") if index % 2 == 0 else ("file", "sqlite")
+    def store_urls(
+        self, workdir: Path, index: int, kinds: tuple[str, str] | None = None
+    ) -> dict[str, str]:
+        """``{"S": strict URL, "M": monotonic URL}`` for run number ``index`` (created here).
+
+        ``kinds`` overrides the alternation of embedded store kinds (``sqlite``, ``file``).
+        """
+        kinds = kinds or (("sqlite", "file") if index % 2 == 0 else ("file", "sqlite"))
         urls: dict[str, str] = {}
         roles: tuple[tuple[str, str, Mode], ...] = (
             ("S", kinds[0], "strict"),

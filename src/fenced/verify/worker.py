@@ -97,6 +97,8 @@ class WorkerConfig:
     """Random mode: weights of ``rmw``, ``publish`` and ``observe`` (empty: 60/25/15)."""
     idle: float = 1.0
     """Random mode: scales the worker's pauses between operations."""
+    ops: int = 6
+    """Random mode: at most this many operations per lease."""
     wait: float = 10.0
     go: str = ""
     """Random mode: wait for this file, then read ``end`` from it (a start barrier)."""
@@ -374,7 +376,7 @@ class Worker:
         mix = self.config.mix or {"rmw": 0.6, "publish": 0.25, "observe": 0.15}
         actions = sorted(mix)
         weights = [mix[a] for a in actions]
-        for _ in range(rng.randint(1, 6)):
+        for _ in range(rng.randint(1, self.config.ops)):
             if time.monotonic() >= self.config.end:
                 return
             action = rng.choices(actions, weights=weights)[0]
