@@ -18,12 +18,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends import sqlite_db, sqlite_schema
 from fenced.coordinator.backends.sqlite import QUEUE_KEEPALIVE, SQLiteBackend, SQLiteTicket
+from fenced.coordinator.client import Coordinator
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, LeaseLost, LossReason, Unavailable
 from fenced.core.records import RecordKind
@@ -377,6 +379,7 @@ def test_a_ticket_from_another_backend_or_resource_is_refused(
 CHILD_PRELUDE = """
 import json, sys, time
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
+from fenced.coordinator.client import Coordinator
 from fenced.coordinator.backends.sqlite import SQLiteBackend
 path, resource, out = sys.argv[1], sys.argv[2], sys.argv[3]
 backend = SQLiteBackend(path)
@@ -549,3 +552,27 @@ def test_close_leaves_the_queue(db_path: Path) -> None:
     assert raw.execute("SELECT count(*) FROM waiters").fetchone() == (0,)
     raw.close()
     assert isinstance(ticket, SQLiteTicket) and ticket.ended
+
+
+def test_records_are_bounded_by_the_limit_and_the_retention(tmp_path: Path) -> None:
+    backend = SQLiteBackend(tmp_path / "fenced.db", record_limit=10, record_retention=3600)
+    coord = Coordinator(backend)
+    for _ in range(30):
+        coord.release(coord.acquire("r", ttl=5, wait=0))
+    coord.acquire("r", ttl=5, wait=0)  # writes the last release's record
+    assert len(coord.history("r")) > 10
+    assert backend.prune_records() > 0
+    kept = coord.history("r")
+    assert len(kept) == 10
+    assert kept[-1].kind is RecordKind.GRANTED and kept[-1].epoch == 31  # the newest stays
+    aged = SQLiteBackend(tmp_path / "fenced.db", record_retention=1e-9)
+    aged.prune_records()
+    assert [r.epoch for r in Coordinator(aged).history("r")] == [31]
+    aged.close()
+    coord.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"record_limit": 0}, {"record_retention": 0}])
+def test_bad_record_bounds_are_configuration_errors(tmp_path: Path, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        SQLiteBackend(tmp_path / "fenced.db", **kwargs)

@@ -7,7 +7,8 @@ fencing matters:
 * **pauses** (SIGSTOP … SIGCONT) last 0.3-0.8 × ttl (the lease survives), 0.8-1.2 × ttl (it
   expires or survives by a hair, depending on where the renewal cycle stood), or 1.2-2.5 × ttl
   (it expires and a successor takes over while the paused process has work in flight);
-  the victim is the current lease holder in 85 % of the strikes; besides, workers stop
+  the victim is the current lease holder in 85 % of the strikes (such a strike is skipped when
+  nobody holds the lease or the holder is already stopped); besides, workers stop
   themselves between a lease check and the write that follows (at a seeded rate) and the
   nemesis resumes them after a pause that usually outlasts the lease: a write in flight;
 * **kills** (SIGKILL) of a worker, which is replaced by a fresh process (a new name);
@@ -148,11 +149,9 @@ class Nemesis:
         live = [(s, w) for s, w in sorted(self.slots.items()) if w.alive() and not w.paused]
         if not live:
             return None
-        if action.prefer_holder:
+        if action.prefer_holder:  # the holder, or nobody: pausing a waiter only stalls the run
             holder = self._holder()
-            for slot, worker in live:
-                if worker.name == holder:
-                    return slot, worker
+            return next(((s, w) for s, w in live if w.name == holder), None)
         return live[min(int(action.pick * len(live)), len(live) - 1)]
 
     def _worker(self, name: str) -> WorkerProcess | None:

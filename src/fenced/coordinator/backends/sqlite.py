@@ -119,8 +119,17 @@ _REFRESH_BELOW = QUEUE_KEEPALIVE * 2 / 3  # refresh a ticket row when less life 
 _EPSILON = 0.001  # retry just after an expiry, not just before it
 _NO_TICKET = 2**63 - 1  # "behind every queued waiter"
 _MAX_ATTEMPTS = 16  # grant attempts in one try_grant (after dead heads or a race with a release)
-_PRUNE_EVERY = 256  # request rows inserted between two prunes
-_PRUNE_BATCH = 512  # oldest request rows examined by one prune
+_PRUNE_EVERY = 256  # request rows inserted (or releases done) between two prunes
+_PRUNE_BATCH = 512  # oldest rows examined by one prune
+RECORD_LIMIT = 100_000
+"""Default bound of the records table: the newest records kept (older ones are pruned)."""
+RECORD_RETENTION = 30 * 24 * 3600.0
+"""Default age (wall-clock seconds) after which records are pruned."""
+_PRUNE_RECORDS = (
+    "DELETE FROM records WHERE seq IN (SELECT seq FROM records ORDER BY seq LIMIT :batch) "
+    "AND seq < (SELECT max(seq) FROM records) "
+    "AND (seq <= (SELECT max(seq) FROM records) - :keep OR at < :oldest)"
+)
 
 _LIVE = "owner IS NOT NULL AND boot_id = :boot AND expires_at > :now"
 _LIVE_WAITER = "boot_id = :boot AND expires_at > :now"
@@ -264,7 +273,20 @@ class SQLiteBackend:
         *,
         host_clock: HostClock | None = None,
         coordinator_id_for_new: str | None = None,
+        record_limit: int = RECORD_LIMIT,
+        record_retention: float = RECORD_RETENTION,
     ) -> None:
+        if isinstance(record_limit, bool) or not isinstance(record_limit, int) or record_limit < 1:
+            raise ConfigurationError(
+                f"record_limit must be a positive integer, got {record_limit!r}"
+            )
+        if not isinstance(record_retention, int | float) or not record_retention > 0:
+            raise ConfigurationError(
+                f"record_retention must be > 0 seconds, got {record_retention!r}"
+            )
+        self._record_limit = record_limit
+        self._record_retention = float(record_retention)
+        self._releases_since_prune = 0
         self.path = Path(path).expanduser().absolute()
         self.url = "sqlite://" + quote(str(self.path))
         self.capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
@@ -471,6 +493,9 @@ class SQLiteBackend:
         _, params = self._params(name=resource, epoch=epoch, owner=owner, wall=time.time())
         release = _RELEASE_ANY_OWNER if mutants.active("release-without-owner") else _RELEASE
         rows = self._db.write(release, params, f"releasing {resource}", durable=False)
+        self._releases_since_prune += 1
+        if self._releases_since_prune >= _PRUNE_EVERY:
+            self.prune_records()
         if not rows:
             return False
         watched, *head = rows[0]
@@ -480,6 +505,21 @@ class SQLiteBackend:
         if watched:
             self._wake_watchers(resource)
         return True
+
+    def prune_records(self) -> int:
+        """Delete a bounded batch of the oldest records beyond the limit or the retention age.
+
+        Runs now and then from :meth:`release` (no fsync of its own); returns the rows deleted.
+        The newest record is never deleted, so a ``seq`` is never reused.
+        """
+        self._releases_since_prune = 0
+        params: dict[str, object] = {
+            "batch": _PRUNE_BATCH,
+            "keep": self._record_limit,
+            "oldest": time.time() - self._record_retention,
+        }
+        with self._db.transaction("pruning records", durable=False) as conn:
+            return conn.execute(_PRUNE_RECORDS, params).rowcount
 
     def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
         """Replace the advertised value of this owner's live lease (same epoch); record it.
