@@ -449,6 +449,19 @@ class _Checker:
         highest: list[tuple[int, str]] = []
         for _, epoch, what in acks:
             highest.append(max(highest[-1], (epoch, what)) if highest else (epoch, what))
+        for call in calls:  # a rejection reports the floor: it must not be below an ack
+            floor = None if call.reply is None else call.reply.get("floor")
+            if floor is None or call.applied is not False:
+                continue
+            index = bisect.bisect_left(ack_times, call.sent) - 1
+            if index >= 0 and highest[index][0] > int(floor):
+                seen, what = highest[index]
+                self.report.add(
+                    "largest-seen",
+                    f"store {name} rejected {call.w}'s {call.op} with floor {floor} after it had "
+                    f"acknowledged epoch {seen} ({what}): its floor went backwards",
+                    call.sent,
+                )
         finals = [e for e in self.events if e["ev"] == "final" and e.get("store") == name]
         final = finals[-1] if finals else None
         chain: list[list[Any]] = list((final or {}).get("chain") or [])
