@@ -147,6 +147,23 @@ def test_an_older_schema_is_migrated_in_order_and_keeps_its_state(
     raw.close()
 
 
+def test_a_version_1_database_migrates_to_record_election_values(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:1])
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", 1)
+    with SQLiteBackend(db_path) as old:
+        granted(old.try_grant(request(), None))
+    monkeypatch.undo()
+    with SQLiteBackend(db_path) as upgraded:
+        coord = Coordinator(upgraded)
+        lease = coord.acquire("elections/x", ttl=5, wait=0, value="10.0.0.7:80")
+        coord.release(lease)
+        coord.acquire("elections/x", ttl=5, wait=0)
+        grants = [r.detail for r in coord.history("elections/x") if r.kind is RecordKind.GRANTED]
+        assert grants == [{"after": "none", "value": "10.0.0.7:80"}, {"after": "released"}]
+
+
 def _one_line_configuration_error(path: Path) -> ConfigurationError:
     with pytest.raises(ConfigurationError) as caught:
         SQLiteBackend(path)

@@ -165,7 +165,9 @@ class MemoryBackend:
                 request.resource,
                 epoch,
                 request.holder,
-                {"after": after},
+                {"after": after}
+                if request.value is None
+                else {"after": after, "value": request.value},
             )
             if mine is not None:
                 queue.remove(mine)

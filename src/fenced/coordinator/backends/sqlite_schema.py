@@ -175,6 +175,46 @@ MIGRATIONS: tuple[Migration, ...] = (
             END""",
         ),
     ),
+    Migration(
+        2,
+        "grant records carry the candidate's advertised value (elections)",
+        (
+            "DROP TRIGGER record_first_grant",
+            """CREATE TRIGGER record_first_grant AFTER INSERT ON resources
+            WHEN NEW.owner IS NOT NULL
+            BEGIN
+                INSERT INTO records (at, kind, resource, epoch, holder, detail)
+                VALUES (NEW.granted_at, 'granted', NEW.name, NEW.epoch, NEW.holder,
+                        CASE WHEN NEW.value IS NULL THEN '{"after": "none"}'
+                             ELSE json_object('after', 'none', 'value', NEW.value) END);
+            END""",
+            "DROP TRIGGER record_grant",
+            """CREATE TRIGGER record_grant AFTER UPDATE OF epoch ON resources
+            WHEN NEW.owner IS NOT NULL
+            BEGIN
+                INSERT INTO records (at, kind, resource, epoch, holder, detail)
+                SELECT CASE WHEN OLD.boot_id = NEW.boot_id
+                            THEN NEW.granted_at
+                                 - max(0.0, NEW.expires_at - NEW.ttl - OLD.expires_at)
+                            ELSE NEW.granted_at END,
+                       'expired', OLD.name, OLD.epoch, OLD.holder, '{}'
+                WHERE OLD.owner IS NOT NULL;
+                INSERT INTO records (at, kind, resource, epoch, holder, detail)
+                SELECT OLD.ended_at, OLD.ended, OLD.name, OLD.epoch, OLD.holder, '{}'
+                WHERE OLD.owner IS NULL AND NOT OLD.end_recorded;
+                INSERT INTO records (at, kind, resource, epoch, holder, detail)
+                VALUES (NEW.granted_at, 'granted', NEW.name, NEW.epoch, NEW.holder,
+                        CASE WHEN NEW.value IS NULL
+                             THEN json_object('after', CASE WHEN OLD.owner IS NOT NULL
+                                                            THEN 'expired'
+                                                            ELSE coalesce(OLD.ended, 'none') END)
+                             ELSE json_object('after', CASE WHEN OLD.owner IS NOT NULL
+                                                            THEN 'expired'
+                                                            ELSE coalesce(OLD.ended, 'none') END,
+                                              'value', NEW.value) END);
+            END""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
