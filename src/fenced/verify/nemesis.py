@@ -85,6 +85,7 @@ class NemesisPlan:
         ttl: float,
         gap: float = 2.0,
         kills: float = 0.15,
+        long_pauses: bool = False,
         restores: bool = False,
         restarts: bool = False,
     ) -> NemesisPlan:
@@ -102,7 +103,7 @@ class NemesisPlan:
                 kind = "restore"
             elif roll < kills + 0.1 and restarts:
                 kind = "restart"
-            length = pause_length(rng, ttl) if kind == "pause" else 0.0
+            length = pause_length(rng, ttl, in_flight=long_pauses) if kind == "pause" else 0.0
             actions.append(Action(at, kind, length, rng.random() < 0.85, rng.random()))
             at += rng.expovariate(1 / (gap * ttl))
         return cls(actions, rng.getrandbits(32))

@@ -98,6 +98,10 @@ class Profile:
     """At most this many operations per lease."""
     stores: tuple[str, str] | None = None
     """The embedded store kinds of the strict and the monotonic role (None: alternate)."""
+    pad: int = 0
+    """Bytes of padding per written value (longer write transactions)."""
+    long_pauses: bool = False
+    """Nemesis pauses mostly outlast the lease (as the pauses of writes in flight do)."""
 
     def describe(self) -> str:
         return self.name
@@ -120,6 +124,8 @@ PROFILES: dict[str, Profile] = {
             idle=0.1,
             ops=40,
             stores=("file", "file"),
+            pad=256 * 1024,
+            long_pauses=True,
         ),
         Profile(
             "reply-delays",
@@ -194,6 +200,7 @@ class Schedule:
             ttl=ttl,
             gap=profile.strike_gap,
             kills=profile.kills,
+            long_pauses=profile.long_pauses,
             restores=restores,
             restarts=restarts,
         )
@@ -312,6 +319,7 @@ def run_schedule(
             mix=schedule.profile.mix,
             idle=schedule.profile.idle,
             ops=schedule.profile.ops,
+            pad=schedule.profile.pad,
         )
         return run.spawn(config, chosen)
 

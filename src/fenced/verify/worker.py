@@ -24,9 +24,10 @@ history file with the truth about its effect, and the wire faults of its
 
 Modes: ``random`` runs seeded leases of read-modify-write, publications and reads until the
 configured monotonic ``end``; ``command`` reads one JSON command per line on stdin (the case
-drivers script it). The protected value of key ``chain`` is a JSON list of ``[op_id, epoch]``:
-each accepted put appends exactly its own entry to the state it read, so the final value lists
-every accepted write in order and the checker can prove there was no lost update.
+drivers script it). The protected value of key ``chain`` is a JSON document whose ``chain`` is a
+list of ``[op_id, epoch]``: each accepted put appends exactly its own entry to the state it read,
+so the final value lists every accepted write in order and the checker can prove there was no
+lost update.
 
 The environment variable :data:`fenced.core.mutants.ENV_VAR` switches on seeded defects (set by
 ``fenced verify --mutants`` for its workers only).
@@ -63,7 +64,7 @@ from fenced.runtime.keeper import HeldLease
 from fenced.verify.faults import FaultPlan, RecordingBackend, RecordingStore, error_fields
 from fenced.verify.recorder import Recorder
 
-__all__ = ["KEY", "WorkerConfig", "decode_chain", "main"]
+__all__ = ["KEY", "WorkerConfig", "decode_chain", "encode_chain", "main"]
 
 KEY = "chain"
 """The key of the protected value in every store."""
@@ -99,6 +100,8 @@ class WorkerConfig:
     """Random mode: scales the worker's pauses between operations."""
     ops: int = 6
     """Random mode: at most this many operations per lease."""
+    pad: int = 0
+    """Bytes of padding in every written value (larger values: longer write transactions)."""
     wait: float = 10.0
     go: str = ""
     """Random mode: wait for this file, then read ``end`` from it (a start barrier)."""
@@ -115,10 +118,19 @@ def decode_chain(value: bytes | None) -> list[list[Any]]:
     """The list of ``[op_id, epoch]`` entries stored as the protected value."""
     if not value:
         return []
-    chain = json.loads(value)
+    document = json.loads(value)
+    chain = document.get("chain") if isinstance(document, dict) else None
     if not isinstance(chain, list):
         raise ValueError("the protected value is not a chain")
     return chain
+
+
+def encode_chain(chain: list[list[Any]], pad: int = 0) -> bytes:
+    """The protected value holding ``chain`` (and ``pad`` bytes of padding)."""
+    document: dict[str, Any] = {"chain": chain}
+    if pad:
+        document["pad"] = "p" * pad
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 class Worker:
@@ -236,7 +248,7 @@ class Worker:
         chain = decode_chain(None if item is None else item.value)
         base_version = 0 if item is None else item.version
         op_id = self._op_id()
-        value = json.dumps([*chain, [op_id, held.epoch]], separators=(",", ":")).encode()
+        value = encode_chain([*chain, [op_id, held.epoch]], self.config.pad)
         if not unchecked and not self.check():
             return "lost"
         if pause:
