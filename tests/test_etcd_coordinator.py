@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +28,13 @@ import pytest
 import fenced
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends.etcd import EtcdBackend, EtcdTicket, parse_etcd_url
-from fenced.coordinator.backends.etcd_client import Transport, WatchStream, b64
+from fenced.coordinator.backends.etcd_client import (
+    MaybeApplied,
+    NotApplied,
+    Transport,
+    WatchStream,
+    b64,
+)
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
 from fenced.core.clock import ManualClock
@@ -299,6 +306,117 @@ def test_a_watch_resumes_after_a_cut_connection_without_losing_events(
         direct.close()
 
 
+def test_an_idle_watch_keeps_its_connection(etcd_cluster: EtcdCluster) -> None:
+    """Opening a watch is bounded (2 x connect_timeout); once created, a quiet watch is normal
+    and must not time out and reconnect (a resumed watch lands in etcd's unsynced group)."""
+    member = etcd_cluster.members[0]
+    key = f"{_prefix()}/idle".encode()
+    with TcpProxy("127.0.0.1", member.client_port) as proxy:
+        watched = Transport([("127.0.0.1", proxy.port)], timeout=2, connect_timeout=0.2)
+        direct = Transport([("127.0.0.1", member.client_port)], timeout=2, connect_timeout=1)
+        seen: list[bytes] = []
+        troubles: list[str] = []
+        stream = WatchStream(
+            watched,
+            key,
+            None,
+            1,
+            lambda ev, rev: seen.extend(e.kv.value for e in ev),
+            troubles.append,
+        )
+        try:
+            assert stream.created.wait(5)
+            time.sleep(1.0)  # 2.5 x the open budget, with nothing to deliver
+            direct.call("kv/put", {"key": b64(key), "value": b64("late")}, mutating=True)
+            wait_for(lambda: seen == [b"late"], timeout=5, what="the event")
+            assert proxy.connections == 1 and not troubles
+        finally:
+            stream.stop()
+            watched.close()
+            direct.close()
+
+
+# -- sent or not sent: the classification of transport errors ---------------------------------
+
+
+class _BadServer:
+    """A loopback HTTP server that never answers: ``reset`` resets each connection as soon as the
+    request head has arrived (the body cannot have been sent whole); ``close`` reads the whole
+    request, then closes the connection without a reply."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no room for a body
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = self.listener.getsockname()[1]
+        self.requests = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                self.requests += 1
+                if self.mode == "reset":
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                    continue
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                while len(body) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_request_not_sent_whole_was_not_applied() -> None:
+    """httpcore swallows a write error and reports the failed read that follows: the request's
+    trace, not the exception class, tells that the body never got out whole."""
+    server = _BadServer("reset")
+    transport = Transport([("127.0.0.1", server.port)], timeout=0.5, connect_timeout=0.2)
+    body = {"key": b64("k"), "value": b64(b"x" * (16 << 20))}  # more than the socket buffers
+    try:
+        with pytest.raises(NotApplied, match="not sent whole"):
+            transport.call("kv/put", body, mutating=True)
+        assert server.requests >= 1
+    finally:
+        transport.close()
+        server.close()
+
+
+def test_a_request_sent_whole_whose_reply_is_lost_may_have_been_applied() -> None:
+    server = _BadServer("close")
+    transport = Transport([("127.0.0.1", server.port)], timeout=0.5, connect_timeout=0.2)
+    try:
+        with pytest.raises(MaybeApplied, match="reply lost"):
+            transport.call("kv/put", {"key": b64("k"), "value": b64("v")}, mutating=True)
+        assert server.requests == 1  # not retried: it may have been applied
+        with pytest.raises(NotApplied, match="reply lost"):  # a read is retried until the budget
+            transport.call("kv/range", {"key": b64("k")}, mutating=False)
+        assert server.requests > 2
+    finally:
+        transport.close()
+        server.close()
+
+
 def test_a_compacted_start_revision_makes_the_waiter_re_read(
     etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
 ) -> None:
@@ -324,9 +442,9 @@ def test_a_compacted_start_revision_makes_the_waiter_re_read(
     assert not ticket.changed.is_set()
     watch = ticket.watches[0]
     watch.revision = 1  # as if it had been idle since then: resuming there hits the compaction
-    connection = watch._conn
-    assert connection is not None
-    connection.shutdown()
+    reply = watch._stream
+    assert reply is not None
+    reply.shutdown()  # as if the connection broke
     backend.wait(ticket, 5)
     assert ticket.changed.is_set()
     assert isinstance(backend.try_grant(request, ticket), Blocked)  # re-read: still held
