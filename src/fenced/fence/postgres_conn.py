@@ -2,21 +2,19 @@
 
 * :func:`parse_url` — ``postgresql://`` / ``postgres://`` URLs: fenced's own query parameters are
   taken out, everything else goes to libpq unchanged (and is validated by it).
-* :class:`Pool` — a small, thread-safe pool of autocommit connections. A connection is checked
-  without a round trip before it is handed out (a dead one — the server restarted, a proxy cut it
-  — is readable at EOF and is discarded), and a refused or failing *connect* is retried until the
-  operation's budget runs out (the server is restarting). Nothing is ever sent twice: once a
-  statement has gone out, failures are reported, never retried here.
+* :class:`Pool` — autocommit connections from a :class:`psycopg_pool.ConnectionPool` (one worker
+  thread), checked without a round trip before they are lent (a dead one — the server restarted,
+  a proxy cut it — is readable at EOF and is discarded with every idle one). Where the pool
+  alone would report any failure to connect as the same ``PoolTimeout`` after the whole wait,
+  :class:`Pool` tells "all connections busy" from "cannot connect" and, for the latter, tries a
+  direct connection whose error is translated (wrong password versus server restarting) or
+  which, if it connects, serves the operation. Nothing is ever sent twice: once a statement has
+  gone out, failures are reported, never retried here.
 * :class:`Deadlines` — one watchdog thread per process that shuts down the socket of an
   operation that outlived its deadline (a blackholed network, a hung server): the blocked call
   then fails instead of hanging forever.
 * :func:`translate` — a psycopg error to the fenced error a caller can act on.
 * :func:`migrate` — versioned migrations of one component's tables in one schema.
-
-Why not psycopg_pool: its ``getconn`` reports every connect failure as the same
-``PoolTimeout`` after the whole timeout (losing "wrong password" versus "server restarting"), and
-each pool runs several worker threads. fenced needs fail-fast, precise errors under per-operation
-deadlines, which this ~150-line pool gives.
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, url
 
 import psycopg
 from psycopg import pq, sql
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 
@@ -63,7 +62,8 @@ DEFAULT_POOL_SIZE = 10
 DEFAULT_OP_TIMEOUT = 10.0
 """Seconds an operation may wait for its reply before its connection is cut (``?timeout=``)."""
 DEFAULT_CONNECT_TIMEOUT = 5.0
-"""Seconds spent (re)connecting for one operation before :class:`Unavailable`."""
+"""Seconds an operation waits for a connection (while the pool reconnects) before it finds out
+why none came; also libpq's ``connect_timeout`` unless the URL sets one."""
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 _SCHEMES = ("postgresql", "postgres")
@@ -345,9 +345,18 @@ def deadlines() -> Deadlines:
 # -- the pool -------------------------------------------------------------------------------
 
 
-def _dead(conn: psycopg.Connection[object]) -> bool:
+def _idle(conn: psycopg.Connection[Any]) -> bool:
+    """True if ``conn`` is open, not broken and outside a transaction."""
+    return (
+        not conn.closed
+        and not conn.broken
+        and conn.info.transaction_status == pq.TransactionStatus.IDLE
+    )
+
+
+def _dead(conn: psycopg.Connection[Any]) -> bool:
     """True if an idle connection is unusable: closed, or readable (EOF or an error pending)."""
-    if conn.closed or conn.broken or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+    if not _idle(conn):
         return True
     try:
         readable, _, _ = select.select([conn.fileno()], [], [], 0)
@@ -371,15 +380,47 @@ _TRANSIENT_CONNECT = (
     "connection reset",
 )
 
+_PROBE_AFTER = 0.1
+"""Seconds to wait for the pool before trying a direct connection (the pool backs off)."""
+
+
+def _transient(error: psycopg.Error) -> bool:
+    """True if a failed connect may succeed if tried again soon (the server is restarting)."""
+    message = str(error).lower()
+    return any(text in message for text in _TRANSIENT_CONNECT) and not _is_config_message(message)
+
+
+_inherited: list[ConnectionPool[Any]] = []
+"""Pools inherited through ``fork()``: kept referenced so that a child never finalises them."""
+
 
 class Pool:
-    """Autocommit connections to one server, at most ``size``; thread-safe; fork-aware.
+    """Autocommit connections to one server, at most ``size`` lent at once; thread-safe;
+    fork-aware. A :class:`psycopg_pool.ConnectionPool` plus fenced's errors.
 
-    :meth:`connection` lends one for one operation. ``prepare``: let psycopg prepare statements
-    that run often (on by default). A transaction-pooling PgBouncer before 1.21 loses them
-    between transactions; the first such failure (``prepared statement … does not exist`` /
-    ``already exists``, raised before anything executed) turns them off for the pool for good
-    and :func:`execute` sends the statement again, unprepared.
+    The psycopg pool is opened on first use (a scheduler and one worker thread) and closed by
+    :meth:`close`. It connects on demand and replaces lost connections in the background (for
+    up to ``connect_timeout`` seconds of failures; the next demand tries again). Before a
+    connection is lent it is checked without a round trip: a dead one (the server restarted, a
+    proxy cut it — it is readable at EOF) is closed together with every idle one (they share its
+    fate), and the pool connects anew.
+
+    The pool alone reports every failure to connect as the same ``PoolTimeout`` after the whole
+    wait. So when it lends nothing within :data:`_PROBE_AFTER` seconds while some of the
+    ``size`` connections are free, :meth:`connection` tries a direct connection: if it connects
+    (the server is back while the pool still backs off), the operation runs on it and it is
+    closed afterwards; a refused or starting-up server is tried again, between further waits for
+    the pool, until the budget is spent, then :class:`Unavailable`; any other failure (a wrong
+    password, a missing database: :class:`ConfigurationError`) is reported at once. With all
+    ``size`` connections lent it only waits, then :class:`Unavailable` (raise ``?pool_size=``).
+    Nothing is ever sent twice: once a statement has gone out, failures are reported, never
+    retried here.
+
+    ``prepare``: let psycopg prepare statements that run often (on by default). A
+    transaction-pooling PgBouncer before 1.21 loses them between transactions; the first such
+    failure (``prepared statement … does not exist`` / ``already exists``, raised before anything
+    executed) turns them off for the pool for good and :func:`execute` sends the statement again,
+    unprepared.
     """
 
     def __init__(
@@ -396,100 +437,129 @@ class Pool:
         self.size = size
         self.connect_timeout = connect_timeout
         self._prepare = prepare
-        self._cond = threading.Condition()
-        self._idle: list[psycopg.Connection[tuple[Any, ...]]] = []
-        self._out = 0
+        self._lock = threading.Lock()
+        self._inner: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
+        self._lent = 0
         self._pid = os.getpid()
         self._closed = False
 
-    def _reset_after_fork(self) -> None:
+    def _live(self) -> ConnectionPool[psycopg.Connection[tuple[Any, ...]]]:
+        """This process's psycopg pool, opened on first use."""
         if self._pid != os.getpid():  # never use or close connections of the parent
-            self._cond = threading.Condition()
-            self._idle = []
-            self._out = 0
-            self._pid = os.getpid()
+            if self._inner is not None:
+                _inherited.append(self._inner)
+            self._lock = threading.Lock()
+            self._inner, self._lent, self._pid = None, 0, os.getpid()
+        with self._lock:
+            if self._closed:
+                raise ConfigurationError(f"the connection pool of {self.display} is closed")
+            if self._inner is None:
+                self._inner = ConnectionPool(
+                    self.conninfo,
+                    kwargs={"autocommit": True, "prepare_threshold": self._threshold()},
+                    min_size=0,
+                    max_size=self.size,
+                    open=True,
+                    check=self._check,
+                    name=f"fenced-pg:{self.display}",
+                    timeout=self.connect_timeout,
+                    reconnect_timeout=self.connect_timeout,
+                    num_workers=1,
+                )
+            return self._inner
+
+    def _threshold(self) -> int | None:
+        return 5 if self._prepare else None
+
+    def _check(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+        """The psycopg pool's check of a connection it is about to lend (no round trip)."""
+        if _dead(conn):
+            conn.close()  # the pool replaces a closed connection instead of keeping it
+            self.discard_idle()
+            raise psycopg.OperationalError("the idle connection was closed by the server")
+        if not self._prepare:
+            conn.prepare_threshold = None
 
     def open_connection(self, budget: float) -> psycopg.Connection[tuple[Any, ...]]:
-        """A new connection, retrying refused/starting-up connects until ``budget`` is spent."""
+        """A new connection outside the pool, retrying refused/starting-up connects until
+        ``budget`` is spent; a failure is translated (:func:`translate`)."""
         deadline = time.monotonic() + budget
         delay = 0.02
         while True:
             try:
-                conn: psycopg.Connection[tuple[Any, ...]] = psycopg.Connection.connect(
-                    self.conninfo,
-                    autocommit=True,
-                    prepare_threshold=5 if self._prepare else None,
-                )
-                return conn
+                return self._connect()
             except psycopg.Error as error:
-                message = str(error).lower()
-                transient = any(text in message for text in _TRANSIENT_CONNECT)
-                if not transient or _is_config_message(message):
+                if not _transient(error) or time.monotonic() + delay >= deadline:
                     raise translate(error, "connecting", sent=False, where=self.display) from error
-                if time.monotonic() + delay >= deadline:
-                    raise translate(error, "connecting", sent=False, where=self.display) from error
-                time.sleep(delay)
-                delay = min(delay * 2, 0.25)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        conn: psycopg.Connection[tuple[Any, ...]] = psycopg.Connection.connect(
+            self.conninfo, autocommit=True, prepare_threshold=self._threshold()
+        )
+        return conn
 
     @contextlib.contextmanager
     def connection(self, budget: float) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         """Lend a live connection for one operation; it returns to the pool if still idle.
 
-        Waits up to ``budget`` seconds for a free slot or a (re)connect; then
-        :class:`Unavailable`. A connection left in a transaction, broken or closed is discarded.
+        Waits up to ``budget`` seconds, then raises :class:`Unavailable` or
+        :class:`ConfigurationError` with the reason (see the class doc). A connection left in a
+        transaction, broken or closed is closed, never rolled back or reused.
         """
-        conn = self._checkout(budget)
+        pool = self._live()
+        conn, pooled = self._borrow(pool, budget)
+        if not pooled:
+            try:
+                yield conn
+            finally:
+                _close_quietly(conn)
+            return
+        with self._lock:
+            self._lent += 1
         try:
             yield conn
         finally:
-            self._checkin(conn)
+            if not _idle(conn):
+                _close_quietly(conn)
+            with self._lock:
+                self._lent -= 1
+            pool.putconn(conn)
 
-    def _checkout(self, budget: float) -> psycopg.Connection[tuple[Any, ...]]:
+    def _borrow(
+        self, pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]], budget: float
+    ) -> tuple[psycopg.Connection[tuple[Any, ...]], bool]:
+        """A pooled connection (True), or a direct one (False) while the pool cannot connect."""
         deadline = time.monotonic() + budget
-        with self._cond:
-            self._reset_after_fork()
-            while True:
-                if self._closed:
-                    raise ConfigurationError(f"the connection pool of {self.display} is closed")
-                while self._idle:
-                    conn = self._idle.pop()
-                    if not _dead(conn):
-                        self._out += 1
-                        return conn
-                    _close_quietly(conn)
-                if self._out < self.size:
-                    self._out += 1
-                    break
-                remaining = deadline - time.monotonic()
+        wait = min(budget, _PROBE_AFTER)
+        while True:
+            try:
+                return pool.getconn(wait), True
+            except PoolTimeout:
+                pass
+            except PoolClosed as error:
+                raise ConfigurationError(
+                    f"the connection pool of {self.display} is closed"
+                ) from error
+            remaining = deadline - time.monotonic()
+            with self._lock:
+                busy = self._lent >= self.size
+            if busy:  # only waiting helps
                 if remaining <= 0:
                     raise Unavailable(
                         f"{self.display}: all {self.size} pooled connections stayed busy for "
                         f"{budget:g}s; nothing was sent (raise ?pool_size=)"
                     )
-                self._cond.wait(remaining)
-        try:
-            return self.open_connection(max(deadline - time.monotonic(), 0.0))
-        except BaseException:
-            with self._cond:
-                self._out -= 1
-                self._cond.notify()
-            raise
-
-    def _checkin(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
-        healthy = (
-            not conn.closed
-            and not conn.broken
-            and conn.info.transaction_status == pq.TransactionStatus.IDLE
-        )
-        with self._cond:
-            if self._pid != os.getpid():
-                return
-            self._out -= 1
-            if healthy and not self._closed:
-                self._idle.append(conn)
-            else:
-                _close_quietly(conn)
-            self._cond.notify()
+                wait = remaining
+                continue
+            try:
+                return self._connect(), False
+            except psycopg.Error as error:
+                remaining = deadline - time.monotonic()
+                if not _transient(error) or remaining <= 0:
+                    raise translate(error, "connecting", sent=False, where=self.display) from error
+            wait = min(remaining, wait * 2, 0.5)
 
     @property
     def prepare(self) -> bool:
@@ -500,7 +570,8 @@ class Pool:
     ) -> bool:
         """True (and prepared statements off from now on) if ``error`` says a pooler lost one.
 
-        Such an error happens at Parse/Bind, before anything executed: re-sending is safe.
+        Such an error happens at Parse/Bind, before anything executed: re-sending is safe. The
+        pool's other connections stop preparing when they are next lent.
         """
         if getattr(error, "sqlstate", None) not in ("26000", "42P05") or conn.broken:
             return False
@@ -511,30 +582,28 @@ class Pool:
                 self.display,
             )
         self._prepare = False
-        with self._cond:
-            connections = [*self._idle, conn]
-        for each in connections:
-            each.prepare_threshold = None
+        conn.prepare_threshold = None
         return True
 
     def discard_idle(self) -> None:
-        """Close every idle connection (after a failure suggests they are all stale)."""
-        with self._cond:
-            self._reset_after_fork()
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            _close_quietly(conn)
+        """Close every idle connection (after a failure suggests they are all stale); lent ones
+        are closed when they come back. The pool connects anew."""
+        inner = self._inner
+        if inner is not None and not inner.closed and self._pid == os.getpid():
+            inner.drain()
 
     def close(self) -> None:
-        """Close idle connections; lent ones are closed when they come back. Idempotent."""
-        with self._cond:
+        """Close idle connections and stop the pool's threads; lent connections are closed when
+        they come back. Idempotent."""
+        with self._lock:
             self._closed = True
-            if self._pid != os.getpid():
-                self._idle = []
-                return
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            _close_quietly(conn)
+            inner, self._inner = self._inner, None
+        if inner is None:
+            return
+        if self._pid != os.getpid():
+            _inherited.append(inner)
+            return
+        inner.close(timeout=1.0)
 
 
 def _close_quietly(conn: psycopg.Connection[tuple[Any, ...]]) -> None:

@@ -323,7 +323,9 @@ class PostgresBackend:
 
     def _initialise(self, requested: Mode | None) -> Mode:
         try:
-            with self._pool.connection(self._connect_budget) as conn:
+            # a connection of its own: a failure here (wrong password, missing database, newer
+            # schema) is reported at once and starts no pool threads
+            with self._pool.open_connection(self._connect_budget) as conn:
                 meta = migrate(
                     conn,
                     schema=self.schema,

@@ -449,7 +449,9 @@ class PostgresBackend:
     def _initialise(self, new_id: str | None) -> str:
         where = f"{self.url} (schema {self.schema})"
         try:
-            with self._pool.connection(self._connect_budget) as conn:
+            # a connection of its own: a failure here (wrong password, missing database, newer
+            # schema) is reported at once and starts no pool threads
+            with self._pool.open_connection(self._connect_budget) as conn:
                 meta = migrate(
                     conn,
                     schema=self.schema,
