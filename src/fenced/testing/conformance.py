@@ -617,6 +617,13 @@ class HistoryConformance:
         assert RecordKind.LOST in kinds
         coordinator.close()
 
+    def test_a_grant_record_carries_the_advertised_value(self, coord: Coordinator) -> None:
+        lease = coord.acquire(R, ttl=5, wait=0, value="10.0.0.7:8080")
+        coord.release(lease)
+        coord.acquire(R, ttl=5, wait=0)
+        grants = [r.detail for r in coord.history(R) if r.kind is RecordKind.GRANTED]
+        assert [g.get("value") for g in grants] == ["10.0.0.7:8080", None]
+
     def test_proclaim_changes_the_value_not_the_epoch(self, coord: Coordinator) -> None:
         lease = coord.acquire(R, ttl=5, wait=0)
         coord.backend.proclaim(R, lease.epoch, lease.owner, "10.0.0.7:8080")

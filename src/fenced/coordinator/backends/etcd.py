@@ -854,7 +854,10 @@ class EtcdBackend:
         if state.state == "held":
             items.append((RecordKind.EXPIRED, name, state.epoch, state.holder, {}))
             after = "expired"
-        items.append((RecordKind.GRANTED, name, epoch, request.holder, {"after": after}))
+        detail: dict[str, object] = {"after": after}
+        if request.value is not None:
+            detail["value"] = request.value
+        items.append((RecordKind.GRANTED, name, epoch, request.holder, detail))
         record_ops, new_seq = self._records_ops(seq, items)
         pooled = self._take_lease(request.ttl)
         value = LeaseValue(
