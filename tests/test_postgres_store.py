@@ -3,7 +3,7 @@ specific to PostgreSQL: streaming of large objects, the busy timeout, the URL, s
 
 The store has every capability but :attr:`Capability.LOCAL_FILES` (it lives in a database, not
 under a path), so the suite runs :class:`FencingConformance`, :class:`KeysConformance`,
-:class:`PublicationConformance` and :class:`OpIdConformance`.
+:class:`PublicationConformance`, :class:`OpIdConformance` and :class:`RecordsConformance`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from fenced.testing.store_conformance import (
     KeysConformance,
     OpIdConformance,
     PublicationConformance,
+    RecordsConformance,
     token,
 )
 
@@ -61,7 +62,11 @@ def postgres_snapshot(store: Store) -> list[tuple[str, list[tuple[object, ...]]]
 
 
 class TestPostgresStore(
-    FencingConformance, KeysConformance, PublicationConformance, OpIdConformance
+    FencingConformance,
+    KeysConformance,
+    PublicationConformance,
+    OpIdConformance,
+    RecordsConformance,
 ):
     @pytest.fixture
     def make_store(self, store_url: str) -> Iterator[Callable[..., Store]]:

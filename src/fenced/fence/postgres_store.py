@@ -31,6 +31,12 @@ for the other stores. What this backend guarantees:
 * **Snapshot reads**: :meth:`PostgresBackend.open_current` reads the pointer and the chunks in
   one ``REPEATABLE READ READ ONLY`` transaction of a connection of its own: the stream is
   unaffected by later publications and even by gc (MVCC) until it is closed.
+* **Records** (:attr:`~fenced.fence.backend.Capability.RECORDS`): rows of ``store_records``.
+  Installs and accepted mutations are inserted in the mutation's own transaction (a speculative
+  mutation that appends one is sent as BEGIN, the lock, the check, the writes and COMMIT: still
+  one round trip); a rejection is inserted by a transaction of its own, under the domain lock,
+  committed with ``synchronous_commit = off`` (no wait for the WAL flush). ``seq`` is one
+  sequence for the whole store.
 * **Schema**: tables ``store_*`` in the URL's schema (default ``fenced``, ``?schema=``), versioned
   in ``store_meta`` (``format``, ``schema_version``, ``mode``) and migrated automatically.
 
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -60,6 +67,7 @@ from fenced.core.errors import (
     Unavailable,
     VersionConflict,
 )
+from fenced.core.records import Record, RecordKind
 from fenced.core.token import FencingToken
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.ops import OpRecord
@@ -82,6 +90,8 @@ from fenced.fence.values import Item, Mode, Publication, Version
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
+
+    from fenced.fence.store import _Mutation
 
 __all__ = [
     "FORMAT",
@@ -185,6 +195,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             END $$""",
         ),
     ),
+    Migration(
+        2,
+        "records of installs, accepted and rejected mutations",
+        (
+            "CREATE TABLE {s}.store_records (seq bigserial PRIMARY KEY, resource text NOT NULL,"
+            " at double precision NOT NULL, kind text NOT NULL, epoch bigint NOT NULL,"
+            " detail text NOT NULL)",
+            "CREATE INDEX store_records_by_resource ON {s}.store_records (resource, seq)",
+        ),
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
@@ -249,6 +269,12 @@ class PostgresStore(Store):
         with self._backend.hinting(pointer=name):
             return super().publish(token, data, name=name, op_id=op_id)
 
+    def _rejected(self, token: FencingToken, what: _Mutation, error: Rejected) -> None:
+        # A speculative attempt's rejection is re-decided the ordinary way, which logs and
+        # records it: once, like on every other store.
+        if not self._backend.speculating():
+            super()._rejected(token, what, error)
+
 
 class _SpeculationFailed(Exception):
     """The state a speculative write was decided on has changed: nothing was applied."""
@@ -286,7 +312,13 @@ class PostgresBackend:
     """The store backend on PostgreSQL; see the module docstring. Thread-safe."""
 
     capabilities = frozenset(
-        {Capability.KEYS, Capability.PUBLICATION, Capability.OP_IDS, Capability.MULTI_PROCESS}
+        {
+            Capability.KEYS,
+            Capability.PUBLICATION,
+            Capability.OP_IDS,
+            Capability.MULTI_PROCESS,
+            Capability.RECORDS,
+        }
     )
 
     def __init__(self, url: str, mode: Mode | None, options: StoreOptions) -> None:
@@ -368,6 +400,10 @@ class PostgresBackend:
         finally:
             hint.key = hint.pointer = None
             hint.speculate = False
+
+    def speculating(self) -> bool:
+        """Whether this thread's current mutation is a speculative attempt."""
+        return self._hint.speculate
 
     def known(self, resource: str, key: str | None) -> bool:
         """Whether a speculative mutation of ``resource`` (reading ``key``) is worth trying."""
@@ -466,6 +502,67 @@ class PostgresBackend:
                 "nothing changed, retry"
             )
         return translate(error, doing, sent=sent, where=self._where)
+
+    # -- records ------------------------------------------------------------------------------
+
+    def record_rejection(self, record: Record) -> None:
+        """Insert ``record`` in a transaction of its own, committed without waiting for the WAL
+        flush (``synchronous_commit = off``): a crash of the server may lose it, never a crash
+        of this process once it returned. It takes the domain lock (so that one resource's
+        records become visible in ``seq`` order) and changes nothing but the records.
+        """
+        doing = f"recording a rejection on {record.resource!r}"
+        with (
+            self._pool.connection(self._connect_budget) as conn,
+            guarded(conn, self._timeout) as fired,
+        ):
+            cur: psycopg.ClientCursor[tuple[Any, ...]] = psycopg.ClientCursor(conn)
+            try:
+                cur.execute(
+                    b"BEGIN; "
+                    + _LOCK
+                    + b"; SET LOCAL synchronous_commit = off; "
+                    + self._sql(_INSERT_RECORD)
+                    + b"; COMMIT",
+                    (
+                        f"{self._lock_timeout_ms}ms",
+                        f"fenced.store.{self.schema}:{record.resource}",
+                        *_record_params(record),
+                    ),
+                )
+            except psycopg.Error as error:
+                if not conn.closed and not conn.broken:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute(b"ROLLBACK")
+                raise self._failed(error, conn, doing, fired()) from error
+
+    def history(self, resource: str, after: int, *, since: float, keep: int) -> list[Record]:
+        rows = self._read(
+            f"reading the records of {resource!r}",
+            "SELECT seq, at, kind, epoch, detail FROM {s}.store_records WHERE resource = %s"
+            " AND seq > %s AND at >= %s AND seq > coalesce((SELECT seq FROM {s}.store_records"
+            " WHERE resource = %s ORDER BY seq DESC LIMIT 1 OFFSET %s), 0) ORDER BY seq",
+            (resource, after, since, resource, keep),
+        )
+        try:
+            return [
+                Record(
+                    int(seq),
+                    float(at),
+                    RecordKind(kind),
+                    resource,
+                    int(epoch),
+                    None,
+                    json.loads(detail),
+                )
+                for seq, at, kind, epoch, detail in rows
+            ]
+        except ValueError as error:
+            raise ConfigurationError(f"corrupt records of {resource!r} in {self._where}") from error
+
+    def floors(self) -> dict[str, int]:
+        rows = self._read("reading floors", "SELECT resource, floor FROM {s}.store_domains", ())
+        return {str(resource): int(floor) for resource, floor in rows}
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -613,6 +710,9 @@ _LOCK = (
     b" pg_advisory_xact_lock(hashtextextended(%s, 0))"
 )
 _OP = "SELECT 1 FROM {s}.store_ops WHERE resource = %s AND op_id = %s"
+_INSERT_RECORD = (
+    "INSERT INTO {s}.store_records (resource, at, kind, epoch, detail) VALUES (%s, %s, %s, %s, %s)"
+)
 _OP_ROW = (
     "SELECT digest, outcome, recorded_at FROM {s}.store_ops WHERE resource = %s AND op_id = %s"
 )
@@ -623,6 +723,11 @@ def _publication(resource: str, name: str, row: tuple[Any, ...]) -> Publication:
     return Publication(
         resource, name, int(epoch), str(object_id), str(sha256), int(size), float(published_at)
     )
+
+
+def _record_params(record: Record) -> tuple[object, ...]:
+    detail = json.dumps(dict(record.detail), separators=(",", ":"), default=str)
+    return (record.resource, record.at, record.kind.value, record.epoch, detail)
 
 
 def _durable(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
@@ -908,6 +1013,21 @@ class _PgTransaction:
             "DELETE FROM {s}.store_ops WHERE resource = %s AND recorded_at < %s",
             (self._resource, before),
             "prune",
+        )
+
+    def append_record(self, record: Record) -> None:
+        # Not a write store_apply carries: a speculative commit with a record goes out as
+        # BEGIN, the lock, the check statement, the writes and COMMIT (still one round trip).
+        self._write(_INSERT_RECORD, _record_params(record), "record")
+
+    def prune_records(self, before: float, keep: int) -> None:
+        r = self._resource
+        self._write(
+            "DELETE FROM {s}.store_records WHERE resource = %s AND (at < %s OR seq <= coalesce("
+            "(SELECT seq FROM {s}.store_records WHERE resource = %s ORDER BY seq DESC"
+            " LIMIT 1 OFFSET %s), 0))",
+            (r, before, r, keep),
+            "prune_records",
         )
 
     def version_of(self, key: str) -> int | None:

@@ -599,12 +599,37 @@ _OPERATIONS = (
     END $$""",
 )
 
+
+def _granted_with_value(try_grant: str) -> str:
+    """``try_grant`` whose granted record also carries ``value`` when the request has one."""
+    with_value = (
+        " || CASE WHEN p_value IS NULL THEN '{}'::jsonb"
+        " ELSE jsonb_build_object('value', p_value) END"
+    )
+    edits = (
+        (
+            "jsonb_build_object('after', v_row.ended)\n",
+            f"jsonb_build_object('after', v_row.ended){with_value}\n",
+        ),
+        ("""'{"after": "none"}'::jsonb\n""", f"""'{{"after": "none"}}'::jsonb{with_value}\n"""),
+    )
+    for before, after in edits:
+        assert try_grant.count(before) == 1, before
+        try_grant = try_grant.replace(before, after)
+    return try_grant
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
         "resources and leases, request ids, FIFO waiters, watchers, records; one function per "
         "operation",
         _TABLES + _HELPERS + _OPERATIONS,
+    ),
+    Migration(
+        2,
+        "granted records carry the election value (like every other backend)",
+        (_granted_with_value(_OPERATIONS[0]),),
     ),
 )
 
