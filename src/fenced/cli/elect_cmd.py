@@ -26,7 +26,7 @@ import click
 
 from fenced.cli.app import OneLineUsageCommand, cli
 from fenced.cli.exitcodes import LEASE_LOST, NOT_FOUND
-from fenced.cli.run_cmd import DEFAULT_TTL, parse_seconds
+from fenced.cli.run_cmd import DEFAULT_TTL, open_fence_stores, parse_seconds, report_loss
 from fenced.coordinator.connect import connect, resolve_url
 from fenced.core.errors import ConfigurationError
 from fenced.core.names import validate_resource
@@ -34,43 +34,12 @@ from fenced.core.policy import validate_holder, validate_ttl, validate_wait
 from fenced.election import LeaderChange, LeaderChangeKind, LeaderInfo
 from fenced.election.campaign import validate_value
 from fenced.election.run import run_command_as_leader
-from fenced.runtime.child import DEFAULT_GRACE, ChildResult, StartFailed, validate_grace
-from fenced.runtime.hold import Fenceable
+from fenced.runtime.child import DEFAULT_GRACE, StartFailed, validate_grace
 
 __all__ = ["JSON_FORMAT", "elect_command", "leader_command"]
 
 JSON_FORMAT = 1
 """Version of the ``--json`` output of ``fenced leader``; bumped only for incompatible changes."""
-
-
-def _open_stores(urls: tuple[str, ...], stack: contextlib.ExitStack) -> list[Fenceable]:
-    if not urls:
-        return []
-    from fenced.fence import open_store  # noqa: PLC0415 - only needed with --fence
-
-    stores: list[Fenceable] = []
-    for url in urls:
-        store = open_store(url)
-        stack.callback(store.close)
-        stores.append(store)
-    return stores
-
-
-def _report_loss(name: str, term: int, result: ChildResult) -> None:
-    assert result.lost is not None
-    why = f"({result.lost.reason.value}: {result.lost.detail})"
-    sent = " and ".join(sig.name for sig in result.signalled)
-    if sent:
-        message = (
-            f"leadership of {name} (term {term}) lost while the command ran {why}; "
-            f"sent {sent} to the command, which {result.describe()}"
-        )
-    else:
-        message = (
-            f"leadership of {name} (term {term}) was lost before the command's exit was seen "
-            f"{why}; the command {result.describe()}"
-        )
-    click.echo(f"fenced: {message}", err=True)
 
 
 @cli.command(
@@ -159,7 +128,7 @@ def elect_command(
     terms: list[int] = []
     with contextlib.ExitStack() as stack:
         coord = stack.enter_context(connect(coordinator_url))
-        stores = _open_stores(fence_urls, stack)
+        stores = open_fence_stores(fence_urls, stack)
         try:
             result = run_command_as_leader(
                 coord,
@@ -177,7 +146,7 @@ def elect_command(
             click.echo(f"fenced: {error}", err=True)
             ctx.exit(error.exit_status)
     if result.lost is not None:
-        _report_loss(election, terms[0] if terms else 0, result)
+        report_loss(f"leadership of {election} (term {terms[0] if terms else 0})", result)
         ctx.exit(LEASE_LOST)
     ctx.exit(result.exit_status)
 

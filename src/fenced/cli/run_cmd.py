@@ -34,7 +34,9 @@ from fenced.runtime.hold import Fenceable
 
 __all__ = [
     "DEFAULT_TTL",
+    "open_fence_stores",
     "parse_seconds",
+    "report_loss",
     "run_command",
 ]
 
@@ -66,7 +68,8 @@ def parse_seconds(option: str, text: str, *, forever: bool = False) -> float | N
     return value
 
 
-def _open_stores(urls: tuple[str, ...], stack: contextlib.ExitStack) -> list[Fenceable]:
+def open_fence_stores(urls: tuple[str, ...], stack: contextlib.ExitStack) -> list[Fenceable]:
+    """Open the ``--fence`` stores, closed when ``stack`` closes (shared with ``fenced elect``)."""
     if not urls:
         return []
     from fenced.fence import open_store  # noqa: PLC0415 - only needed with --fence
@@ -79,18 +82,19 @@ def _open_stores(urls: tuple[str, ...], stack: contextlib.ExitStack) -> list[Fen
     return stores
 
 
-def _report_loss(resource: str, epoch: int, result: ChildResult) -> None:
+def report_loss(what: str, result: ChildResult) -> None:
+    """Say in one line that ``what`` (e.g. "lease on R (epoch 7)") was lost while the child ran."""
     assert result.lost is not None
     why = f"({result.lost.reason.value}: {result.lost.detail})"
     sent = " and ".join(sig.name for sig in result.signalled)
     if sent:
         message = (
-            f"lease on {resource} (epoch {epoch}) lost while the command ran {why}; "
+            f"{what} lost while the command ran {why}; "
             f"sent {sent} to the command, which {result.describe()}"
         )
     else:
         message = (
-            f"lease on {resource} (epoch {epoch}) was lost before the command's exit was seen "
+            f"{what} was lost before the command's exit was seen "
             f"{why}; the command {result.describe()}"
         )
     click.echo(f"fenced: {message}", err=True)
@@ -185,7 +189,7 @@ def run_command(
     with contextlib.ExitStack() as stack:
         stack.callback(supervisor.close)
         coord = stack.enter_context(connect(coordinator_url))
-        stores = _open_stores(fence_urls, stack)
+        stores = open_fence_stores(fence_urls, stack)
         try:
             with coord.hold(
                 name,
@@ -207,6 +211,6 @@ def run_command(
             ctx.exit(error.exit_status)
     assert result is not None
     if result.lost is not None:
-        _report_loss(name, epoch, result)
+        report_loss(f"lease on {name} (epoch {epoch})", result)
         ctx.exit(LEASE_LOST)
     ctx.exit(result.exit_status)
