@@ -11,8 +11,15 @@ import sys
 
 import click
 
-from fenced.cli import demo, elect_cmd, ops_cmds, run_cmd, status_cmd, store_cmds  # noqa: F401
-from fenced.cli import verify_cmd  # noqa: F401
+from fenced.cli import (  # noqa: F401
+    demo,
+    elect_cmd,
+    ops_cmds,
+    run_cmd,
+    status_cmd,
+    store_cmds,
+    verify_cmd,
+)
 from fenced.cli.app import cli
 from fenced.cli.exitcodes import INTERNAL_ERROR
 

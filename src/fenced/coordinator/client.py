@@ -29,9 +29,9 @@ from fenced.core import mutants
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import Busy, ConfigurationError, LeaseLost, LossReason
 from fenced.core.lease import Lease, LeaseInfo
-from fenced.core.records import Record, RecordKind
 from fenced.core.names import validate_resource
 from fenced.core.policy import LeasePolicy, validate_holder, validate_wait
+from fenced.core.records import Record, RecordKind
 from fenced.core.token import FencingToken
 from fenced.election.campaign import Campaign, validate_value
 from fenced.election.observe import LeaderInfo, Observer
