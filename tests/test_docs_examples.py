@@ -33,7 +33,12 @@ def test_the_readme_has_a_runnable_example() -> None:
 def test_example_runs(name: str, code: str, tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=60, check=False,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
