@@ -216,11 +216,11 @@ def verify_command(
         and (hunted is None or all(r.caught for r in hunted))
     )
     if as_json:
-        click.echo(to_json(target.describe(), rows, summary, hunted, ok))
+        click.echo(to_json(target.describe(), rows, summary, hunted, ok, replay))
     elif sys.stdout.isatty():
         from rich.console import Console  # noqa: PLC0415 - only the terminal form needs rich
 
-        print_rich(Console(), rows, summary, hunted, replay)
+        print_rich(Console(highlight=False), rows, summary, hunted, replay)
     else:
         parts = []
         if rows is not None:

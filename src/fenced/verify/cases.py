@@ -98,6 +98,8 @@ class Env:
     resource: str
     ttl: float
     mutants: list[str]
+    restorable: bool = False
+    """True if the coordinator is the case's own (it may be backed up and restored)."""
     checks: list[tuple[str, bool]] = field(default_factory=list)
 
     def worker(self, name: str) -> WorkerProcess:
@@ -324,12 +326,26 @@ def restore(env: Env) -> str:
             "not available: fenced.coordinator.restore (backup/restore, issue 5) has not "
             "landed; this case runs and must pass once it does"
         )
-    a, b, c, d = (env.worker(name) for name in "ABCD")
+    if not env.coordinator.startswith("sqlite:"):
+        raise CaseUnavailable(
+            f"not available for {env.coordinator.split(':', 1)[0]}: fenced backup/restore "
+            "covers the embedded coordinator; restore other coordinators with their own tools "
+            "and 'fenced restore --advance' (docs/operations.md)"
+        )
+    if not env.restorable:
+        raise CaseUnavailable(
+            "not run on a coordinator given with --coordinator: a restore advances the epochs "
+            "of all its resources and ends all its leases; run 'fenced verify' without "
+            "--coordinator to verify restore on a coordinator of its own"
+        )
+    a, b, c = (env.worker(name) for name in "ABC")
     epoch_a = env.hold(a)
     a.call("rmw", store="S")
     a.call("unhold")
     backup = env.run.workdir / "coordinator.backup"
+    taken = time.monotonic()
     support.backup(env.coordinator, backup)
+    env.run.rec.emit("backup", t0=taken)
     epoch_b = env.hold(b)
     b.call("rmw", store="S")
     b.call("unhold")
@@ -337,11 +353,14 @@ def restore(env: Env) -> str:
     c.call("rmw", store="S")
     pending = c.send("rmw", store="S", pause=True)
     c.wait_stopped()
+    stopped = time.monotonic()
     t0 = time.monotonic()
     support.restore(backup, env.coordinator)
     env.run.rec.emit("restore", t0=t0, available=True, epochs=[epoch_c])
+    d = env.worker("D")  # a process started after the restore, on the restored coordinator
     epoch_d = env.hold(d)
     written = d.call("rmw", store="S")
+    time.sleep(max(0.0, stopped + 1.5 * env.ttl - time.monotonic()))  # C's lease is long gone
     c.resume()
     stale = env.reply(c.done(pending), "put")
     env.expect(f"the grant after the restore is above {epoch_c}", epoch_d > epoch_c)
@@ -507,7 +526,7 @@ def run_case(
     row = case.row()
     began = time.monotonic()
     rundir = workdir / f"case-{case.number}"
-    run = Run(rundir, f"case-{case.number}")
+    run = Run(rundir, f"case-{case.number}", proxied=target.proxied)
     env = Env(
         run,
         target.coordinator_url(rundir),
@@ -515,6 +534,7 @@ def run_case(
         f"verify/case{case.number}-{secrets.token_hex(3)}",
         CASE_TTL,
         sorted(mutants),
+        target.restorable,
     )
     modes = {"S": "strict", "M": "monotonic"}
     run.rec.emit(

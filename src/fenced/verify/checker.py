@@ -15,6 +15,8 @@ drivers; ``t`` is CLOCK_MONOTONIC in the emitting process)::
     s.read     store, op (get|latest|read), t0, version, pointer, sha, error
     lease      epoch, deadline, ttl        check  epoch, state, deadline
     pause      target                      resume target          kill  target
+    wire       target, mode (a proxy cut)  crash  error (a worker died of an exception)
+    backup     t0 (start): the coordinator was backed up; a later restore puts this state back
     restore    t0 (start) … the event's t is its end, available, epochs
     final      store, chain, version, pointer, read_sha             (after every worker ended)
     records    source (coordinator | store:NAME), records [...]     (diagnostics, when they exist)
@@ -217,7 +219,11 @@ class _Checker:
                     found.reply = event
         self.killed = {str(e["target"]) for e in self.events if e["ev"] == "kill"}
         self.pauses = self._pauses()
-        self.restores = [e for e in self.events if e["ev"] == "restore" and e.get("available")]
+        self.restores = [
+            e
+            for e in self.events
+            if e["ev"] == "restore" and e.get("available") and not e.get("error")
+        ]
         self.grants: list[_Grant] = []
         self.unknown_grants = 0
         self.leases: dict[int, _Lease] = {}
@@ -446,9 +452,24 @@ class _Checker:
                 acks.append((call.learned, call.epoch, f"{call.w}'s {call.op}"))
         acks.sort()
         ack_times = [a[0] for a in acks]
+        finals = [e for e in self.events if e["ev"] == "final" and e.get("store") == name]
         highest: list[tuple[int, str]] = []
         for _, epoch, what in acks:
             highest.append(max(highest[-1], (epoch, what)) if highest else (epoch, what))
+        floors = [e for e in self.events if e["ev"] == "s.read" and e.get("store") == name]
+        for event in floors + finals:
+            if event.get("op", "floor") != "floor" or event.get("floor") is None:
+                continue
+            started = float(event.get("t0") or event["t"])
+            index = bisect.bisect_left(ack_times, started) - 1
+            if index >= 0 and highest[index][0] > int(event["floor"]):
+                seen, what = highest[index]
+                self.report.add(
+                    "largest-seen",
+                    f"{event['w']} read floor {event['floor']} from store {name} after it had "
+                    f"acknowledged epoch {seen} ({what}): its floor went backwards",
+                    started,
+                )
         for call in calls:  # a rejection reports the floor: it must not be below an ack
             floor = None if call.reply is None else call.reply.get("floor")
             if floor is None or call.applied is not False:
@@ -462,7 +483,6 @@ class _Checker:
                     f"acknowledged epoch {seen} ({what}): its floor went backwards",
                     call.sent,
                 )
-        finals = [e for e in self.events if e["ev"] == "final" and e.get("store") == name]
         final = finals[-1] if finals else None
         chain: list[list[Any]] = list((final or {}).get("chain") or [])
         in_chain = {str(entry[0]) for entry in chain}
@@ -713,6 +733,31 @@ class _Checker:
             elif source.startswith("store:"):
                 self._match_store(source[len("store:") :], listed)
 
+    def _restored_away(self, call: _Call) -> bool | None:
+        """Was ``call``'s effect lost by a restore (made after the backup that was restored)?
+
+        False: it is in the coordinator's state; True: a restore replaced it; None: unknown
+        (the call straddles a backup or a restore).
+        """
+        backups = [
+            (float(e.get("t0") or e["t"]), float(e["t"]))
+            for e in self.events
+            if e["ev"] == "backup"
+        ]
+        end = call.replied if call.replied is not None else float("inf")
+        for restore in self.restores:
+            restored_at = float(restore["t"])
+            taken = [b for b in backups if b[1] < restored_at]
+            if not taken:
+                continue
+            snapshot_from, snapshot_to = taken[-1]  # the snapshot was taken in between
+            if end < snapshot_from or call.sent > restored_at:
+                continue
+            if call.sent >= snapshot_to and end <= float(restore.get("t0") or restored_at):
+                return True
+            return None
+        return False
+
     def _match_coordinator(self, records: list[dict[str, Any]]) -> None:
         def mismatch(what: str, recorded: Counter[int], history: Counter[int], slack: int) -> None:
             missing = history - recorded
@@ -727,20 +772,29 @@ class _Checker:
         kinds: dict[str, Counter[int]] = defaultdict(Counter)
         for record in records:
             kinds[str(record["kind"])][int(record["epoch"])] += 1
-        grants = Counter(lease.epoch for lease in self.leases.values())
-        mismatch("granted", kinds["granted"], grants, self.unknown_grants)
-        releases = Counter(
-            e for e, lease in self.leases.items() for r in lease.releases if r.applied
-        )
-        unknown = sum(1 for lease in self.leases.values() for r in lease.releases if not r.applied)
-        mismatch("released", kinds["released"], releases, unknown)
+        grants: Counter[int] = Counter()
+        slack = self.unknown_grants
+        for lease in self.leases.values():
+            fate = self._restored_away(lease.grant.call)
+            grants[lease.epoch] += fate is False
+            slack += fate is None
+        mismatch("granted", kinds["granted"], grants, slack)
+        releases: Counter[int] = Counter()
+        slack = 0
+        for lease in self.leases.values():
+            for release in lease.releases:
+                fate = self._restored_away(release)
+                releases[lease.epoch] += bool(release.applied) and fate is False
+                slack += not release.applied or fate is None
+        mismatch("released", kinds["released"], releases, slack)
         reports: Counter[int] = Counter()
         failures: Counter[int] = Counter()
         slack = 0
         for call in self.calls:
             if call.op == "report" and call.send.get("kind") == "renewal-failed":
-                reports[int(call.send["epoch"])] += 1
-                slack += call.applied is None
+                fate = self._restored_away(call)
+                reports[int(call.send["epoch"])] += fate is False
+                slack += call.applied is None or fate is None
             elif call.op == "renew" and call.told not in (None, "LeaseLost") and call.epoch:
                 failures[call.epoch] += 1
         mismatch("renewal-failed", kinds["renewal-failed"], reports, slack)
@@ -791,10 +845,13 @@ class _Checker:
             if call.op in ("put", "publish") and call.applied is False and error in REJECTIONS:
                 stats["stale writes rejected"] += 1
         for event in self.events:
+            if event["ev"] == "crash":
+                stats["worker crashes"] += 1
+                self.report.notes.append(f"worker {event['w']} crashed: {event.get('error')}")
             if event["ev"] == "s.read":
                 stats["operations"] += 1
                 stats["reads"] += 1
-            elif event["ev"] in ("pause", "kill") or (
+            elif event["ev"] in ("pause", "kill", "wire") or (
                 event["ev"] == "restore" and event.get("available")
             ):
                 stats[f"fault {event['ev']}"] += 1

@@ -421,6 +421,13 @@ class RecordingStore:
         )
         return item
 
+    def floor(self, resource: str) -> int | None:
+        """The store's floor of ``resource`` (recorded as an ``s.read`` of op ``floor``)."""
+        t0 = time.monotonic()
+        floor = self.store.floor(resource)
+        self._rec.emit("s.read", t0=t0, store=self.name, op="floor", floor=floor)
+        return floor
+
     def latest(self, resource: str, name: str) -> Publication | None:
         t0 = time.monotonic()
         found = self.store.latest(resource, name)

@@ -12,8 +12,12 @@ fencing matters:
   themselves between a lease check and the write that follows (at a seeded rate) and the
   nemesis resumes them after a pause that usually outlasts the lease: a write in flight;
 * **kills** (SIGKILL) of a worker, which is replaced by a fresh process (a new name);
-* **restores** of the coordinator state from a backup taken at the start of the schedule (once
-  :mod:`fenced.coordinator.restore` exists);
+* **restores** of the embedded coordinator (with :mod:`fenced.coordinator.restore`): a backup
+  is taken while the workers run (at 15-35 % of the schedule); a restore strike kills every
+  worker, puts the backup back and starts fresh workers on the restored coordinator (processes
+  that kept the database open would go on working on the replaced file; case 6 covers a
+  pre-restore holder's late write): the stores keep the floors of the lost state, and every
+  later grant must be above them;
 * **coordinator restarts**: the embedded SQLite coordinator has no process to restart: its
   state is a file every worker opens, and killing a worker in the middle of a grant *is* the
   crash of the coordinator code (SQLite's atomic commit is what survives it). For networked
@@ -21,7 +25,10 @@ fencing matters:
   (see :mod:`fenced.verify.target`); a server given by URL is never touched.
 
 Wire faults (lost and delayed replies, unavailability) are injected inside each worker by its
-:class:`~fenced.verify.faults.FaultPlan`, seeded from the same schedule seed.
+:class:`~fenced.verify.faults.FaultPlan`, seeded from the same schedule seed. With a networked
+coordinator on loopback, a quarter of the strikes are **wire** strikes on the real connection:
+the victim's own TCP proxy delays every reply, blackholes the connection or drops replies
+(request delivered, reply lost, connection cut) for a TTL-biased time.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from fenced.verify.processes import Run, WorkerProcess
 
 __all__ = ["Action", "Nemesis", "NemesisPlan", "pause_length"]
 
-ActionKind = Literal["pause", "kill", "restore", "restart"]
+ActionKind = Literal["pause", "kill", "backup", "restore", "restart", "wire"]
+WIRE_MODES = ("delay", "blackhole", "lose_replies")
 
 
 def pause_length(rng: random.Random, ttl: float, *, in_flight: bool = False) -> float:
@@ -88,24 +96,32 @@ class NemesisPlan:
         long_pauses: bool = False,
         restores: bool = False,
         restarts: bool = False,
+        wire: bool = False,
     ) -> NemesisPlan:
         """Strikes every ``gap`` × ttl on average (exponential gaps) over ``duration`` seconds;
-        a share ``kills`` of them kill, 5 % restore (if ``restores``), 5 % restart (if
-        ``restarts``), the others pause."""
+        a share ``kills`` of them kill, 10 % restore (if ``restores``: after a backup taken at
+        15-35 % of the duration), 5 % restart (if ``restarts``), the others pause."""
         actions: list[Action] = []
+        if restores:
+            actions.append(Action(rng.uniform(0.15, 0.35) * duration, "backup"))
         at = rng.uniform(0.2, 0.6) * ttl
         while at < duration:
             roll = rng.random()
             kind: ActionKind = "pause"
             if roll < kills:
                 kind = "kill"
-            elif roll < kills + 0.05 and restores:
+            elif roll < kills + 0.1 and restores and actions and at > actions[0].at:
                 kind = "restore"
-            elif roll < kills + 0.1 and restarts:
+            elif roll < kills + 0.15 and restarts:
                 kind = "restart"
-            length = pause_length(rng, ttl, in_flight=long_pauses) if kind == "pause" else 0.0
+            elif roll < kills + 0.4 and wire:
+                kind = "wire"
+            length = 0.0
+            if kind in ("pause", "wire"):
+                length = pause_length(rng, ttl, in_flight=long_pauses)
             actions.append(Action(at, kind, length, rng.random() < 0.85, rng.random()))
             at += rng.expovariate(1 / (gap * ttl))
+        actions.sort(key=lambda action: action.at)
         return cls(actions, rng.getrandbits(32))
 
 
@@ -125,6 +141,7 @@ class Nemesis:
         slots: dict[int, WorkerProcess],
         respawn: Callable[[int], WorkerProcess],
         *,
+        backup: Callable[[], None] | None = None,
         restore: Callable[[], None] | None = None,
         restart: Callable[[], None] | None = None,
     ) -> None:
@@ -133,12 +150,14 @@ class Nemesis:
         self.pending = list(plan.actions)
         self.slots = slots
         self._respawn = respawn
+        self._backup = backup
         self._restore = restore
         self._restart = restart
         self._resume_at: dict[str, float] = {}
         self._rng = random.Random(plan.seed)
         self._seen = 0
         self._holding: list[str] = []
+        self._heal_at: dict[str, float] = {}
         self.started = time.monotonic()
 
     def _holder(self) -> str | None:
@@ -182,6 +201,7 @@ class Nemesis:
         """Do what is due now; returns how long the caller may sleep before the next tick."""
         now = time.monotonic()
         self._self_stops(now)
+        self._heal(now)
         for name, when in list(self._resume_at.items()):
             worker = self._worker(name)
             if worker is None or not worker.alive():
@@ -192,13 +212,25 @@ class Nemesis:
         while self.pending and self.started + self.pending[0].at <= now:
             action = self.pending.pop(0)
             self._strike(action, now)
-        upcoming = [self.started + a.at for a in self.pending[:1]] + list(self._resume_at.values())
+        upcoming = [self.started + a.at for a in self.pending[:1]]
+        upcoming += list(self._resume_at.values()) + list(self._heal_at.values())
         return max(0.0, min(upcoming, default=now + 0.05) - time.monotonic())
 
     def _strike(self, action: Action, now: float) -> None:
+        if action.kind == "backup":
+            if self._backup is not None:
+                self._backup()
+            return
         if action.kind == "restore":
             if self._restore is not None:
+                # Every worker dies with the old state (processes that kept the database open
+                # would go on working on the replaced file, invisible to the restored one);
+                # fresh workers start on the restored coordinator.
+                for worker in self.slots.values():
+                    worker.kill()
                 self._restore()
+                for slot in sorted(self.slots):
+                    self.slots[slot] = self._respawn(slot)
             return
         if action.kind == "restart":
             if self._restart is not None:
@@ -211,9 +243,36 @@ class Nemesis:
         if action.kind == "pause":
             worker.pause()
             self._resume_at[worker.name] = now + action.length
+        elif action.kind == "wire":
+            self._cut(worker, action, now)
         else:
             worker.kill()
             self.slots[slot] = self._respawn(slot)
+
+    def _cut(self, worker: WorkerProcess, action: Action, now: float) -> None:
+        """A wire fault on the worker's own proxies to the coordinator, for ``length``."""
+        if not worker.proxies or worker.name in self._heal_at:
+            return
+        mode = WIRE_MODES[min(int(action.pick * 3), 2)]
+        delay = round(self.ttl * (0.2 + action.pick), 3)
+        for proxy in worker.proxies:
+            if mode == "delay":
+                proxy.delay(delay)
+            elif mode == "blackhole":
+                proxy.blackhole()
+            else:
+                proxy.lose_replies()
+        self.run.rec.emit("wire", target=worker.name, mode=mode, delay=delay)
+        self._heal_at[worker.name] = now + action.length
+
+    def _heal(self, now: float) -> None:
+        for name, when in list(self._heal_at.items()):
+            worker = self._worker(name)
+            if worker is None or when <= now:
+                del self._heal_at[name]
+                for proxy in [] if worker is None else worker.proxies:
+                    proxy.forward()
+                self.run.rec.emit("wire-healed", target=name)
 
     def calm(self, deadline: float) -> None:
         """Stop striking; resume every paused worker until all have exited or ``deadline``.
@@ -223,6 +282,7 @@ class Nemesis:
         """
         self.pending.clear()
         self._resume_at.clear()
+        self._heal(float("inf"))
         while time.monotonic() < deadline:
             self._self_stops(time.monotonic())
             live = [w for w in self.run.workers.values() if w.alive()]

@@ -1,7 +1,9 @@
 """Worker processes of a verification run, and the signals sent to them.
 
 :class:`Run` owns one run's directory and history file; it starts worker processes
-(``python -m fenced.verify.worker``), waits for their events by tailing the history, and sends
+(``python -m fenced.verify.worker``) — each behind its own TCP proxies when the coordinator is
+networked (:attr:`~fenced.verify.target.Target.proxied`) — waits for their events by tailing
+the history, and sends
 the real signals: SIGSTOP/SIGCONT (a pause, recorded as ``pause``/``resume`` events around the
 signals, so the recorded pause contains the real one) and SIGKILL (recorded as ``kill``).
 Every worker still running when the run closes is killed; nothing outlives a run.
@@ -22,7 +24,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from fenced.core import mutants as switches
+from fenced.testing.proxy import TcpProxy
 from fenced.verify.recorder import Event, HistoryTail, Recorder
+from fenced.verify.target import endpoints, with_endpoints
 from fenced.verify.worker import WorkerConfig
 
 __all__ = ["STARTUP_TIMEOUT", "Run", "RunFailed", "WorkerProcess"]
@@ -38,8 +42,16 @@ class RunFailed(Exception):
 class WorkerProcess:
     """One worker process: its command pipe (command mode), its signals, its stderr file."""
 
-    def __init__(self, run: Run, config: WorkerConfig, mutants: Iterable[str]) -> None:
+    def __init__(
+        self,
+        run: Run,
+        config: WorkerConfig,
+        mutants: Iterable[str],
+        proxies: list[TcpProxy] | None = None,
+    ) -> None:
         self.run = run
+        self.proxies = proxies or []
+        """This worker's own TCP proxies to the coordinator (networked coordinators)."""
         self.name = config.name
         self.config = config
         self.stderr_path = run.workdir / f"{config.name}.stderr"
@@ -178,8 +190,9 @@ class WorkerProcess:
 class Run:
     """One run: its directory, its history file, the verify process's recorder, its workers."""
 
-    def __init__(self, workdir: Path, name: str) -> None:
+    def __init__(self, workdir: Path, name: str, *, proxied: bool = False) -> None:
         self.workdir = workdir
+        self.proxied = proxied
         workdir.mkdir(parents=True, exist_ok=True)
         self.history = workdir / f"{name}.history.jsonl"
         self.rec = Recorder(self.history, "verify")
@@ -189,7 +202,13 @@ class Run:
     def spawn(self, config: WorkerConfig, mutants: Iterable[str] = ()) -> WorkerProcess:
         """Start a worker process for ``config`` (its history is this run's)."""
         config.history = str(self.history)
-        worker = WorkerProcess(self, config, mutants)
+        proxies: list[TcpProxy] = []
+        if self.proxied:
+            for host, port in endpoints(config.coordinator):
+                proxies.append(TcpProxy(host, port, lifetime=None).start())
+            replaced = [("127.0.0.1", proxy.port) for proxy in proxies]
+            config.coordinator = with_endpoints(config.coordinator, replaced)
+        worker = WorkerProcess(self, config, mutants, proxies)
         self.workers[config.name] = worker
         return worker
 
@@ -227,8 +246,10 @@ class Run:
             time.sleep(0.003)
 
     def close(self) -> None:
-        """Kill every worker still running; close the recorder."""
+        """Kill every worker still running; stop the proxies; close the recorder."""
         for worker in self.workers.values():
             if worker.alive():
                 worker.kill()
+            for proxy in worker.proxies:
+                proxy.stop()
         self.rec.close()

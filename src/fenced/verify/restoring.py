@@ -9,14 +9,24 @@ module without the expected functions, or a restore that raises, fails case 6 an
 Expected API (checked by name and called with keyword arguments)::
 
     backup(url: str, dest: pathlib.Path) -> object          # a consistent online copy
-    restore(src: pathlib.Path, url: str) -> object          # put it back, advance every epoch
+    restore(url: str, src: pathlib.Path, *, force: bool) -> object
+                                                            # put it back, advance every epoch
+
+Verification restores **while worker processes run** (``force=True``: the restore module
+otherwise refuses while any process has the coordinator open): that is the fault being
+injected. Processes that had the database open keep working on the replaced file; whatever they
+do there is invisible to the restored coordinator, so the case and the nemesis start fresh
+worker processes after a restore, and only keep a pre-restore holder that is stopped with a
+write in flight (case 6), whose write the stores must reject.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +48,27 @@ class RestoreSupport:
     restore_fn: Callable[..., Any]
 
     def backup(self, url: str, dest: Path) -> None:
-        _call(self.backup_fn, {"url": url, "dest": dest})
+        with _quiet():
+            _call(self.backup_fn, {"url": url, "dest": dest})
 
     def restore(self, src: Path, url: str) -> None:
-        _call(self.restore_fn, {"src": src, "url": url})
+        arguments: dict[str, Any] = {"src": src, "url": url}
+        if "force" in inspect.signature(self.restore_fn).parameters:
+            arguments["force"] = True
+        with _quiet():
+            _call(self.restore_fn, arguments)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The restore module logs a warning per restore: expected here, so not shown."""
+    logger = logging.getLogger("fenced.coordinator")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _call(function: Callable[..., Any], arguments: dict[str, Any]) -> None:

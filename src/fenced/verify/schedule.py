@@ -118,7 +118,7 @@ PROFILES: dict[str, Profile] = {
         Profile("in-flight", _rates(stop=0.4), strike_gap=4.0, kills=0.05),
         Profile(
             "storm",
-            _rates(stop=0.05),
+            _rates(stop=0.0),
             strike_gap=0.4,
             kills=0.02,
             idle=0.1,
@@ -126,6 +126,7 @@ PROFILES: dict[str, Profile] = {
             stores=("file", "file"),
             pad=256 * 1024,
             long_pauses=True,
+            mix={"rmw": 0.6, "publish": 0.1, "observe": 0.3},
         ),
         Profile(
             "reply-delays",
@@ -149,7 +150,7 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             "lost-writes",
-            _rates(put=0.4, publish=0.4, stop=0.05),
+            _rates(put=0.4, publish=0.4, stop=0.2),
             {"lose_reply": 1.0},
             strike_gap=2.0,
         ),
@@ -187,6 +188,7 @@ class Schedule:
         profile: Profile | None = None,
         restores: bool = False,
         restarts: bool = False,
+        wire: bool = False,
     ) -> Schedule:
         """The schedule of ``seed``: everything it does is drawn from ``random.Random(seed)``."""
         profile = profile or PROFILES["standard"]
@@ -203,6 +205,7 @@ class Schedule:
             long_pauses=profile.long_pauses,
             restores=restores,
             restarts=restarts,
+            wire=wire,
         )
         workers = rng.randint(2, 4)
         return cls(seed, duration, workers, ttl, round(ttl * 0.2, 4), rates, plan, profile)
@@ -248,6 +251,7 @@ def collect_final(run: Run, coordinator: str, stores: dict[str, str], resource: 
                 chain=chain,
                 version=0 if item is None else item.version,
                 pointer=pointer,
+                floor=store.floor(resource),
             )
             try:
                 records = [r.to_json() for r in store.history(resource)]
@@ -276,7 +280,7 @@ def run_schedule(
     chosen = sorted(mutants)
     began = time.monotonic()
     rundir = workdir / f"schedule-{schedule.seed}"
-    run = Run(rundir, f"schedule-{schedule.seed}")
+    run = Run(rundir, f"schedule-{schedule.seed}", proxied=target.proxied)
     coordinator = target.coordinator_url(rundir)
     stores = target.store_urls(rundir, schedule.seed, schedule.profile.stores)
     resource = f"verify/s{schedule.seed}-{secrets.token_hex(3)}"
@@ -323,17 +327,22 @@ def run_schedule(
         )
         return run.spawn(config, chosen)
 
+    backup_now: Callable[[], None] | None = None
     restore_now: Callable[[], None] | None = None
-    if restore is not None and target.embedded:
+    if restore is not None and target.restorable:
         backup_path = rundir / "coordinator.backup"
-        restore.backup(coordinator, backup_path)
+
+        def backup_now() -> None:
+            t0 = time.monotonic()
+            restore.backup(coordinator, backup_path)
+            run.rec.emit("backup", t0=t0)
 
         def restore_now() -> None:
             t0 = time.monotonic()
             try:
                 restore.restore(backup_path, coordinator)
             except Exception as error:
-                run.rec.emit("restore", t0=t0, available=True, error=repr(error))
+                run.rec.emit("restore", t0=t0, available=False, error=repr(error))
                 raise
             run.rec.emit("restore", t0=t0, available=True)
 
@@ -347,7 +356,15 @@ def run_schedule(
             return not waiting
 
         run.wait_for(all_started, 60.0, "the workers to start")
-        nemesis = Nemesis(run, schedule.nemesis, schedule.ttl, slots, spawn, restore=restore_now)
+        nemesis = Nemesis(
+            run,
+            schedule.nemesis,
+            schedule.ttl,
+            slots,
+            spawn,
+            backup=backup_now,
+            restore=restore_now,
+        )
         end = nemesis.started + schedule.duration
         temporary = go.with_suffix(".tmp")
         temporary.write_text(repr(end))
@@ -384,7 +401,8 @@ class RandomSummary:
             total.update(result.report.stats)
         return total
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, replay: str | None = None) -> dict[str, Any]:
+        """The JSON form; ``replay`` is the replay command template (``{seed}`` filled in)."""
         totals = self.totals()
         return {
             "seed": self.seed,
@@ -400,6 +418,7 @@ class RandomSummary:
                     "seed": r.schedule.seed,
                     "violations": [v.to_json() for v in r.report.violations],
                     "history": str(self.kept.get(r.schedule.seed, r.history)),
+                    "replay": None if replay is None else replay.format(seed=r.schedule.seed),
                 }
                 for r in self.failed
             ],
@@ -433,7 +452,11 @@ def run_random(
     try:
         for index in range(count):
             schedule = Schedule.draw(
-                seed + index, duration, profile=profile, restores=restore is not None
+                seed + index,
+                duration,
+                profile=profile,
+                restores=restore is not None and target.restorable,
+                wire=target.proxied,
             )
             result = run_schedule(schedule, target, workdir, mutants=chosen, restore=restore)
             summary.results.append(result)

@@ -82,7 +82,8 @@ def plain_random(summary: RandomSummary, replay: str) -> str:
         f"faults {totals['faults']} (pauses {totals['fault pause']}, kills "
         f"{totals['fault kill']}, lost replies {totals['fault lose_reply']}, delayed replies "
         f"{totals['fault delay_reply']}, delayed requests {totals['fault delay_request']}, "
-        f"unavailable {totals['fault unavailable']}, restores {totals['fault restore']}), "
+        f"unavailable {totals['fault unavailable']}, restores {totals['fault restore']}, "
+        f"proxy cuts {totals['fault wire']}), "
         f"stale writes rejected {totals['stale writes rejected']}",
     ]
     for result in summary.failed:
@@ -178,13 +179,14 @@ def to_json(
     summary: RandomSummary | None,
     mutants: Sequence[MutantResult] | None,
     ok: bool,
+    replay: str | None = None,
 ) -> str:
     """The stable JSON document of a ``fenced verify`` run."""
     document: dict[str, Any] = {
         "ok": ok,
         "target": target,
         "cases": None if rows is None else [row.to_json() for row in rows],
-        "random": None if summary is None else summary.to_json(),
+        "random": None if summary is None else summary.to_json(replay),
         "mutants": None if mutants is None else [m.to_json() for m in mutants],
     }
     return json.dumps(document, indent=2)

@@ -11,13 +11,22 @@ are verified in both modes.
 runs never see each other's leases); ``--store URL`` (repeatable) replaces the temporary store of
 the role matching that store's mode (a new store is created strict). The coordinator must be
 reachable by every worker process; ``memory://`` is refused (its state lives in one process).
+
+A networked coordinator (``postgresql://``, ``etcd://``) on loopback is reached by each worker
+through its own :class:`~fenced.testing.proxy.TcpProxy` (:attr:`Target.proxied`), so that the
+nemesis can delay, blackhole or drop the replies of one worker on the real wire. A server on
+another host is used directly (the proxy forwards to loopback only); the in-process wire faults
+(:mod:`fenced.verify.faults`) apply to every backend either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from fenced.coordinator.connect import connect, resolve_url
 from fenced.core.errors import ConfigurationError
@@ -25,7 +34,38 @@ from fenced.core.urls import scheme_of
 from fenced.fence.store import open_store
 from fenced.fence.values import Mode
 
-__all__ = ["Target"]
+__all__ = ["NETWORKED", "Target", "endpoints", "with_endpoints"]
+
+NETWORKED = ("postgresql", "postgres", "etcd")
+"""Coordinator URL schemes whose wire verification can cut with a TCP proxy."""
+
+
+def endpoints(url: str) -> list[tuple[str, int]]:
+    """The ``host:port`` endpoints of a networked coordinator URL (in order)."""
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    found = []
+    for item in hosts.split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(f"{url!r}: cannot find host:port in {item!r}")
+        found.append((host.strip("[]"), int(port)))
+    return found
+
+
+def with_endpoints(url: str, replaced: list[tuple[str, int]]) -> str:
+    """``url`` with its endpoints replaced, in order, by ``replaced``."""
+    parts = urlsplit(url)
+    user, at, _ = parts.netloc.rpartition("@")
+    hosts = ",".join(f"{host}:{port}" for host, port in replaced)
+    return urlunsplit(parts._replace(netloc=f"{user}{at}{hosts}"))
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass
@@ -60,9 +100,26 @@ class Target:
         return cls(url, roles)
 
     @property
+    def proxied(self) -> bool:
+        """True if every worker reaches the coordinator through its own TCP proxy (a networked
+        coordinator on loopback: the proxy only forwards to loopback)."""
+        if self.coordinator is None or scheme_of(self.coordinator) not in NETWORKED:
+            return False
+        return all(_loopback(host) for host, _ in endpoints(self.coordinator))
+
+    @property
     def embedded(self) -> bool:
-        """True if the coordinator is a fresh embedded one (per run)."""
+        """True if the coordinator is an embedded (SQLite) one."""
         return self.coordinator is None or scheme_of(self.coordinator) == "sqlite"
+
+    @property
+    def restorable(self) -> bool:
+        """True if verify may back up and restore the coordinator: only one it created itself.
+
+        A restore advances the epochs of *every* resource of a coordinator and ends all its
+        leases, so verify never restores a coordinator given with ``--coordinator``.
+        """
+        return self.coordinator is None
 
     def describe(self) -> str:
         coordinator = self.coordinator or "embedded SQLite (fresh per run)"

@@ -7,8 +7,9 @@ Run as ``python -m fenced.verify.worker CONFIG_JSON`` by :mod:`fenced.verify.cas
 history file with the truth about its effect, and the wire faults of its
 :class:`~fenced.verify.faults.FaultPlan` are injected. It emits its own events too:
 
-``start`` / ``exit``
-    the process began (with its active mutants) / ended normally;
+``start`` / ``exit`` / ``crash``
+    the process began (with its active mutants) / ended normally / ended with an unexpected
+    exception (recorded, then raised);
 ``lease``
     ``hold()`` returned: ``epoch``, the holder's local ``deadline`` (monotonic), ``ttl``;
 ``check``
@@ -324,10 +325,13 @@ class Worker:
             except OutcomeUnknown:
                 if not reconcile or meta["retry"] >= 3:
                     return "unknown"
-                # Did it land? Ask again with the same op id: sometimes at once, sometimes after
-                # the lease may have passed to a newer owner (the store must still answer).
-                long = self.rng.random() < 0.3
-                time.sleep(self.rng.uniform(0.5, 1.5) * self.config.ttl if long else 0.01)
+                # Did it land? Ask again with the same op id: sometimes at once, sometimes after a
+                # pause past the lease, when a newer owner may have taken over (the store must
+                # still answer with the first attempt's outcome).
+                if self.rng.random() < self.config.rates.get("stop", 0.0) * 3:
+                    self._pause_self()
+                else:
+                    time.sleep(0.01)
                 meta["retry"] += 1
                 continue
             except Rejected as error:
@@ -344,8 +348,9 @@ class Worker:
             return "ok"
 
     def observe(self, store_name: str) -> None:
-        """Read the publication pointer and the published bytes (both recorded)."""
+        """Read the floor, the publication pointer and the published bytes (all recorded)."""
         store = self.stores[store_name]
+        store.floor(self.config.resource)
         store.latest(self.config.resource, PUBLICATION)
         store.read(self.config.resource, PUBLICATION)
 
@@ -505,16 +510,32 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("fenced").setLevel(logging.CRITICAL)  # the history says it all
     recorder = Recorder(config.history, config.name)
     recorder.emit("start", mode=config.mode, mutants=sorted(active), seed=config.seed)
-    worker = Worker(config, recorder)
     try:
-        if config.mode == "random":
-            worker.run_random()
-        else:
-            worker.run_commands()
-    finally:
-        worker.close()
+        worker = _open(config, recorder)
+        try:
+            if config.mode == "random":
+                worker.run_random()
+            else:
+                worker.run_commands()
+        finally:
+            worker.close()
+    except Exception as error:
+        recorder.emit("crash", error=f"{type(error).__name__}: {error}")
+        raise
     recorder.emit("exit")
     return 0
+
+
+def _open(config: WorkerConfig, recorder: Recorder) -> Worker:
+    """The worker's coordinator and stores; a busy database at start-up is retried."""
+    for attempt in range(20):
+        try:
+            return Worker(config, recorder)
+        except Unavailable:
+            if attempt == 19:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,456 @@
+"""fenced verify: the checker on synthetic histories, the cases, randomized runs, mutants, CLI.
+
+Layers, cheapest first:
+
+* the checker on hand-written histories: a correct one passes; each invariant's violation is
+  reported under that invariant's name (no processes, milliseconds);
+* the seven cases of the practice table with real worker processes on the embedded backend (a
+  SQLite coordinator; SQLite and file stores, in both roles across the cases);
+* a short seeded randomized subset (real processes, SIGSTOP, SIGKILL, lost and delayed replies);
+* detection power: every seeded defect is caught by the checker within its budget;
+* the command line: exit status, ``--json``, the replay command and the kept history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fenced.core import mutants as switches
+from fenced.verify.cases import CASES, run_cases
+from fenced.verify.checker import INVARIANTS, check_history
+from fenced.verify.mutants import CATALOGUE, hunt
+from fenced.verify.recorder import Recorder, read_history
+from fenced.verify.restoring import restore_support
+from fenced.verify.schedule import run_random
+from fenced.verify.target import Target
+
+R = "verify/test"
+
+
+class History:
+    """A synthetic history: calls with their sends and replies, and the other events."""
+
+    def __init__(self, ttl: float = 1.0) -> None:
+        self.events: list[dict[str, Any]] = [
+            {
+                "t": 0.0,
+                "pid": 1,
+                "w": "verify",
+                "ev": "meta",
+                "resource": R,
+                "ttl": ttl,
+                "stores": {"S": {"mode": "strict"}, "M": {"mode": "monotonic"}},
+            }
+        ]
+        self.ttl = ttl
+        self._calls = 0
+
+    def ev(self, t: float, w: str, ev: str, **fields: Any) -> None:
+        self.events.append({"t": t, "pid": 1, "w": w, "ev": ev, **fields})
+
+    def call(
+        self,
+        kind: str,
+        w: str,
+        op: str,
+        t: float,
+        send: dict[str, Any],
+        reply: dict[str, Any] | None,
+        dt: float = 0.001,
+    ) -> None:
+        self._calls += 1
+        call = f"{w}:{kind}{self._calls}"
+        self.ev(t, w, f"{kind}.send", call=call, op=op, **send)
+        if reply is not None:
+            self.ev(t + dt, w, f"{kind}.reply", call=call, op=op, fault=None, **reply)
+
+    def grant(self, w: str, epoch: int, t: float, **reply: Any) -> None:
+        fields = {"ok": True, "applied": True, "granted": epoch, "ttl": self.ttl}
+        self.call("c", w, "try_grant", t, {"res": R, "ttl": self.ttl}, {**fields, **reply})
+
+    def renew(self, w: str, epoch: int, t: float, applied: bool = True) -> None:
+        reply: dict[str, Any] = {"ok": applied, "applied": applied}
+        if not applied:
+            reply["error"] = "LeaseLost"
+        self.call("c", w, "renew", t, {"res": R, "epoch": epoch, "ttl": self.ttl}, reply)
+
+    def release(self, w: str, epoch: int, t: float, released: bool = True) -> None:
+        reply = {"ok": True, "applied": released, "released": released}
+        self.call("c", w, "release", t, {"res": R, "epoch": epoch}, reply)
+
+    def fence(self, w: str, store: str, epoch: int, t: float) -> None:
+        reply = {"ok": True, "applied": True, "floor": epoch}
+        self.call("s", w, "fence", t, {"store": store, "res": R, "epoch": epoch}, reply)
+
+    def lease(self, w: str, epoch: int, t: float, deadline: float) -> None:
+        self.ev(t, w, "lease", epoch=epoch, deadline=deadline, ttl=self.ttl)
+
+    def check(self, w: str, epoch: int, t: float, deadline: float) -> None:
+        self.ev(t, w, "check", epoch=epoch, state="held", deadline=deadline)
+
+    def put(
+        self,
+        w: str,
+        store: str,
+        epoch: int,
+        op_id: str,
+        t: float,
+        base_len: int,
+        version: int | None = None,
+        error: str | None = None,
+        **extra: Any,
+    ) -> None:
+        send = {"store": store, "res": R, "epoch": epoch, "key": "chain", "op_id": op_id}
+        send.update(base_len=base_len, retry=0, **extra)
+        if error is None:
+            reply: dict[str, Any] = {"ok": True, "applied": True, "version": version}
+        else:
+            reply = {"ok": False, "applied": False, "error": error}
+        self.call("s", w, "put", t, send, reply)
+
+    def publish(self, w: str, store: str, epoch: int, op_id: str, t: float, sha: str) -> None:
+        send = {"store": store, "res": R, "epoch": epoch, "op_id": op_id, "sha": sha, "retry": 0}
+        reply = {"ok": True, "applied": True, "object_id": f"obj-{op_id}", "pub_epoch": epoch}
+        self.call("s", w, "publish", t, send, reply)
+
+    def latest(self, w: str, store: str, t: float, epoch: int, object_id: str, sha: str) -> None:
+        pointer = {"epoch": epoch, "object_id": object_id, "sha": sha}
+        self.ev(t, w, "s.read", t0=t - 0.001, store=store, op="latest", pointer=pointer)
+
+    def final(
+        self,
+        store: str,
+        chain: list[list[Any]],
+        version: int,
+        pointer: dict[str, Any] | None = None,
+    ) -> None:
+        self.events = [e for e in self.events if not (e["ev"] == "final" and e["store"] == store)]
+        self.ev(9.0, "verify", "final", store=store, chain=chain, version=version, pointer=pointer)
+
+    def records(self, granted: list[int], released: list[int]) -> None:
+        self.events = [e for e in self.events if e["ev"] != "records"]
+        listed = [{"kind": "granted", "epoch": e} for e in granted]
+        listed += [{"kind": "released", "epoch": e} for e in released]
+        self.ev(9.1, "verify", "records", source="coordinator", records=listed)
+
+
+def correct() -> History:
+    """A handover: A holds 1 (writes, publishes, renews, releases), B holds 2 and writes."""
+    h = History()
+    h.grant("A", 1, 0.0)
+    h.fence("A", "S", 1, 0.002)
+    h.lease("A", 1, 0.004, deadline=0.9)
+    h.check("A", 1, 0.1, deadline=0.9)
+    h.put("A", "S", 1, "A.1", 0.1001, base_len=0, version=1)
+    h.renew("A", 1, 0.3)
+    h.check("A", 1, 0.31, deadline=1.2)
+    h.put("A", "M", 1, "A.2", 0.3101, base_len=0, version=1)
+    h.check("A", 1, 0.35, deadline=1.2)
+    h.publish("A", "S", 1, "A.3", 0.3501, sha="sha-a")
+    h.release("A", 1, 0.5)
+    h.grant("B", 2, 0.6)
+    h.fence("B", "S", 2, 0.602)
+    h.lease("B", 2, 0.604, deadline=1.5)
+    h.check("B", 2, 0.7, deadline=1.5)
+    h.put("B", "S", 2, "B.1", 0.7001, base_len=1, version=2)
+    h.check("B", 2, 0.8, deadline=1.5)
+    h.publish("B", "S", 2, "B.2", 0.8001, sha="sha-b")
+    h.latest("A", "S", 1.0, 2, "obj-B.2", "sha-b")
+    h.release("B", 2, 1.1)
+    h.final("S", [["A.1", 1], ["B.1", 2]], 2, POINTER)
+    h.final("M", [["A.2", 1]], 1)
+    h.records([1, 2], [1, 2])
+    return h
+
+
+POINTER = {"epoch": 2, "object_id": "obj-B.2", "sha": "sha-b"}
+
+
+def broken(h: History) -> list[str]:
+    return check_history(h.events).invariants()
+
+
+# -- the checker on synthetic histories -------------------------------------------------------
+
+
+def test_a_correct_history_passes() -> None:
+    report = check_history(correct().events)
+    assert report.ok, report.violations
+    assert report.stats["grants"] == 2
+    assert report.stats["put calls"] == 3
+
+
+def test_token_unique() -> None:
+    h = correct()
+    h.grant("C", 2, 2.0)
+    assert "token-unique" in broken(h)
+
+
+def test_token_monotonic() -> None:
+    h = correct()
+    h.grant("C", 5, 1.5)
+    h.release("C", 5, 1.6)
+    h.grant("D", 4, 2.0)  # after 5 was granted and released: unique, but lower
+    assert "token-monotonic" in broken(h)
+    assert "token-unique" not in broken(h)
+
+
+def test_exclusive_grant_needs_release_or_expiry() -> None:
+    h = correct()
+    h.events = [e for e in h.events if not (e.get("op") == "release" and e["w"] == "A")]
+    h.records([1, 2], [2])
+    assert broken(h) == ["exclusive-grant"]
+
+
+def test_holder_deadline() -> None:
+    h = correct()
+    h.check("A", 1, 0.4, deadline=1.5)  # 0.3 (last renewal sent) + 1.0 < 1.5
+    assert broken(h) == ["holder-deadline"]
+
+
+def test_stop_at_deadline() -> None:
+    h = correct()
+    h.check("A", 1, 0.4, deadline=1.2)
+    h.put("A", "M", 1, "A.4", 1.3, base_len=1, version=2)  # 0.9 s after its check, no pause
+    h.final("M", [["A.2", 1], ["A.4", 1]], 2)
+    assert broken(h) == ["stop-at-deadline"]
+
+
+def test_stop_at_deadline_allows_an_injected_pause() -> None:
+    h = correct()
+    h.check("A", 1, 0.4, deadline=1.2)
+    h.ev(0.41, "verify", "pause", target="A")
+    h.ev(1.29, "verify", "resume", target="A")
+    h.put("A", "M", 1, "A.4", 1.3, base_len=1, version=2)
+    h.final("M", [["A.2", 1], ["A.4", 1]], 2)
+    assert broken(h) == []
+
+
+def test_largest_seen() -> None:
+    h = correct()
+    h.check("A", 1, 0.65, deadline=1.2)
+    h.put("A", "S", 1, "A.9", 0.65, base_len=1, version=2)  # sent after B's fence(2) was acked
+    assert "largest-seen" in broken(h)
+
+
+def test_largest_seen_in_the_final_chain() -> None:
+    h = correct()
+    h.final("M", [["A.2", 1], ["B.9", 2], ["A.9", 1]], 3)
+    h.check("B", 2, 0.9, deadline=1.5)
+    h.put("B", "M", 2, "B.9", 0.9001, base_len=1, version=2)
+    h.put("A", "M", 1, "A.9", 0.3201, base_len=2, version=3, unchecked=True)
+    assert "largest-seen" in broken(h)
+
+
+def test_install_then_equal() -> None:
+    h = correct()
+    h.grant("C", 3, 1.2)
+    h.check("C", 3, 1.3, deadline=2.1)
+    h.put("C", "S", 3, "C.1", 1.3001, base_len=2, version=3)  # no fence(3) at strict S
+    h.final("S", [["A.1", 1], ["B.1", 2], ["C.1", 3]], 3, POINTER)
+    h.records([1, 2, 3], [1, 2])
+    assert broken(h) == ["install-then-equal"]
+
+
+def test_chain_integrity_lost_update() -> None:
+    h = correct()
+    h.final("S", [["B.1", 2]], 2, POINTER)
+    assert "chain-integrity" in broken(h)
+
+
+def test_compare_owner_release() -> None:
+    h = correct()
+    h.events = [e for e in h.events if not (e.get("op") == "release" and e["w"] == "A")]
+    h.release("A", 1, 0.7)  # after B was granted 2: a correct coordinator says False
+    assert "compare-owner" in broken(h)
+
+
+def test_compare_owner_release_of_an_expired_lease_is_refused() -> None:
+    h = correct()
+    h.events = [e for e in h.events if not (e.get("op") == "release" and e["w"] == "A")]
+    h.release("A", 1, 1.35, released=False)
+    h.events = [e for e in h.events if e["w"] != "B" and e["ev"] != "s.read"]
+    h.final("S", [["A.1", 1]], 1, {"epoch": 1, "object_id": "obj-A.3", "sha": "sha-a"})
+    h.records([1], [])
+    assert broken(h) == []
+    h.release("A", 1, 1.36, released=True)  # the lease had certainly expired at 1.3
+    assert broken(h) == ["compare-owner", "diagnostics-match"]
+
+
+def test_op_exactly_once() -> None:
+    h = correct()
+    h.final("S", [["A.1", 1], ["A.1", 1], ["B.1", 2]], 3, POINTER)
+    assert "op-exactly-once" in broken(h)
+
+
+def test_outcome_honesty() -> None:
+    h = correct()
+    h.check("B", 2, 0.9, deadline=1.5)
+    h.put("B", "S", 2, "B.3", 0.9001, base_len=2, error="StaleToken")
+    h.final("S", [["A.1", 1], ["B.1", 2], ["B.3", 2]], 3, POINTER)
+    assert broken(h) == ["outcome-honesty"]
+
+
+def test_pointer_monotonic() -> None:
+    h = correct()
+    h.latest("B", "S", 1.05, 1, "obj-A.3", "sha-a")  # after epoch 2 was visible
+    assert broken(h) == ["pointer-monotonic"]
+
+
+def test_pointer_sealed() -> None:
+    h = correct()
+    h.latest("B", "S", 1.05, 2, "obj-nobody", "sha-nobody")
+    assert broken(h) == ["pointer-sealed"]
+
+
+def test_restore_monotonic() -> None:
+    h = correct()
+    h.ev(1.2, "verify", "backup", t0=1.19)
+    h.ev(1.5, "verify", "restore", t0=1.4, available=True, epochs=[10])
+    h.grant("C", 5, 1.6)  # above every grant, not above the floor 10 seen before the restore
+    h.records([1, 2, 5], [1, 2])
+    assert broken(h) == ["restore-monotonic"]
+
+
+def test_diagnostics_match() -> None:
+    h = correct()
+    h.records([1], [1, 2])
+    assert broken(h) == ["diagnostics-match"]
+
+
+def test_every_invariant_has_a_test() -> None:
+    tested = {
+        name.removeprefix("test_").replace("_", "-")
+        for name in globals()
+        if name.startswith("test_")
+    }
+    missing = [name for name in INVARIANTS if not any(t.startswith(name) for t in tested)]
+    assert not missing
+
+
+# -- small parts ------------------------------------------------------------------------------
+
+
+def test_recorder_lines_survive_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    recorder = Recorder(path, "w")
+    recorder.emit("one", x=1)
+    recorder.emit("two")
+    recorder.close()
+    with open(path, "a") as stream:
+        stream.write('{"t": 1, "ev": "torn"')  # a process killed in the middle of a write
+    assert [e["ev"] for e in read_history(path)] == ["one", "two"]
+
+
+def test_mutant_switches_are_off_and_checked() -> None:
+    assert not any(switches.active(name) for name in switches.KNOWN)
+    with pytest.raises(ValueError, match="unknown mutant"):
+        switches.activate(["no-such-defect"])
+    assert {m.name for m in CATALOGUE} == switches.KNOWN
+    import fenced
+
+    assert not hasattr(fenced, "mutants")
+
+
+# -- real processes ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_cases_pass_on_the_embedded_backend() -> None:
+    rows = run_cases(Target())
+    assert [row.number for row in rows] == [case.number for case in CASES]
+    expected_6 = "pass" if restore_support() is not None else "unavailable"
+    for row in rows:
+        expected = expected_6 if row.number == "6" else "pass"
+        assert row.status == expected, (row.number, row.observed, row.violations)
+        assert row.observed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_short_randomized_run_keeps_every_invariant() -> None:
+    summary = run_random(3, 101, Target(), duration=3.0, restore=restore_support())
+    failures = [(r.schedule.seed, r.report.violations) for r in summary.failed]
+    assert summary.ok, failures
+    totals = summary.totals()
+    assert totals["operations"] > 0
+    assert totals["faults"] > 0
+    assert totals["grants"] >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mutant", CATALOGUE, ids=[m.name for m in CATALOGUE])
+def test_every_mutant_is_caught(mutant: Any) -> None:
+    budget = 12 if mutant.name == "check-then-write" else 8
+    result = hunt(mutant, Target(), seed=500, budget=budget, duration=3.0)
+    assert result.caught, f"{mutant.name} survived {result.schedules} schedules"
+    assert result.invariants
+
+
+def _fenced(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != switches.ENV_VAR}
+    return subprocess.run(
+        [sys.executable, "-m", "fenced", "verify", *args],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_cli_case_json() -> None:
+    done = _fenced("--case", "7b", "--json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["ok"] is True
+    (row,) = document["cases"]
+    assert row["number"] == "7b"
+    assert row["status"] == "pass"
+    assert "StaleToken" in row["observed"]
+    assert document["random"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_cli_failing_schedule_prints_seed_replay_and_history(tmp_path: Path) -> None:
+    done = _fenced(
+        *("--random", "3", "--seed", "77", "--duration", "3"),
+        *("--profile", "storm", "--mutant", "epoch-reuse", "--keep-history", str(tmp_path)),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED schedule seed 7" in done.stdout
+    assert "replay:  fenced verify --random 1 --seed 7" in done.stdout
+    assert "--profile storm --mutant epoch-reuse" in done.stdout
+    history = next(line for line in done.stdout.splitlines() if "history:" in line)
+    kept = Path(history.split("history:")[1].strip())
+    assert kept.exists()
+    assert kept.parent == tmp_path
+
+
+@pytest.mark.timeout(30)
+def test_cli_usage_errors() -> None:
+    assert _fenced("--random", "0").returncode == 2
+    assert _fenced("--mutant", "nonsense", "--random", "1").returncode == 2
+    assert _fenced("--case", "9").returncode == 2
+    assert _fenced("--coordinator", "memory://x").returncode == 2
+
+
+@pytest.mark.timeout(60)
+def test_case_6_never_restores_a_coordinator_given_by_url(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'mine.db'}"
+    (row,) = run_cases(Target.create(url), only=["6"])
+    assert row.status == "unavailable"
+    assert row.passed is None
+    assert "not" in row.observed
