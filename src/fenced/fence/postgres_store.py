@@ -48,7 +48,6 @@ docs/postgres.md.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -70,6 +69,7 @@ from fenced.core.errors import (
 from fenced.core.records import Record, RecordKind
 from fenced.core.token import FencingToken
 from fenced.fence.backend import Capability, Chooser, StoreOptions
+from fenced.fence.chunks import ChunkReader
 from fenced.fence.ops import OpRecord
 from fenced.fence.postgres_conn import (
     DEFAULT_OP_TIMEOUT,
@@ -89,8 +89,6 @@ from fenced.fence.store import Store
 from fenced.fence.values import Item, Mode, Publication, Version
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
-
     from fenced.fence.store import _Mutation
 
 __all__ = [
@@ -1132,7 +1130,7 @@ class _PgTransaction:
         return len(victims)
 
 
-class _ChunkReader(io.RawIOBase):
+class _ChunkReader(ChunkReader):
     """One object's chunks, read in the snapshot of its own connection's transaction."""
 
     def __init__(
@@ -1142,55 +1140,24 @@ class _ChunkReader(io.RawIOBase):
         object_id: str,
         chunks: int,
     ) -> None:
-        super().__init__()
+        super().__init__(object_id, chunks)
         self._backend = backend
         self._db = conn
-        self._object_id = object_id
-        self._chunks = chunks
-        self._next = 0
-        self._pending = memoryview(b"")
 
-    def readable(self) -> bool:
-        return True
-
-    def _fetch(self) -> bytes | None:
-        if self._next >= self._chunks:
-            return None
+    def _read_chunk(self, seq: int) -> bytes | None:
         b = self._backend
         try:
             with guarded(self._db, b._timeout):
                 row = self._db.execute(
                     b._sql("SELECT data FROM {s}.store_chunks WHERE object_id = %s AND seq = %s"),
-                    (self._object_id, self._next),
+                    (self._object_id, seq),
                     prepare=False,
                 ).fetchone()
         except psycopg.Error as error:
             raise translate(
                 error, f"reading object {self._object_id}", sent=False, where=b._where
             ) from error
-        if row is None:
-            raise ConfigurationError(f"object {self._object_id} misses a chunk: corrupt store")
-        self._next += 1
-        return bytes(row[0])
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        while not self._pending:
-            chunk = self._fetch()
-            if chunk is None:
-                return 0
-            self._pending = memoryview(chunk)
-        target = memoryview(buffer).cast("B")
-        n = min(len(target), len(self._pending))
-        target[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
-        return n
-
-    def readall(self) -> bytes:
-        parts = [bytes(self._pending)]
-        self._pending = memoryview(b"")
-        while (chunk := self._fetch()) is not None:
-            parts.append(chunk)
-        return b"".join(parts)
+        return None if row is None else bytes(row[0])
 
     def close(self) -> None:
         if not self.closed:

@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import sqlite3
@@ -44,12 +43,13 @@ from fenced.core.errors import (
 )
 from fenced.core.records import Record, RecordKind
 from fenced.fence.backend import Capability, Chooser, StoreOptions
+from fenced.fence.chunks import ChunkReader
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, resolve_mode
 from fenced.fence.values import Item, Mode, Publication
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+    pass
 
 __all__ = ["SCHEMA_VERSION", "SqliteBackend", "open_sqlite_backend", "translate_error"]
 
@@ -572,51 +572,20 @@ class _SqliteTransaction:
         )
 
 
-class _ChunkReader(io.RawIOBase):
+class _ChunkReader(ChunkReader):
     """A stream over one object's chunks, read inside its own connection's read transaction."""
 
     def __init__(self, conn: sqlite3.Connection, object_id: str, chunks: int) -> None:
-        super().__init__()
+        super().__init__(object_id, chunks)
         self._db = conn
-        self._object_id = object_id
-        self._chunks = chunks
-        self._next = 0
-        self._pending = memoryview(b"")
 
-    def readable(self) -> bool:
-        return True
-
-    def _fetch(self) -> bytes | None:
-        if self._next >= self._chunks:
-            return None
+    def _read_chunk(self, seq: int) -> bytes | None:
         with _translated(f"reading object {self._object_id}"):
             row = self._db.execute(
                 "SELECT data FROM chunks WHERE object_id = ? AND seq = ?",
-                (self._object_id, self._next),
+                (self._object_id, seq),
             ).fetchone()
-        if row is None:
-            raise ConfigurationError(f"object {self._object_id} misses a chunk: corrupt store")
-        self._next += 1
-        return bytes(row[0])
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        while not self._pending:
-            chunk = self._fetch()
-            if chunk is None:
-                return 0
-            self._pending = memoryview(chunk)
-        target = memoryview(buffer).cast("B")
-        n = min(len(target), len(self._pending))
-        target[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
-        return n
-
-    def readall(self) -> bytes:
-        parts = [bytes(self._pending)]
-        self._pending = memoryview(b"")
-        while (chunk := self._fetch()) is not None:
-            parts.append(chunk)
-        return b"".join(parts)
+        return None if row is None else bytes(row[0])
 
     def close(self) -> None:
         if not self.closed:
