@@ -159,6 +159,8 @@ def test_url_forms_and_bad_urls() -> None:
         "etcd://h:1?timeout=-1",
         "etcd://h:1?tls=on",
         "etcd://user@h:1",
+        "etcd://[::1:2379",
+        "etcd://h:1#frag",
     ]:
         with pytest.raises(ConfigurationError):
             parse_etcd_url(bad)

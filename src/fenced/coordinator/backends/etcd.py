@@ -100,7 +100,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 from fenced.coordinator.backend import (
     CAP_RECORDS,
@@ -199,19 +199,26 @@ def _positive(name: str, text: str) -> float:
 
 def parse_etcd_url(url: str) -> EtcdSettings:
     """Parse ``etcd://host:port[,host:port…][/][?prefix=/p&timeout=S&connect_timeout=S]``."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() != "etcd":
+    # Split by hand: urllib's urlsplit rejects a multi-host netloc with an IPv6 literal.
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "etcd":
         raise ConfigurationError(f"expected an etcd:// URL, got {url!r}")
-    if parts.path not in ("", "/") or parts.fragment:
+    rest, _, fragment = rest.partition("#")
+    rest, _, query = rest.partition("?")
+    netloc, slash, path = rest.partition("/")
+    if path or fragment:
         raise ConfigurationError(f"{url!r}: an etcd URL has no path (use ?prefix=/name)")
+    del slash
     endpoints: list[tuple[str, int]] = []
-    for item in parts.netloc.split(","):
+    for item in netloc.split(","):
         text = item.strip()
         if not text or "@" in text:
             raise ConfigurationError(f"{url!r}: expected host:port[,host:port...]")
         host, port = text, 2379
         if text.startswith("["):
-            host, _, rest = text[1:].partition("]")
+            host, bracket, rest = text[1:].partition("]")
+            if not bracket:
+                raise ConfigurationError(f"{url!r}: unclosed '[' in {text!r}")
             if rest:
                 port = _port(url, rest.lstrip(":"))
         elif ":" in text:
@@ -222,7 +229,7 @@ def parse_etcd_url(url: str) -> EtcdSettings:
         endpoints.append((host, port))
     if not endpoints:
         raise ConfigurationError(f"{url!r}: no etcd endpoint")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
+    options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=False))
     unknown = set(options) - {"prefix", "timeout", "connect_timeout"}
     if unknown:
         raise ConfigurationError(f"{url!r}: unknown etcd URL parameter(s) {sorted(unknown)}")
