@@ -628,7 +628,9 @@ def test_fenced_elect_and_fenced_leader(tmp_path: Path) -> None:
         "import os, pathlib, sys, time\n"
         "out = pathlib.Path(sys.argv[1])\n"
         "out.write_text(os.environ['FENCED_TOKEN'] + ' ' + os.environ['FENCED_EPOCH'])\n"
-        "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.01)\n"
+        "give_up = time.monotonic() + 60  # never outlive a failed test for long\n"
+        "while not pathlib.Path(sys.argv[2]).exists() and time.monotonic() < give_up:\n"
+        "    time.sleep(0.01)\n"
         "sys.exit(int(sys.argv[3]))\n"
     )
     started: list[subprocess.Popen[str]] = []
