@@ -16,8 +16,9 @@ try again without a notification (the current lease's expiry, or the keep-alive 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+from fenced.core.errors import ConfigurationError
 from fenced.core.lease import LeaseInfo
 from fenced.core.records import Record, RecordKind
 
@@ -30,6 +31,7 @@ __all__ = [
     "GrantRequest",
     "Granted",
     "Ticket",
+    "owned_ticket",
 ]
 
 CAP_WAIT_NOTIFY = "wait-notify"
@@ -89,6 +91,26 @@ class Ticket(Protocol):
 
     @property
     def resource(self) -> str: ...
+
+
+T = TypeVar("T", bound="Ticket")
+
+
+def owned_ticket(backend: object, ticket: Ticket | None, resource: str, kind: type[T]) -> T | None:
+    """``ticket`` as this backend's own ``kind`` of ticket for ``resource`` (None stays None).
+
+    A ticket issued by another backend instance, or for another resource, is a caller's bug:
+    :class:`~fenced.ConfigurationError`.
+    """
+    if ticket is None:
+        return None
+    if not isinstance(ticket, kind) or getattr(ticket, "_backend", None) is not backend:
+        raise ConfigurationError(f"{ticket!r} was not issued by {backend!r}")
+    if ticket.resource != resource:
+        raise ConfigurationError(
+            f"{ticket!r} is a place in the queue of {ticket.resource}, not of {resource}"
+        )
+    return ticket
 
 
 class CoordinatorBackend(Protocol):

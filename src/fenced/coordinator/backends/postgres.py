@@ -88,6 +88,7 @@ from fenced.coordinator.backend import (
     Granted,
     GrantRequest,
     Ticket,
+    owned_ticket,
 )
 from fenced.coordinator.backends import postgres_schema
 from fenced.core.errors import (
@@ -871,15 +872,7 @@ class PostgresBackend:
             self._end_ticket(mine)
 
     def _own_ticket(self, ticket: Ticket | None, resource: str) -> PostgresTicket | None:
-        if ticket is None:
-            return None
-        if not isinstance(ticket, PostgresTicket) or ticket._backend is not self:
-            raise ConfigurationError(f"{ticket!r} was not issued by {self!r}")
-        if ticket.resource != resource:
-            raise ConfigurationError(
-                f"{ticket!r} is a place in the queue of {ticket.resource}, not of {resource}"
-            )
-        return ticket
+        return owned_ticket(self, ticket, resource, PostgresTicket)
 
     def _end_ticket(self, ticket: PostgresTicket) -> None:
         ticket.ended = True

@@ -97,6 +97,7 @@ from fenced.coordinator.backend import (
     Granted,
     GrantRequest,
     Ticket,
+    owned_ticket,
 )
 from fenced.coordinator.backends.hostclock import SystemHostClock
 from fenced.coordinator.backends.notify import NETNS, Delivery, Waker, WakeSocket
@@ -747,15 +748,7 @@ class SQLiteBackend:
             self._wake_first(mine.resource, _Peer(head[0], head[1], head[2]))
 
     def _own_ticket(self, ticket: Ticket | None, resource: str) -> SQLiteTicket | None:
-        if ticket is None:
-            return None
-        if not isinstance(ticket, SQLiteTicket) or ticket._backend is not self:
-            raise ConfigurationError(f"{ticket!r} was not issued by {self!r}")
-        if ticket.resource != resource:
-            raise ConfigurationError(
-                f"{ticket!r} is a place in the queue of {ticket.resource}, not of {resource}"
-            )
-        return ticket
+        return owned_ticket(self, ticket, resource, SQLiteTicket)
 
     def _forget_ticket(self, ticket: SQLiteTicket) -> None:
         ticket._socket.close()
