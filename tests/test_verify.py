@@ -387,10 +387,13 @@ def test_a_short_randomized_run_keeps_every_invariant() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize("mutant", CATALOGUE, ids=[m.name for m in CATALOGUE])
 def test_every_mutant_is_caught(mutant: Any) -> None:
-    budget = 12 if mutant.name == "check-then-write" else 8
+    # check-then-write needs an unlucky interleaving: about a third of its "storm" schedules
+    # expose it, and a clean run of the whole suite once saw 12 in a row pass. 40 schedules
+    # make a miss improbable (~1e-7); the hunt stops at the first catch.
+    budget = 40 if mutant.name == "check-then-write" else 8
     result = hunt(mutant, Target(), seed=500, budget=budget, duration=3.0)
     assert result.caught, f"{mutant.name} survived {result.schedules} schedules"
     assert result.invariants
