@@ -195,6 +195,42 @@ def test_an_unusable_location_is_a_clear_configuration_error(tmp_path: Path) -> 
     _one_line_configuration_error(tmp_path / "a-dir.db")  # the database path is a directory
 
 
+def _wal_size(db_path: Path) -> int:
+    wal = Path(f"{db_path}-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def test_the_wal_is_kept_allocated_and_its_zero_tail_survives_a_crash(db_path: Path) -> None:
+    full = 1000 * (sqlite_schema.PAGE_SIZE + 24)  # SQLite checkpoints after 1000 pages
+    with SQLiteBackend(db_path) as backend:
+        first = granted(backend.try_grant(request(), None))
+        assert _wal_size(db_path) > full  # extended before the first durable commit
+        assert backend.release(R, first.epoch, OWNER_A)
+    assert _wal_size(db_path) == 0  # SQLite removes the WAL with the last connection
+    # A process that dies (no close, no checkpoint) leaves frames followed by zeros; the next
+    # opener recovers exactly the committed frames.
+    code = textwrap.dedent(
+        """
+        import os, sys
+        from fenced.coordinator.backend import GrantRequest
+        from fenced.coordinator.backends.sqlite import SQLiteBackend
+        backend = SQLiteBackend(sys.argv[1])
+        for i in range(5):
+            g = backend.try_grant(GrantRequest("jobs/nightly", 10.0, "c" * 32, "child"), None)
+            assert backend.release("jobs/nightly", g.epoch, "c" * 32)
+        os._exit(0)
+        """
+    )
+    subprocess.run([sys.executable, "-c", code, str(db_path)], check=True, timeout=60)
+    assert _wal_size(db_path) > full
+    with SQLiteBackend(db_path) as reopened:
+        assert reopened.last_epoch(R) == 6
+        assert granted(reopened.try_grant(request(OWNER_B), None)).epoch == 7
+    raw = sqlite3.connect(db_path)
+    assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    raw.close()
+
+
 def test_a_write_lock_held_past_the_busy_timeout_is_unavailable(
     backend: SQLiteBackend, db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -339,16 +375,57 @@ def test_waiters_are_granted_in_the_order_they_queued(
     for owner, ticket in zip(owners, tickets, strict=True):
         result = blocked(backend.try_grant(request(owner), ticket))
         assert result.retry_in is not None and result.retry_in <= QUEUE_KEEPALIVE / 3
-    assert backend.release(R, held.epoch, OWNER_A)
+    assert backend.release(R, held.epoch, OWNER_A)  # hands the lease to the head waiter
     for turn, (owner, ticket) in enumerate(zip(owners, tickets, strict=True)):
+        holder = f"holder-{owner[0]}"
         for later_owner, later in list(zip(owners, tickets, strict=True))[turn + 1 :]:
-            assert blocked(backend.try_grant(request(later_owner), later)).holder is None
-        assert blocked(backend.try_grant(request(OWNER_B), None)).holder is None  # a newcomer
+            assert blocked(backend.try_grant(request(later_owner), later)).holder == holder
+        assert blocked(backend.try_grant(request(OWNER_B), None)).holder == holder  # a newcomer
+        backend.wait(ticket, 5)  # the hand-off's datagram
         lease = granted(backend.try_grant(request(owner), ticket))
-        assert lease.epoch == held.epoch + 1 + turn
+        assert (lease.epoch, lease.owner) == (held.epoch + 1 + turn, owner)
         assert isinstance(ticket, SQLiteTicket) and ticket.ended
         assert backend.release(R, lease.epoch, owner)
     assert granted(backend.try_grant(request(OWNER_B), None)).epoch == held.epoch + 4
+
+
+def test_a_lease_handed_over_is_found_without_its_datagram(backend: SQLiteBackend) -> None:
+    held = granted(backend.try_grant(request(), None))
+    ticket = backend.enqueue(request(OWNER_B))
+    assert backend.release(R, held.epoch, OWNER_A)
+    lease = granted(backend.try_grant(request(OWNER_B), ticket))  # datagram not read yet
+    assert (lease.epoch, lease.owner, lease.holder) == (held.epoch + 1, OWNER_B, "holder-b")
+    current = backend.current(R)
+    assert current is not None and (current.epoch, current.holder) == (held.epoch + 1, "holder-b")
+
+
+def test_a_waiter_that_gives_up_passes_a_lease_handed_to_it_on(backend: SQLiteBackend) -> None:
+    held = granted(backend.try_grant(request(), None))
+    quitter = backend.enqueue(request(OWNER_B))
+    patient = backend.enqueue(request("3" * 32))
+    assert backend.release(R, held.epoch, OWNER_A)  # handed to the quitter
+    backend.leave(quitter)  # it timed out before it learnt of the grant: passed on
+    backend.wait(patient, 5)
+    lease = granted(backend.try_grant(request("3" * 32), patient))
+    assert lease.epoch == held.epoch + 2
+    kinds = [(r.kind.value, r.epoch) for r in Coordinator(backend).history(R)]
+    assert kinds[-3:] == [
+        ("granted", held.epoch + 1),
+        ("released", held.epoch + 1),
+        ("granted", held.epoch + 2),
+    ]
+
+
+def test_a_handed_lease_that_expired_while_its_waiter_slept_is_not_used(
+    backend: SQLiteBackend, clock: ManualClock
+) -> None:
+    held = granted(backend.try_grant(request(), None))
+    sleeper = backend.enqueue(request(OWNER_B))
+    assert backend.release(R, held.epoch, OWNER_A)
+    clock.advance(11)  # past the handed lease's ttl (10 s) before the waiter reads its datagram
+    backend.wait(sleeper, 5)
+    again = granted(backend.try_grant(request(OWNER_B), sleeper))  # asks again: a new epoch
+    assert again.epoch == held.epoch + 2 and again.expires_in == 10
 
 
 def test_a_stopped_waiter_is_skipped_once_its_keepalive_lapses(
@@ -357,13 +434,28 @@ def test_a_stopped_waiter_is_skipped_once_its_keepalive_lapses(
     held = granted(backend.try_grant(request(), None))
     stopped = backend.enqueue(request("1" * 32))  # never calls try_grant again
     active = backend.enqueue(request("2" * 32))
-    assert backend.release(R, held.epoch, OWNER_A)
-    ahead = blocked(backend.try_grant(request("2" * 32), active))
-    assert ahead.holder is None and ahead.retry_in is not None
-    clock.advance(QUEUE_KEEPALIVE + 0.1)
+    clock.advance(QUEUE_KEEPALIVE * 2 / 3)
+    ahead = blocked(backend.try_grant(request("2" * 32), active))  # keeps its own row alive
+    assert ahead.holder == "holder-a" and ahead.retry_in is not None
+    clock.advance(QUEUE_KEEPALIVE / 3 + 0.1)  # the stopped waiter's keep-alive lapsed
+    assert backend.release(R, held.epoch, OWNER_A)  # skips it: hands the lease to the next
     assert granted(backend.try_grant(request("2" * 32), active)).epoch == held.epoch + 1
     late = blocked(backend.try_grant(request("1" * 32), stopped))  # back, but the lease is taken
     assert late.holder == "holder-2"
+
+
+def test_a_waiter_stopped_at_the_head_holds_a_handed_lease_until_its_ttl(
+    backend: SQLiteBackend, clock: ManualClock
+) -> None:
+    held = granted(backend.try_grant(request(), None))
+    stopped = backend.enqueue(request("1" * 32))  # stopped: reads nothing from now on
+    active = backend.enqueue(request("2" * 32))
+    assert backend.release(R, held.epoch, OWNER_A)  # handed to the stopped head, like etcd/ZK
+    assert blocked(backend.try_grant(request("2" * 32), active)).holder == "holder-1"
+    clock.advance(10.1)  # the handed lease's ttl
+    assert granted(backend.try_grant(request("2" * 32), active)).epoch == held.epoch + 2
+    backend.wait(stopped, 0)  # continued: its datagram tells of a lease that has expired
+    assert blocked(backend.try_grant(request("1" * 32), stopped)).holder == "holder-2"
 
 
 def test_leaving_the_head_of_the_line_wakes_the_next_waiter(backend: SQLiteBackend) -> None:
@@ -515,8 +607,11 @@ def test_a_forked_child_uses_its_own_connection(backend: SQLiteBackend) -> None:
     os.close(read_end)
     assert os.waitstatus_to_exitcode(status) == 0
     assert json.loads(reply) == {"epoch": held.epoch}
-    assert backend.current(R) is None  # the child's release reached the shared database
-    assert blocked(backend.try_grant(request(OWNER_A), None)).holder is None  # parent queued
+    # The child's release reached the shared database and handed the lease to the parent's
+    # place in line, which the child's close() left alone.
+    current = backend.current(R)
+    assert current is not None and (current.epoch, current.holder) == (held.epoch + 1, "holder-b")
+    assert blocked(backend.try_grant(request(OWNER_A), None)).holder == "holder-b"
     assert granted(backend.try_grant(request(OWNER_B), queued)).epoch == held.epoch + 1
 
 

@@ -45,9 +45,17 @@ log = logging.getLogger("fenced.coordinator")
 _MAX_REQUEST_ID = 200
 
 
+_holder: tuple[int, str] | None = None  # (pid, label) of this process
+
+
 def default_holder() -> str:
-    """The default holder label: ``host:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """The default holder label: ``host:pid`` (the host name as it was at this process's first
+    call; a forked child gets its own pid)."""
+    global _holder  # noqa: PLW0603 - a per-process memo
+    pid = os.getpid()
+    if _holder is None or _holder[0] != pid:
+        _holder = (pid, f"{socket.gethostname()}:{pid}")
+    return _holder[1]
 
 
 def _validate_request_id(request_id: object) -> str | None:

@@ -38,9 +38,22 @@ def _validate(kind: str, name: object) -> str:
     return name
 
 
+# Resource names already found valid (every acquire, release and token checks its name): a set
+# lookup instead of a regex per segment. Bounded: cleared when full.
+_VALID_RESOURCES: set[str] = set()
+_VALID_RESOURCES_MAX = 4096
+
+
 def validate_resource(name: object) -> str:
     """Return ``name`` if it is a valid resource name, else raise :class:`InvalidName`."""
-    return _validate("resource name", name)
+    if type(name) is str and name in _VALID_RESOURCES:
+        return name
+    checked = _validate("resource name", name)
+    if type(name) is str:  # not a str subclass, whose __eq__/__hash__ could differ
+        if len(_VALID_RESOURCES) >= _VALID_RESOURCES_MAX:
+            _VALID_RESOURCES.clear()
+        _VALID_RESOURCES.add(checked)
+    return checked
 
 
 def validate_key(key: object) -> str:

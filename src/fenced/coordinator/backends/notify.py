@@ -9,8 +9,11 @@ gone (:attr:`Delivery.DEAD`) and can skip it.
 
 Guarantees and limits:
 
-- A datagram is a hint, never a grant: the woken waiter still asks the database. Lost, duplicate
-  or late datagrams cost at most one extra database round; they never break mutual exclusion.
+- A plain wake-up is a hint: the woken waiter still asks the database. Lost, duplicate or late
+  datagrams cost at most one extra database round; they never break mutual exclusion. A
+  datagram may carry a message (at most :data:`MAX_MESSAGE` bytes): the embedded backend sends a
+  lease it granted in the waiter's name, with the waiter's owner secret, which the waiter checks
+  — a datagram from anyone else cannot make it believe it holds a lease.
 - A sender never blocks: when a waiter's receive buffer is full (it is stopped and many wakes are
   queued) the datagram is dropped and the waiter, which already has one pending, loses nothing.
 - Abstract addresses are per network namespace. A waiter in another namespace (a container that
@@ -30,7 +33,7 @@ import secrets
 import select
 import socket
 
-__all__ = ["NETNS", "Delivery", "WakeSocket", "Waker"]
+__all__ = ["MAX_MESSAGE", "NETNS", "Delivery", "WakeSocket", "Waker"]
 
 
 def _netns() -> str:
@@ -44,6 +47,9 @@ NETNS = _netns()
 """This process's network namespace (``"net:[4026531840]"``), or ``""`` if unknown."""
 
 _PREFIX = "fenced-"
+_WAKE = b"w"
+MAX_MESSAGE = 256
+"""The largest datagram a :class:`WakeSocket` reads whole (longer ones are cut)."""
 _DEAD = frozenset({errno.ECONNREFUSED, errno.ENOENT})
 _FULL = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS})
 
@@ -66,7 +72,7 @@ class WakeSocket:
     thread-safe: one thread waits on it at a time. Close it when the ticket ends.
     """
 
-    __slots__ = ("_poll", "_sock", "address")
+    __slots__ = ("_poll", "_sock", "address", "messages")
 
     def __init__(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -84,14 +90,18 @@ class WakeSocket:
             raise
         self._sock = sock
         self.address = address
+        self.messages: list[bytes] = []
+        """Datagrams other than a plain wake-up received by :meth:`wait`, oldest first; the
+        reader takes them out."""
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN)
 
     def wait(self, timeout: float) -> bool:
         """Block until a datagram arrives or ``timeout`` seconds pass; True if woken.
 
-        Every datagram already queued is consumed, so one wake-up ends one wait. Returns at once
-        (False) when the socket is closed. A signal handler that raises interrupts the wait.
+        Every datagram already queued is consumed, so one wake-up ends one wait; those that
+        carry a message are appended to :attr:`messages`. Returns at once (False) when the
+        socket is closed. A signal handler that raises interrupts the wait.
         """
         if self._sock.fileno() < 0:
             return False
@@ -103,9 +113,11 @@ class WakeSocket:
     def _drain(self) -> None:
         while True:
             try:
-                self._sock.recv(16, socket.MSG_DONTWAIT)
+                datagram = self._sock.recv(MAX_MESSAGE, socket.MSG_DONTWAIT)
             except OSError:  # empty (EAGAIN), or closed by another thread meanwhile
                 return
+            if datagram != _WAKE:
+                self.messages.append(datagram)
 
     def close(self) -> None:
         """Release the address (senders then see the waiter as gone); idempotent.
@@ -128,17 +140,19 @@ class Waker:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._sock.setblocking(False)
 
-    def wake(self, address: str, netns: str) -> Delivery:
-        """Send one wake-up datagram to ``address`` (as stored by a waiter in ``netns``).
+    def wake(self, address: str, netns: str, message: bytes = _WAKE) -> Delivery:
+        """Send one wake-up datagram to ``address`` (as stored by a waiter in ``netns``),
+        carrying ``message`` if given (at most :data:`MAX_MESSAGE` bytes).
 
-        Never blocks. ``DEAD`` means nobody is bound there any more (safe to forget the waiter);
-        ``UNREACHABLE`` means the waiter cannot be reached from here (it may be alive). Other
-        socket errors propagate as ``OSError``.
+        Never blocks; a full receive buffer drops the datagram (a message too: the waiter then
+        learns what it said from the database). ``DEAD`` means nobody is bound there any more
+        (safe to forget the waiter); ``UNREACHABLE`` means the waiter cannot be reached from here
+        (it may be alive). Other socket errors propagate as ``OSError``.
         """
         if netns != NETNS:
             return Delivery.UNREACHABLE
         try:
-            self._sock.sendto(b"w", "\0" + address)
+            self._sock.sendto(message, "\0" + address)
         except OSError as error:
             if error.errno in _DEAD:
                 return Delivery.DEAD
@@ -146,6 +160,21 @@ class Waker:
                 return Delivery.DELIVERED
             raise
         return Delivery.DELIVERED
+
+    def gone(self, address: str, netns: str) -> bool:
+        """True if nobody is bound to ``address`` any more (its waiter is gone); sends nothing.
+
+        A waiter in another network namespace is never reported gone. Costs a socket and a
+        ``connect`` (a few microseconds).
+        """
+        if netns != NETNS:
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as probe:
+            try:
+                probe.connect("\0" + address)
+            except OSError as error:
+                return error.errno in _DEAD
+        return False
 
     def close(self) -> None:
         """Close the sending socket; idempotent."""

@@ -13,12 +13,28 @@ Guarantees
   ``synchronous=NORMAL``: the WAL write reaches the OS at once (it survives the death of any
   process) and the disk with the next FULL commit. Only an OS crash or power cut can lose them,
   and that changes the boot id, which expires every lease of the old boot anyway: after the
-  reboot a lost release or renewal changes nothing; without a reboot nothing is lost.
+  reboot a lost release or renewal changes nothing; without a reboot nothing is lost. (A release
+  that hands the lease over is a grant too, and commits at FULL: see below.)
 - **First come, first served, woken by notification.** A waiter takes a :class:`SQLiteTicket`:
-  a row in ``waiters`` (its id is its place in line) and an abstract Unix datagram socket
-  (:mod:`.notify`). Whoever frees a resource (a release, the head's leave, a caller that finds
-  the resource free but the head not taking it) sends one datagram to the head live waiter after
-  its commit; a dead head (its socket refuses the datagram) is deleted and the next one woken.
+  a row in ``waiters`` (its id is its place in line, and it carries the waiter's request: owner
+  secret, holder, ttl, value) and an abstract Unix datagram socket (:mod:`.notify`).
+- **A release hands the lease over.** A release that finds a live head waiter grants the lease
+  to it in its name (:data:`_HAND_OFF`: epoch + 1, the head's row deleted) in a durable commit,
+  then sends it one datagram carrying the epoch, the expiry (boot-time clock) and the waiter's
+  own owner secret. The waiter checks the secret and returns from ``try_grant`` without touching
+  the database (a datagram from anyone else cannot make it believe it holds a lease); if the
+  datagram is lost or unread, its next ``try_grant`` finds the live lease in its name. A handoff
+  thus costs one fsync, by the releaser, and no write by the waiter. A process that met waiters
+  on the resource recently releases and hands over in one transaction; otherwise the release
+  commits without fsync and, if a waiter turns up in its answer, the handover is a second
+  (durable) transaction. A head whose socket is gone (its process died) is dropped before the
+  grant; one that dies between the grant and the datagram has its lease ended at once and
+  handed to the next one. A waiter with a ``request_id`` (NULL owner in its row) is woken
+  instead and grants itself, so that its request id is remembered with the grant.
+- **Other wake-ups.** Whoever frees a resource without a handover (the head's leave, an expiry
+  noticed by a caller that finds the resource free but the head not taking it) sends one
+  datagram to the head live waiter after its commit; a dead head (its socket refuses the
+  datagram) is deleted and the next one woken.
   A waiter's row stays live for :data:`QUEUE_KEEPALIVE` seconds after its last ``try_grant``; a
   stopped (SIGSTOP) waiter is skipped once that passes. A lease that simply expires wakes
   nobody: waiters retry at ``Blocked.retry_in``, never later than the expiry (a timer, not a
@@ -32,20 +48,25 @@ Guarantees
 
 Race timelines
 --------------
-Release → handoff. A's release costs no fsync; B's grant costs exactly one::
+Release → handoff. One fsync, by the releaser; the waiter does not write::
 
-    holder A                        waiter B (head)                   waiter C (behind B)
-    release: UPDATE … owner = NULL
-      (autocommit, NORMAL: no fsync)
-    sendto(B) ────────────────────▶ poll() returns
-                                    try_grant(ticket B):
-                                      BEGIN IMMEDIATE
-                                      no live lease, no live
-                                      ticket ahead of B → epoch + 1,
-                                      B's row deleted
-                                      COMMIT (FULL: fsync)
-                                    → Granted                     C is head now; B's release
-                                                                  will wake it
+    holder A                          waiter B (head)                 waiter C (behind B)
+    release (BEGIN IMMEDIATE):
+      UPDATE … owner = NULL
+        RETURNING head = B (with owner)
+      B's socket still bound?
+      _HAND_OFF: epoch + 1 in B's
+        name, B's row deleted
+      COMMIT (FULL: fsync)
+    sendto(B, "granted E X owner") ─▶ poll() returns; the owner
+                                      secret is B's → try_grant
+                                      returns Granted(E), no I/O    C is head now; B's release
+                                                                    hands the lease to C
+
+B's wait ran out just before the datagram arrived: B leaves the queue; ``leave`` finds the live
+lease in B's name and releases it, which hands it to C. B was SIGSTOPped at the head: the lease
+is B's until its ttl runs out (like a stopped holder's); continued later, B finds the expiry in
+the datagram passed and asks again.
 
 A release that falls between a caller's ``Blocked`` answer and its :meth:`~SQLiteBackend.enqueue`
 wakes nobody (the caller had no row yet). The caller does not sleep through it: ``enqueue``
@@ -62,7 +83,8 @@ Costs
 -----
 The uncontended cycle is two statements: the grant (autocommit, FULL: one fsync of usually two
 1 KiB WAL frames, the resource row and the records of the previous release and of this grant)
-and the release (autocommit, NORMAL: one frame, no fsync). A caller that is probably not first
+and the release (autocommit, NORMAL: one frame, no fsync). A handoff is one transaction of the
+releaser (FULL: one fsync) and a datagram. A caller that is probably not first
 in line (woken by its timer rather than by a datagram, or a newcomer where this process recently
 saw waiters) reads before it writes, so that blocked callers do not take the write lock the head
 needs. Waiting for the write lock retries with sleeps of 50 µs to 1 ms (:mod:`.sqlite_db`), not
@@ -85,7 +107,7 @@ import os
 import sqlite3
 import time
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
@@ -119,6 +141,7 @@ _RETRY_CAP = QUEUE_KEEPALIVE / 3  # a queued waiter retries at least this often 
 _REFRESH_BELOW = QUEUE_KEEPALIVE * 2 / 3  # refresh a ticket row when less life than this is left
 _EPSILON = 0.001  # retry just after an expiry, not just before it
 _NO_TICKET = 2**63 - 1  # "behind every queued waiter"
+_HANDED_PREFIX = "granted"  # a wake-up datagram that carries a handed-over lease
 _MAX_ATTEMPTS = 16  # grant attempts in one try_grant (after dead heads or a race with a release)
 _PRUNE_EVERY = 256  # request rows inserted (or releases done) between two prunes
 _PRUNE_BATCH = 512  # oldest rows examined by one prune
@@ -160,12 +183,28 @@ _GRANT_REUSING_EPOCH = _GRANT.replace(  # seeded defect of `fenced verify --muta
     f"epoch = iif(resources.ended IS 'released', max(epoch, {_MINIMUM}) + 1, epoch),",
 )
 _FIRST_WAITER = f"FROM waiters WHERE name = :name AND {_LIVE_WAITER} ORDER BY id LIMIT 1"
-# The head waiter comes back with the answer: it is woken without another round trip.
+# The head waiter comes back with the answer (and whether the lease can be handed to it): it
+# is served without another round trip.
 _RELEASE = f"""
 UPDATE resources SET owner = NULL, ended = 'released', ended_at = :wall, end_recorded = 0
 WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE}
 RETURNING EXISTS (SELECT 1 FROM watchers WHERE name = :name), (SELECT id {_FIRST_WAITER}),
-    (SELECT addr {_FIRST_WAITER}), (SELECT netns {_FIRST_WAITER})
+    (SELECT addr {_FIRST_WAITER}), (SELECT netns {_FIRST_WAITER}),
+    (SELECT owner IS NOT NULL {_FIRST_WAITER})
+"""
+# Grant the free resource to its head waiter :head in that waiter's name (its queued request),
+# if :head is still live and first in line. The record_grant trigger writes the records.
+_HAND_OFF = f"""
+UPDATE resources SET epoch = max(resources.epoch, {_MINIMUM}) + 1, owner = w.owner,
+    holder = w.holder, ttl = w.ttl, expires_at = :now + w.ttl, boot_id = :boot, value = w.value,
+    granted_at = :wall, ended = NULL, ended_at = NULL, end_recorded = 1
+FROM (SELECT owner, holder, ttl, value FROM waiters
+      WHERE id = :head AND name = :name AND owner IS NOT NULL AND {_LIVE_WAITER}) AS w
+WHERE resources.name = :name
+    AND NOT (resources.owner IS NOT NULL AND resources.boot_id = :boot
+             AND resources.expires_at > :now)
+    AND NOT EXISTS (SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < :head)
+RETURNING epoch, expires_at, owner
 """
 _RELEASE_ANY_OWNER = _RELEASE.replace("epoch = :epoch AND owner = :owner AND ", "")  # mutant
 _RENEW = f"""
@@ -180,7 +219,7 @@ WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE} RETURNING h
 _STATE = f"""
 SELECT coalesce(r.epoch, 0), r.holder, r.expires_at,
        r.owner IS NOT NULL AND r.boot_id = :boot AND r.expires_at > :now, {_MINIMUM},
-       (SELECT expires_at FROM waiters WHERE id = :ticket AND name = :name)
+       (SELECT expires_at FROM waiters WHERE id = :ticket AND name = :name), r.owner IS :owner
 FROM (SELECT 1) LEFT JOIN resources AS r ON r.name = :name
 """
 _LEASE = (
@@ -198,8 +237,9 @@ WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
 ORDER BY id LIMIT 1
 """
 _ENQUEUE = """
-INSERT INTO waiters (name, addr, netns, pid, holder, expires_at, boot_id)
-VALUES (:name, :addr, :netns, :pid, :holder, :now + :keepalive, :boot) RETURNING id
+INSERT INTO waiters (name, addr, netns, pid, holder, expires_at, boot_id, owner, ttl, value)
+VALUES (:name, :addr, :netns, :pid, :holder, :now + :keepalive, :boot, :owner, :ttl, :value)
+RETURNING id
 """
 _KEEP_ALIVE = """
 UPDATE waiters SET expires_at = :now + :keepalive, boot_id = :boot
@@ -228,18 +268,32 @@ class SQLiteTicket:
     """A place in one resource's queue: a ``waiters`` row and the waiter's wake-up socket.
 
     Used by one thread at a time. It ends when granted or left; :meth:`SQLiteBackend.wait` on an
-    ended ticket returns at once.
+    ended ticket returns at once. ``owner`` is the owner secret a release may grant the lease
+    to in this waiter's name (None for a request with a request_id: it grants itself).
     """
 
-    __slots__ = ("_backend", "_notified", "_pending", "_socket", "resource", "waiter_id")
+    __slots__ = (
+        "_backend",
+        "_handed",
+        "_notified",
+        "_pending",
+        "_socket",
+        "owner",
+        "resource",
+        "waiter_id",
+    )
 
-    def __init__(self, backend: SQLiteBackend, resource: str, socket: WakeSocket) -> None:
+    def __init__(
+        self, backend: SQLiteBackend, resource: str, socket: WakeSocket, owner: str | None
+    ) -> None:
         self._backend = backend
         self.resource = resource
+        self.owner = owner
         self.waiter_id = 0
         self._socket = socket
         self._pending = False  # free and first in line at enqueue: the first wait returns
         self._notified = False  # the last wait ended by a wake-up: likely first in line now
+        self._handed: tuple[int, float] | None = None  # (epoch, expires_at) a release sent us
 
     @property
     def ended(self) -> bool:
@@ -256,6 +310,20 @@ class _Peer:
     row_id: int
     addr: str
     netns: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Handed:
+    """A lease a release granted to the head waiter ``peer`` in its name (not yet told)."""
+
+    peer: _Peer
+    epoch: int
+    expires_at: float
+    owner: str = field(repr=False)
+
+    def message(self) -> bytes:
+        """The wake-up datagram that tells the waiter (it checks the owner secret)."""
+        return f"{_HANDED_PREFIX} {self.epoch} {self.expires_at!r} {self.owner}".encode()
 
 
 class SQLiteBackend:
@@ -329,6 +397,10 @@ class SQLiteBackend:
         """
         mine = self._own_ticket(ticket, request.resource)
         name = request.resource
+        if mine is not None and mine._handed is not None:
+            handed = self._take_handed(mine, request)
+            if handed is not None:
+                return handed
         blocked = None
         notified = mine is not None and mine._notified
         if mine is not None:
@@ -343,6 +415,8 @@ class SQLiteBackend:
         for _ in range(_MAX_ATTEMPTS):
             if look_first:
                 blocked, head = self._blocked(request, mine)
+                if isinstance(blocked, Granted):
+                    return blocked
                 if blocked is not None:
                     if head is not None and self._wake_waiter(name, head) is Delivery.DEAD:
                         continue  # the head waiter is gone (its row is deleted now): again
@@ -352,12 +426,29 @@ class SQLiteBackend:
                 self._contended.discard(name)
                 return granted
             blocked, head = self._blocked(request, mine)
+            if isinstance(blocked, Granted):
+                return blocked
             if blocked is None:
                 continue  # free again already: try again at once
             self._contended.add(name)
             if head is None or self._wake_waiter(name, head) is not Delivery.DEAD:
                 return blocked
         return blocked or Blocked(None, self.last_epoch(name), 0.0, _EPSILON)
+
+    def _take_handed(self, ticket: SQLiteTicket, request: GrantRequest) -> Granted | None:
+        """The lease a release handed to ``ticket`` (announced by its datagram), if still live.
+
+        Costs no database access: the datagram carried the epoch and the expiry (the host's
+        boot-time clock), and the releaser's commit was durable before it was sent. A lease that
+        expired meanwhile (the waiter was stopped) is dropped: the caller asks again.
+        """
+        epoch, expires_at = ticket._handed or (0, 0.0)
+        ticket._handed = None
+        remaining = expires_at - self._clock.boottime()
+        if remaining <= 0:
+            return None
+        self._forget_ticket(ticket)
+        return Granted(epoch, request.owner, request.holder, request.ttl, remaining)
 
     def _grant(self, request: GrantRequest, ticket: SQLiteTicket | None) -> Granted | None:
         """One grant step; None if not granted (a live lease, or a live waiter ahead)."""
@@ -398,19 +489,30 @@ class SQLiteBackend:
 
     def _blocked(
         self, request: GrantRequest, ticket: SQLiteTicket | None
-    ) -> tuple[Blocked | None, _Peer | None]:
+    ) -> tuple[Blocked | Granted | None, _Peer | None]:
         """Why ``request`` would not be granted now, and the head waiter to wake if waiters are
-        ahead; ``(None, None)`` if it would be. Keeps the caller's ticket alive when due.
+        ahead; ``(None, None)`` if it would be. Keeps the caller's ticket alive when due. If a
+        release has already handed the lease to the caller's ticket (its datagram not read
+        yet, or lost), that grant.
 
         Reads only (and a keep-alive write every ``QUEUE_KEEPALIVE / 3`` or so).
         """
         now, params = self._params(
-            name=request.resource, ticket=ticket.waiter_id if ticket is not None else 0
+            name=request.resource,
+            ticket=ticket.waiter_id if ticket is not None else 0,
+            owner=ticket.owner if ticket is not None else None,
         )
         doing = f"acquiring {request.resource}"
-        epoch, holder, expires_at, live, minimum, own_row = self._db.read(_STATE, params, doing)[0]
+        epoch, holder, expires_at, live, minimum, own_row, mine = self._db.read(
+            _STATE, params, doing
+        )[0]
+        if live and mine and ticket is not None:
+            ticket._handed = None
+            self._forget_ticket(ticket)
+            lease = Granted(epoch, request.owner, request.holder, request.ttl, expires_at - now)
+            return lease, None
         if ticket is not None and (own_row is None or own_row - now < _REFRESH_BELOW):
-            self._keep_alive(ticket, request.holder)
+            self._keep_alive(ticket, request)
             params["ticket"] = ticket.waiter_id  # a new row if the old one was dropped
         cap = _RETRY_CAP if ticket is not None else None
         if live:
@@ -485,27 +587,106 @@ class SQLiteBackend:
         return ttl
 
     def release(self, resource: str, epoch: int, owner: str) -> bool:
-        """End the live lease of this owner and epoch; wake the head waiter. True if ended now.
+        """End the live lease of this owner and epoch; serve the head waiter. True if ended now.
 
         Compare and delete in one statement: a delayed release from an older owner, or of a
-        lease that already expired, changes nothing and returns False. Commits without fsync: a
-        release lost to an OS crash is moot, because the reboot expires the lease anyway.
+        lease that already expired, changes nothing and returns False. With nobody waiting it
+        commits without fsync: a release lost to an OS crash is moot, because the reboot expires
+        the lease anyway. With a head waiter, the lease is handed to it (granted in its name, see
+        the module doc) in a durable commit; where this process expects waiters (it met some
+        recently) the release and that grant are one transaction.
         """
-        _, params = self._params(name=resource, epoch=epoch, owner=owner, wall=time.time())
         release = _RELEASE_ANY_OWNER if mutants.active("release-without-owner") else _RELEASE
-        rows = self._db.write(release, params, f"releasing {resource}", durable=False)
+        durable = resource in self._contended
+        ended, handed = self._end(release, resource, epoch, owner, durable=durable)
         self._releases_since_prune += 1
         if self._releases_since_prune >= _PRUNE_EVERY:
             self.prune_records()
-        if not rows:
+        if ended is None:
             return False
-        watched, *head = rows[0]
-        if head[0] is not None:
+        watched, head, takes = ended
+        if head is None:
+            self._contended.discard(resource)
+        else:
             self._contended.add(resource)
-            self._wake_first(resource, _Peer(*head))
+            if handed is None and takes and not durable:
+                handed = self._hand_off_alone(resource, head)
+            self._serve(resource, head, handed)
         if watched:
             self._wake_watchers(resource)
         return True
+
+    def _end(
+        self, release: str, resource: str, epoch: int, owner: str, *, durable: bool
+    ) -> tuple[tuple[bool, _Peer | None, bool] | None, _Handed | None]:
+        """Run ``release`` for this lease: (watched, head waiter, head takes a hand-off), or None
+        if the lease was not live; with ``durable``, also hand the lease to the head in the same
+        transaction (fsynced) and return that grant."""
+        _, params = self._params(name=resource, epoch=epoch, owner=owner, wall=time.time())
+        doing = f"releasing {resource}"
+        handed = None
+        if not durable:
+            rows = self._db.write(release, params, doing, durable=False)
+        else:
+            with self._db.transaction(doing, durable=True) as conn:
+                rows = conn.execute(release, params).fetchall()
+                if rows and rows[0][1] is not None and rows[0][4]:
+                    handed = self._hand_off(conn, resource, _Peer(*rows[0][1:4]))
+        if not rows:
+            return None, None
+        watched, head_id, addr, netns, takes = rows[0]
+        head = None if head_id is None else _Peer(head_id, addr, netns)
+        return (bool(watched), head, bool(takes)), handed
+
+    def _hand_off(self, conn: sqlite3.Connection, resource: str, head: _Peer) -> _Handed | None:
+        """Inside a durable transaction: grant free ``resource`` to waiter ``head`` in its name
+        and drop its row; None if ``head`` is not first in line any more (or the resource was
+        taken meanwhile), or is gone (its socket is unbound: its row is dropped; the caller
+        wakes the next one, who grants itself)."""
+        if self._waker.gone(head.addr, head.netns):
+            conn.execute("DELETE FROM waiters WHERE id = ? AND addr = ?", (head.row_id, head.addr))
+            return None
+        _, params = self._params(name=resource, head=head.row_id, wall=time.time())
+        row = conn.execute(_HAND_OFF, params).fetchone()
+        if row is None:
+            return None
+        conn.execute("DELETE FROM waiters WHERE id = ?", (head.row_id,))
+        return _Handed(head, row[0], row[1], row[2])
+
+    def _hand_off_alone(self, resource: str, head: _Peer) -> _Handed | None:
+        """:meth:`_hand_off` in a durable transaction of its own (after a release that did not
+        expect a waiter). Best effort: on failure the head is woken and grants itself."""
+        try:
+            with self._db.transaction(f"handing {resource} over", durable=True) as conn:
+                return self._hand_off(conn, resource, head)
+        except FencedError:
+            return None
+
+    def _serve(self, resource: str, head: _Peer, handed: _Handed | None) -> None:
+        """After a release's commit: tell the waiter the lease handed to it, or wake ``head``.
+
+        A waiter that is gone (its socket refuses the datagram) cannot use the lease granted in
+        its name: that lease is ended at once and handed to the next one, and so on.
+        """
+        for _ in range(_MAX_ATTEMPTS):
+            if handed is None:
+                self._wake_first(resource, head)
+                return
+            try:
+                delivery = self._waker.wake(handed.peer.addr, handed.peer.netns, handed.message())
+            except OSError:
+                return  # the waiter finds its lease when its timer fires (try_grant)
+            if delivery is not Delivery.DEAD:
+                return
+            try:
+                ended, handed = self._end(
+                    _RELEASE, resource, handed.epoch, handed.owner, durable=True
+                )
+            except FencedError:
+                return  # the dead waiter's lease expires by its ttl
+            if ended is None or ended[1] is None:
+                return
+            head = ended[1]
 
     def prune_records(self) -> int:
         """Delete a bounded batch of the oldest records beyond the limit or the retention age.
@@ -691,17 +872,11 @@ class SQLiteBackend:
         If the resource is free and nobody is ahead, the first :meth:`wait` returns at once, so
         a release between the caller's last ``try_grant`` and this call is not missed.
         """
-        ticket = SQLiteTicket(self, request.resource, WakeSocket())
+        owner = request.owner if request.request_id is None else None
+        ticket = SQLiteTicket(self, request.resource, WakeSocket(), owner)
         doing = f"queueing for {request.resource}"
         try:
-            _, params = self._params(
-                name=request.resource,
-                addr=ticket._socket.address,
-                netns=NETNS,
-                pid=os.getpid(),
-                holder=request.holder,
-                keepalive=QUEUE_KEEPALIVE,
-            )
+            _, params = self._params(**self._queued(ticket, request))
             ((ticket.waiter_id,),) = self._db.write(_ENQUEUE, params, doing, durable=False)
             _, params = self._params(name=request.resource, before=ticket.waiter_id)
             free = not self._db.read(_LEASE, params, doing)
@@ -715,7 +890,8 @@ class SQLiteBackend:
     def wait(self, ticket: Ticket, timeout: float) -> None:
         """Block until woken for ``ticket`` or ``timeout`` seconds pass (no database access).
 
-        Returns at once for an ended ticket. Consumes every wake-up queued for it.
+        Returns at once for an ended ticket. Consumes every wake-up queued for it, and keeps a
+        lease handed to it (a datagram with its owner secret) for the next :meth:`try_grant`.
         """
         mine = self._own_ticket(ticket, ticket.resource)
         assert mine is not None
@@ -724,6 +900,12 @@ class SQLiteBackend:
             mine._notified = True
             return
         mine._notified = mine._socket.wait(timeout)
+        messages = mine._socket.messages
+        while messages:
+            fields = messages.pop(0).decode("ascii", "replace").split(" ")
+            if len(fields) == 4 and fields[0] == _HANDED_PREFIX and fields[3] == mine.owner:
+                with suppress(ValueError):
+                    mine._handed = (int(fields[1]), float(fields[2]))
 
     def leave(self, ticket: Ticket) -> None:
         """Leave the queue (idempotent). If the caller was first in line and the resource is
@@ -733,17 +915,26 @@ class SQLiteBackend:
         if mine.ended:
             return
         head = None
+        handed = None
         try:
             with self._db.transaction(f"leaving the queue of {mine.resource}", durable=False) as c:
-                _, params = self._params(name=mine.resource, before=mine.waiter_id)
+                _, params = self._params(
+                    name=mine.resource, before=mine.waiter_id, owner=mine.owner
+                )
                 first = c.execute(_HEAD, params).fetchone() is None
                 deleted = c.execute("DELETE FROM waiters WHERE id = ?", (mine.waiter_id,)).rowcount
                 c.execute(_DROP_EXPIRED_WAITERS, params)
+                if mine.owner is not None:
+                    handed = c.execute(f"{_LEASE} AND owner = :owner", params).fetchone()
                 if deleted and first and c.execute(_LEASE, params).fetchone() is None:
                     params["before"] = _NO_TICKET
                     head = c.execute(_HEAD, params).fetchone()
         finally:
             self._forget_ticket(mine)
+        if handed is not None and mine.owner is not None:
+            # A release handed the lease to this ticket after the caller's last try_grant: the
+            # caller gives up, so the lease goes on to the next waiter.
+            self.release(mine.resource, handed[0], mine.owner)
         if head is not None:
             self._wake_first(mine.resource, _Peer(head[0], head[1], head[2]))
 
@@ -761,15 +952,28 @@ class SQLiteBackend:
             self._tickets = set()
         return self._tickets
 
-    def _keep_alive(self, ticket: SQLiteTicket, holder: str) -> None:
+    @staticmethod
+    def _queued(ticket: SQLiteTicket, request: GrantRequest) -> dict[str, object]:
+        """The parameters of ``ticket``'s ``waiters`` row (:data:`_ENQUEUE`)."""
+        return {
+            "name": request.resource,
+            "addr": ticket._socket.address,
+            "netns": NETNS,
+            "pid": os.getpid(),
+            "holder": request.holder,
+            "keepalive": QUEUE_KEEPALIVE,
+            "owner": ticket.owner,
+            "ttl": request.ttl,
+            "value": request.value,
+            "ticket": ticket.waiter_id,
+        }
+
+    def _keep_alive(self, ticket: SQLiteTicket, request: GrantRequest) -> None:
         """Extend the ticket's row; re-insert it at the end of the line if it was dropped."""
         doing = f"queueing for {ticket.resource}"
-        _, params = self._params(
-            name=ticket.resource, ticket=ticket.waiter_id, keepalive=QUEUE_KEEPALIVE
-        )
+        _, params = self._params(**self._queued(ticket, request))
         if self._db.write(_KEEP_ALIVE, params, doing, durable=False):
             return
-        params.update(addr=ticket._socket.address, netns=NETNS, pid=os.getpid(), holder=holder)
         with self._db.transaction(doing, durable=False) as conn:
             conn.execute(_DROP_EXPIRED_WAITERS, params)
             (ticket.waiter_id,) = conn.execute(_ENQUEUE, params).fetchone()

@@ -23,6 +23,16 @@ Errors: the write lock held by another process for longer than the busy timeout 
 :class:`~fenced.Unavailable`; a failure while committing a write (or anywhere in an autocommit
 write) → :class:`~fenced.OutcomeUnknown`; an unusable file → :class:`~fenced.ConfigurationError`.
 
+The write-ahead log is kept allocated (:meth:`Database._preallocate_wal`): SQLite appends to the
+WAL until a checkpoint (every ~1000 pages), then writes it again from the start. While it grows,
+every fsync also commits the file's new size to the file system journal, which measured
+550-620 µs per commit instead of 200-330 µs for the same bytes written in place. SQLite deletes
+the WAL when the last connection closes, so every restart would pay that again for ~1000 pages;
+before its first durable commit each connection extends a short WAL with zeros instead (once,
+~1 MiB). Zeros past the last frame are not a frame (their checksum and salt do not match) and
+are never read; they are written under the WAL's write lock (``BEGIN IMMEDIATE``), beyond the
+current end of the file, where no frame of anyone can be.
+
 After ``fork()`` the child opens its own connection on first use (and gets a new lock: another
 thread of the parent may have held the old one); the inherited connection is parked, never used
 or closed in the child, as SQLite requires.
@@ -57,6 +67,9 @@ _inherited: list[sqlite3.Connection] = []
 _fork_generation = 0
 _FIRST_PAUSE = 50e-6
 _MAX_PAUSE = 1e-3
+_WAL_HEADER = 32
+_WAL_FRAME_HEADER = 24
+_WAL_FRAMES = 1100  # SQLite checkpoints (and restarts the WAL) after 1000 pages, plus slack
 
 
 def _after_fork_in_child() -> None:
@@ -80,6 +93,7 @@ class Database:
         self._conn: sqlite3.Connection | None = _without_busy_handler(conn)
         self._lock = threading.Lock()
         self._generation = _fork_generation
+        self._wal_ready = False
 
     def _connection(self) -> sqlite3.Connection:
         """The connection of this process; call with the lock held."""
@@ -95,6 +109,7 @@ class Database:
                 _inherited.append(self._conn)
                 self._conn = None
                 self._conn = _without_busy_handler(connect(self.path))
+                self._wal_ready = False
 
     def read(
         self, sql: str, params: dict[str, object] | tuple[object, ...], doing: str
@@ -117,6 +132,7 @@ class Database:
             conn = self._connection()
             try:
                 if durable:
+                    self._preallocate_wal(conn)
                     return _retrying(_run, conn, sql, params)
                 conn.execute("PRAGMA synchronous=NORMAL")
                 try:
@@ -137,7 +153,9 @@ class Database:
         with self._lock:
             conn = self._connection()
             try:
-                if not durable:
+                if durable:
+                    self._preallocate_wal(conn)
+                else:
                     conn.execute("PRAGMA synchronous=NORMAL")
                 try:
                     _retrying(conn.execute, "BEGIN IMMEDIATE")
@@ -156,6 +174,34 @@ class Database:
                         conn.execute("PRAGMA synchronous=FULL")
             except sqlite3.Error as error:
                 raise translate(error, self.path, doing) from error
+
+    def _preallocate_wal(self, conn: sqlite3.Connection) -> None:
+        """Once per connection, before its first durable commit: extend a WAL shorter than
+        SQLite lets it grow with zeros and fsync it (see the module doc). Call with the lock
+        held. Best effort: any failure leaves the WAL as it was and is not retried."""
+        if self._wal_ready:
+            return
+        self._wal_ready = True
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+        target = _WAL_HEADER + _WAL_FRAMES * (int(page_size) + _WAL_FRAME_HEADER)
+        wal = f"{self.path}-wal"
+        try:
+            _retrying(conn.execute, "BEGIN IMMEDIATE")  # the WAL's write lock: nobody appends
+        except sqlite3.Error:
+            return
+        try:
+            fd = os.open(wal, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                size = os.fstat(fd).st_size
+                if size < target:
+                    os.pwrite(fd, bytes(target - size), size)
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        finally:
+            _rollback_quietly(conn)
 
     def close(self) -> None:
         """Close the connection (a connection inherited through fork is only dropped)."""

@@ -215,6 +215,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             END""",
         ),
     ),
+    Migration(
+        3,
+        "waiters carry their grant request, so that a release can hand the lease to the head",
+        (
+            # NULL owner: a waiter that grants itself when woken (one with a request_id, whose
+            # grant must also be remembered in ``requests``).
+            "ALTER TABLE waiters ADD COLUMN owner TEXT",
+            "ALTER TABLE waiters ADD COLUMN ttl REAL",
+            "ALTER TABLE waiters ADD COLUMN value TEXT",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
