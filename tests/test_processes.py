@@ -199,6 +199,31 @@ def test_eight_processes_contending_get_unique_epochs_and_never_overlap(
         )
 
 
+def test_waiters_giving_up_while_leases_are_handed_to_them_lose_nothing(
+    spawn: Spawn, coord: fenced.Coordinator, tmp_path: Path
+) -> None:
+    """Releases hand the lease to the head waiter while waiters time out, leave and come back:
+    every grant an acquire returned is still live when its holder releases it, no epoch is
+    granted twice, and no two holders overlap."""
+    go = tmp_path / "go"
+    waits = "0,0.001,0.003,0.01,none"
+    workers = [
+        spawn(f"w{i}", "contend", "--seconds", "2", "--ttl", "5", "--waits", waits, "--go", str(go))
+        for i in range(6)
+    ]
+    wait_ready(workers)
+    go.touch()
+    for worker in workers:
+        assert worker.wait_exit(30) == 0, worker.diagnostics()
+    held = sorted((e for w in workers for e in w.events("held")), key=lambda e: e["acquired"])
+    assert sum(e["busy"] for w in workers for e in w.events("done")) > 0  # some gave up
+    assert all(e["released"] for e in held), [e["epoch"] for e in held if not e["released"]]
+    epochs = [e["epoch"] for e in held]
+    assert epochs == sorted(set(epochs)) and coord.last_epoch(R) >= len(held)
+    for a, b in itertools.pairwise(held):
+        assert a["releasing"] <= b["acquired"], (a, b)
+
+
 @pytest.mark.parametrize("mode", ["hold", "renewloop"])
 def test_a_holder_paused_past_its_ttl_is_replaced_and_finds_out(
     spawn: Spawn, coord: fenced.Coordinator, mode: str

@@ -59,9 +59,13 @@ def contend(args: argparse.Namespace, out: Recorder) -> None:
         time.sleep(0.001)
     end = time.monotonic() + args.seconds
     busy = 0
+    # --waits: each acquire picks one of these patiences ("none": forever), so that waiters
+    # give up while leases are being handed to them.
+    waits = [None if w == "none" else float(w) for w in args.waits.split(",") if w]
     while time.monotonic() < end:
+        wait = random.choice(waits) if waits else args.wait
         try:
-            lease = coord.acquire(args.resource, ttl=args.ttl, wait=args.wait, holder=args.holder)
+            lease = coord.acquire(args.resource, ttl=args.ttl, wait=wait, holder=args.holder)
         except fenced.Busy:
             busy += 1
             continue
@@ -188,6 +192,7 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--wait", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--waits", default="")
     parser.add_argument("--ready", default="")
     parser.add_argument("--go", default="")
     parser.add_argument("--skew", type=float, default=0.0)

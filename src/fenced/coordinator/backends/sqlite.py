@@ -28,9 +28,11 @@ Guarantees
   on the resource recently releases and hands over in one transaction; otherwise the release
   commits without fsync and, if a waiter turns up in its answer, the handover is a second
   (durable) transaction. A head whose socket is gone (its process died) is dropped before the
-  grant; one that dies between the grant and the datagram has its lease ended at once and
-  handed to the next one. A waiter with a ``request_id`` (NULL owner in its row) is woken
-  instead and grants itself, so that its request id is remembered with the grant.
+  grant; one that dies between that check and the datagram leaves its lease to expire by its
+  ttl, like a holder that dies (a refused datagram cannot tell a dead waiter from one that has
+  already found the lease in its name and closed its socket). A waiter with a ``request_id``
+  (NULL owner in its row) is woken instead and grants itself, so that its request id is
+  remembered with the grant.
 - **Other wake-ups.** Whoever frees a resource without a handover (the head's leave, an expiry
   noticed by a caller that finds the resource free but the head not taking it) sends one
   datagram to the head live waiter after its commit; a dead head (its socket refuses the
@@ -665,28 +667,17 @@ class SQLiteBackend:
     def _serve(self, resource: str, head: _Peer, handed: _Handed | None) -> None:
         """After a release's commit: tell the waiter the lease handed to it, or wake ``head``.
 
-        A waiter that is gone (its socket refuses the datagram) cannot use the lease granted in
-        its name: that lease is ended at once and handed to the next one, and so on.
+        A refused datagram is not a sign that the waiter is gone: it may already have found the
+        lease in its name (a ``try_grant`` woken by its timer) and closed its socket. So nothing
+        is undone; a waiter that died between the grant and the datagram (its socket was bound
+        when the grant was made) leaves its lease to expire by its ttl, like any holder that
+        dies.
         """
-        for _ in range(_MAX_ATTEMPTS):
-            if handed is None:
-                self._wake_first(resource, head)
-                return
-            try:
-                delivery = self._waker.wake(handed.peer.addr, handed.peer.netns, handed.message())
-            except OSError:
-                return  # the waiter finds its lease when its timer fires (try_grant)
-            if delivery is not Delivery.DEAD:
-                return
-            try:
-                ended, handed = self._end(
-                    _RELEASE, resource, handed.epoch, handed.owner, durable=True
-                )
-            except FencedError:
-                return  # the dead waiter's lease expires by its ttl
-            if ended is None or ended[1] is None:
-                return
-            head = ended[1]
+        if handed is None:
+            self._wake_first(resource, head)
+            return
+        with suppress(OSError):  # best effort: the waiter also finds its lease in the database
+            self._waker.wake(handed.peer.addr, handed.peer.netns, handed.message())
 
     def prune_records(self) -> int:
         """Delete a bounded batch of the oldest records beyond the limit or the retention age.
