@@ -161,21 +161,6 @@ class Waker:
             raise
         return Delivery.DELIVERED
 
-    def gone(self, address: str, netns: str) -> bool:
-        """True if nobody is bound to ``address`` any more (its waiter is gone); sends nothing.
-
-        A waiter in another network namespace is never reported gone. Costs a socket and a
-        ``connect`` (a few microseconds).
-        """
-        if netns != NETNS:
-            return False
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as probe:
-            try:
-                probe.connect("\0" + address)
-            except OSError as error:
-                return error.errno in _DEAD
-        return False
-
     def close(self) -> None:
         """Close the sending socket; idempotent."""
         self._sock.close()

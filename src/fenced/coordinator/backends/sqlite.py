@@ -5,7 +5,20 @@ Guarantees
 - **Epochs never repeat.** A grant raises the resource's epoch and writes the lease in one
   write transaction (a single autocommit statement on the uncontended path) whose commit runs at
   ``synchronous=FULL``: the WAL is fsynced before :meth:`SQLiteBackend.try_grant` returns, so a
-  kill -9 (or a power cut) at any instant can never let the same epoch be granted twice.
+  kill -9 (or a power cut) at any instant can never let the same epoch be granted twice. The
+  one exception is a hand-off (below), whose epoch was *reserved* durably beforehand.
+- **Epoch reservations for hand-offs.** A waiter that queues behind a lease makes sure, in a
+  FULL commit it pays while it waits anyway, that ``resources.reserved`` reaches past the epochs
+  its queue will need (:data:`_RESERVE`, :data:`_RESERVE_AHEAD` more each time), and records the
+  boot (``reserved_boot``). A release may then grant the head an epoch ``≤ reserved`` in a
+  commit without fsync. That commit survives the death of any process (it is in the OS at
+  once); only an OS crash or a power cut can lose it, and those change the boot id. Every grant
+  in a boot other than ``reserved_boot`` takes an epoch above ``reserved``
+  (:data:`_LOST_RESERVATION`), so an epoch handed over before a crash is never granted again,
+  whatever was lost. This is how PostgreSQL's sequences log values ahead; the cost is a gap of
+  at most the reservation in the epochs after a crash (epochs only have to increase). Without a
+  reservation of this boot (the first hand-offs after a reboot, or after ``advance``), a
+  hand-off commits at FULL like any grant.
 - **Expiry by the host's boot-time clock plus the boot id**, never the wall clock. A lease is
   live iff its row has an owner, its ``boot_id`` is the current boot's and ``expires_at >
   boottime()``. Every expiry decision reads the injected :class:`~fenced.core.clock.HostClock`.
@@ -14,20 +27,22 @@ Guarantees
   process) and the disk with the next FULL commit. Only an OS crash or power cut can lose them,
   and that changes the boot id, which expires every lease of the old boot anyway: after the
   reboot a lost release or renewal changes nothing; without a reboot nothing is lost. (A release
-  that hands the lease over is a grant too, and commits at FULL: see below.)
+  that hands the lease over is a grant too: see the reservations above.)
 - **First come, first served, woken by notification.** A waiter takes a :class:`SQLiteTicket`:
   a row in ``waiters`` (its id is its place in line, and it carries the waiter's request: owner
   secret, holder, ttl, value) and an abstract Unix datagram socket (:mod:`.notify`).
 - **A release hands the lease over.** A release that finds a live head waiter grants the lease
-  to it in its name (:data:`_HAND_OFF`: epoch + 1, the head's row deleted) in a durable commit,
-  then sends it one datagram carrying the epoch, the expiry (boot-time clock) and the waiter's
-  own owner secret. The waiter checks the secret and returns from ``try_grant`` without touching
-  the database (a datagram from anyone else cannot make it believe it holds a lease); if the
-  datagram is lost or unread, its next ``try_grant`` finds the live lease in its name. A handoff
-  thus costs one fsync, by the releaser, and no write by the waiter. A process that met waiters
-  on the resource recently releases and hands over in one transaction; otherwise the release
-  commits without fsync and, if a waiter turns up in its answer, the handover is a second
-  (durable) transaction. A head whose socket is gone (its process died) is dropped before the
+  to it in its name (:data:`_HAND_OFF`: epoch + 1, the head's row deleted) in the same commit
+  (reserved epoch: no fsync), then sends it one datagram carrying the epoch, the expiry
+  (boot-time clock) and the waiter's own owner secret. The waiter checks the secret and returns
+  from ``try_grant`` without touching the database (a datagram from anyone else cannot make it
+  believe it holds a lease); if the datagram is lost or unread, its next ``try_grant`` finds the
+  live lease in its name. Before the grant the head is sent a ``prepare`` datagram: it tells
+  whether the head is still there and wakes it while the releaser commits (a sleeping process
+  needs a few hundred microseconds to run again). A process that met waiters on the resource
+  recently releases and hands over in one transaction; otherwise the release commits alone and,
+  if a waiter turns up in its answer, the handover is a second transaction (fsynced if the epoch
+  is not reserved). A head whose socket is gone (its process died) is dropped before the
   grant; one that dies between that check and the datagram leaves its lease to expire by its
   ttl, like a holder that dies (a refused datagram cannot tell a dead waiter from one that has
   already found the lease in its name and closed its socket). A waiter with a ``request_id``
@@ -50,17 +65,20 @@ Guarantees
 
 Race timelines
 --------------
-Release → handoff. One fsync, by the releaser; the waiter does not write::
+Release → handoff. One commit, by the releaser, without fsync (B reserved E when it queued);
+the waiter does not write::
 
     holder A                          waiter B (head)                 waiter C (behind B)
     release (BEGIN IMMEDIATE):
       UPDATE … owner = NULL
         RETURNING head = B (with owner)
-      B's socket still bound?
-      _HAND_OFF: epoch + 1 in B's
-        name, B's row deleted
-      COMMIT (FULL: fsync)
-    sendto(B, "granted E X owner") ─▶ poll() returns; the owner
+      sendto(B, "prepare") ──────────▶ poll() returns (B runs again
+        (refused: B is gone, skip it)   while A commits)
+      _HAND_OFF: epoch E = + 1 ≤
+        reserved, in B's name, B's row
+        deleted
+      COMMIT (NORMAL: no fsync)
+    sendto(B, "granted E X owner") ─▶ the owner
                                       secret is B's → try_grant
                                       returns Granted(E), no I/O    C is head now; B's release
                                                                     hands the lease to C
@@ -144,6 +162,9 @@ _REFRESH_BELOW = QUEUE_KEEPALIVE * 2 / 3  # refresh a ticket row when less life 
 _EPSILON = 0.001  # retry just after an expiry, not just before it
 _NO_TICKET = 2**63 - 1  # "behind every queued waiter"
 _HANDED_PREFIX = "granted"  # a wake-up datagram that carries a handed-over lease
+_PREPARE = b"prepare"  # sent to the head before the hand-off commits: "get ready, and alive?"
+_HANDOVER_PATIENCE = 0.05  # how long a prepared waiter waits for its grant before it asks
+_RESERVE_AHEAD = 64  # hand-offs a durable reservation covers beyond the current queue
 _MAX_ATTEMPTS = 16  # grant attempts in one try_grant (after dead heads or a race with a release)
 _PRUNE_EVERY = 256  # request rows inserted (or releases done) between two prunes
 _PRUNE_BATCH = 512  # oldest rows examined by one prune
@@ -158,6 +179,9 @@ _PRUNE_RECORDS = (
 )
 
 _LIVE = "owner IS NOT NULL AND boot_id = :boot AND expires_at > :now"
+# Epochs reserved in another boot may have been granted without fsync and lost in a crash:
+# grants then start above them (see the module doc).
+_LOST_RESERVATION = "iif(resources.reserved_boot IS NOT :boot, resources.reserved, 0)"
 _LIVE_WAITER = "boot_id = :boot AND expires_at > :now"
 _MINIMUM = "(SELECT epoch FROM minimum_epoch WHERE id = 1)"
 
@@ -172,7 +196,8 @@ WHERE NOT EXISTS (
     SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
         (SELECT id FROM waiters WHERE id = :ticket AND name = :name), {_NO_TICKET}))
 ON CONFLICT (name) DO UPDATE SET
-    epoch = max(epoch, {_MINIMUM}) + 1, owner = excluded.owner, holder = excluded.holder,
+    epoch = max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1, owner = excluded.owner,
+    holder = excluded.holder,
     ttl = excluded.ttl, expires_at = excluded.expires_at, boot_id = excluded.boot_id,
     value = excluded.value, granted_at = excluded.granted_at, ended = NULL, ended_at = NULL,
     end_recorded = 1
@@ -181,7 +206,7 @@ WHERE NOT (resources.owner IS NOT NULL AND resources.boot_id = :boot
 RETURNING epoch, EXISTS (SELECT 1 FROM watchers WHERE name = :name)
 """
 _GRANT_REUSING_EPOCH = _GRANT.replace(  # seeded defect of `fenced verify --mutants`
-    f"epoch = max(epoch, {_MINIMUM}) + 1,",
+    f"epoch = max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1,",
     f"epoch = iif(resources.ended IS 'released', max(epoch, {_MINIMUM}) + 1, epoch),",
 )
 _FIRST_WAITER = f"FROM waiters WHERE name = :name AND {_LIVE_WAITER} ORDER BY id LIMIT 1"
@@ -195,9 +220,11 @@ RETURNING EXISTS (SELECT 1 FROM watchers WHERE name = :name), (SELECT id {_FIRST
     (SELECT owner IS NOT NULL {_FIRST_WAITER})
 """
 # Grant the free resource to its head waiter :head in that waiter's name (its queued request),
-# if :head is still live and first in line. The record_grant trigger writes the records.
+# if :head is still live and first in line. Unless :durable (the commit will be fsynced), only
+# within the epochs reserved durably in this boot. The record_grant trigger writes the records.
 _HAND_OFF = f"""
-UPDATE resources SET epoch = max(resources.epoch, {_MINIMUM}) + 1, owner = w.owner,
+UPDATE resources SET epoch = max(resources.epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1,
+    owner = w.owner,
     holder = w.holder, ttl = w.ttl, expires_at = :now + w.ttl, boot_id = :boot, value = w.value,
     granted_at = :wall, ended = NULL, ended_at = NULL, end_recorded = 1
 FROM (SELECT owner, holder, ttl, value FROM waiters
@@ -206,7 +233,26 @@ WHERE resources.name = :name
     AND NOT (resources.owner IS NOT NULL AND resources.boot_id = :boot
              AND resources.expires_at > :now)
     AND NOT EXISTS (SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < :head)
+    AND (:durable OR (resources.reserved_boot IS :boot
+                      AND max(resources.epoch, {_MINIMUM}) + 1 <= resources.reserved))
 RETURNING epoch, expires_at, owner
+"""
+# How far the epochs reserved for hand-offs reach (:ahead beyond the last epoch and the queue).
+_COVERAGE = f"""
+SELECT r.reserved_boot IS :boot AND r.reserved >= max(r.epoch, {_MINIMUM})
+           + (SELECT count(*) FROM waiters WHERE name = :name AND {_LIVE_WAITER}) + 1
+FROM resources AS r WHERE r.name = :name
+"""
+# Reserve epochs for the queue (durably: run in a FULL transaction). A reservation of another
+# boot must first be passed by a grant (which starts above it, see _LOST_RESERVATION): until
+# then nothing is reserved and hand-offs are fsynced.
+_RESERVE = f"""
+UPDATE resources SET
+    reserved = max(reserved, max(epoch, {_MINIMUM})
+                   + (SELECT count(*) FROM waiters WHERE name = :name AND {_LIVE_WAITER})
+                   + :ahead),
+    reserved_boot = :boot
+WHERE name = :name AND (reserved_boot IS :boot OR epoch >= reserved)
 """
 _RELEASE_ANY_OWNER = _RELEASE.replace("epoch = :epoch AND owner = :owner AND ", "")  # mutant
 _RENEW = f"""
@@ -279,6 +325,7 @@ class SQLiteTicket:
         "_handed",
         "_notified",
         "_pending",
+        "_prepared",
         "_socket",
         "owner",
         "resource",
@@ -296,6 +343,7 @@ class SQLiteTicket:
         self._pending = False  # free and first in line at enqueue: the first wait returns
         self._notified = False  # the last wait ended by a wake-up: likely first in line now
         self._handed: tuple[int, float] | None = None  # (epoch, expires_at) a release sent us
+        self._prepared = False  # a release is committing a hand-off to us
 
     @property
     def ended(self) -> bool:
@@ -592,15 +640,15 @@ class SQLiteBackend:
         """End the live lease of this owner and epoch; serve the head waiter. True if ended now.
 
         Compare and delete in one statement: a delayed release from an older owner, or of a
-        lease that already expired, changes nothing and returns False. With nobody waiting it
-        commits without fsync: a release lost to an OS crash is moot, because the reboot expires
-        the lease anyway. With a head waiter, the lease is handed to it (granted in its name, see
-        the module doc) in a durable commit; where this process expects waiters (it met some
-        recently) the release and that grant are one transaction.
+        lease that already expired, changes nothing and returns False. Commits without fsync: a
+        release lost to an OS crash is moot, because the reboot expires the lease anyway. With a
+        head waiter, the lease is handed to it (granted in its name, see the module doc): in the
+        same commit when this process expected waiters (it met some recently) and the epoch is
+        within the reservation, else in a transaction of its own (fsynced if not reserved).
         """
         release = _RELEASE_ANY_OWNER if mutants.active("release-without-owner") else _RELEASE
-        durable = resource in self._contended
-        ended, handed = self._end(release, resource, epoch, owner, durable=durable)
+        hand_off = resource in self._contended
+        ended, handed = self._end(release, resource, epoch, owner, hand_off=hand_off)
         self._releases_since_prune += 1
         if self._releases_since_prune >= _PRUNE_EVERY:
             self.prune_records()
@@ -611,7 +659,7 @@ class SQLiteBackend:
             self._contended.discard(resource)
         else:
             self._contended.add(resource)
-            if handed is None and takes and not durable:
+            if handed is None and takes:
                 handed = self._hand_off_alone(resource, head)
             self._serve(resource, head, handed)
         if watched:
@@ -619,36 +667,47 @@ class SQLiteBackend:
         return True
 
     def _end(
-        self, release: str, resource: str, epoch: int, owner: str, *, durable: bool
+        self, release: str, resource: str, epoch: int, owner: str, *, hand_off: bool
     ) -> tuple[tuple[bool, _Peer | None, bool] | None, _Handed | None]:
-        """Run ``release`` for this lease: (watched, head waiter, head takes a hand-off), or None
-        if the lease was not live; with ``durable``, also hand the lease to the head in the same
-        transaction (fsynced) and return that grant."""
+        """Run ``release`` for this lease (no fsync): (watched, head waiter, head takes a
+        hand-off), or None if the lease was not live; with ``hand_off``, also hand the lease to
+        the head in the same transaction if its epoch is reserved, and return that grant."""
         _, params = self._params(name=resource, epoch=epoch, owner=owner, wall=time.time())
         doing = f"releasing {resource}"
         handed = None
-        if not durable:
+        if not hand_off:
             rows = self._db.write(release, params, doing, durable=False)
         else:
-            with self._db.transaction(doing, durable=True) as conn:
+            with self._db.transaction(doing, durable=False) as conn:
                 rows = conn.execute(release, params).fetchall()
                 if rows and rows[0][1] is not None and rows[0][4]:
-                    handed = self._hand_off(conn, resource, _Peer(*rows[0][1:4]))
+                    handed = self._hand_off(conn, resource, _Peer(*rows[0][1:4]), durable=False)
         if not rows:
             return None, None
         watched, head_id, addr, netns, takes = rows[0]
         head = None if head_id is None else _Peer(head_id, addr, netns)
         return (bool(watched), head, bool(takes)), handed
 
-    def _hand_off(self, conn: sqlite3.Connection, resource: str, head: _Peer) -> _Handed | None:
-        """Inside a durable transaction: grant free ``resource`` to waiter ``head`` in its name
-        and drop its row; None if ``head`` is not first in line any more (or the resource was
-        taken meanwhile), or is gone (its socket is unbound: its row is dropped; the caller
-        wakes the next one, who grants itself)."""
-        if self._waker.gone(head.addr, head.netns):
+    def _hand_off(
+        self, conn: sqlite3.Connection, resource: str, head: _Peer, *, durable: bool
+    ) -> _Handed | None:
+        """Inside a transaction: grant free ``resource`` to waiter ``head`` in its name and drop
+        its row. Unless ``durable`` (the transaction commits at FULL), only an epoch reserved in
+        this boot. None if not granted: the epoch is not reserved, ``head`` is not first in line
+        any more (or the resource was taken meanwhile), or is gone (its socket is unbound: its
+        row is dropped; the caller wakes the next one, who grants itself).
+
+        The head is sent :data:`_PREPARE` first: that both tells whether it is still there
+        and wakes it while this transaction commits (a sleeping process takes a few hundred
+        microseconds to run again), so that it is running when the grant's datagram arrives."""
+        try:
+            delivery = self._waker.wake(head.addr, head.netns, _PREPARE)
+        except OSError:
+            delivery = Delivery.UNREACHABLE
+        if delivery is Delivery.DEAD:
             conn.execute("DELETE FROM waiters WHERE id = ? AND addr = ?", (head.row_id, head.addr))
             return None
-        _, params = self._params(name=resource, head=head.row_id, wall=time.time())
+        _, params = self._params(name=resource, head=head.row_id, wall=time.time(), durable=durable)
         row = conn.execute(_HAND_OFF, params).fetchone()
         if row is None:
             return None
@@ -656,13 +715,30 @@ class SQLiteBackend:
         return _Handed(head, row[0], row[1], row[2])
 
     def _hand_off_alone(self, resource: str, head: _Peer) -> _Handed | None:
-        """:meth:`_hand_off` in a durable transaction of its own (after a release that did not
-        expect a waiter). Best effort: on failure the head is woken and grants itself."""
+        """:meth:`_hand_off` in a transaction of its own (after a release that did not hand
+        over): without fsync if the epoch is reserved, else fsynced. Best effort: on failure the
+        head is woken and grants itself."""
         try:
-            with self._db.transaction(f"handing {resource} over", durable=True) as conn:
-                return self._hand_off(conn, resource, head)
+            for durable in (False, True):
+                with self._db.transaction(f"handing {resource} over", durable=durable) as conn:
+                    handed = self._hand_off(conn, resource, head, durable=durable)
+                if handed is not None:
+                    return handed
         except FencedError:
-            return None
+            pass
+        return None
+
+    def _reserve(self, resource: str) -> None:
+        """Make sure that the epochs of ``resource``'s queue are reserved durably (for
+        :data:`_RESERVE_AHEAD` more hand-offs), so that releases hand over without fsync. Called
+        by a waiter after it queued (it waits anyway). Best effort."""
+        doing = f"reserving epochs of {resource}"
+        _, params = self._params(name=resource, ahead=_RESERVE_AHEAD)
+        with suppress(FencedError):
+            rows = self._db.read(_COVERAGE, params, doing)
+            if rows and not rows[0][0]:
+                with self._db.transaction(doing, durable=True) as conn:
+                    conn.execute(_RESERVE, params)
 
     def _serve(self, resource: str, head: _Peer, handed: _Handed | None) -> None:
         """After a release's commit: tell the waiter the lease handed to it, or wake ``head``.
@@ -872,6 +948,8 @@ class SQLiteBackend:
             _, params = self._params(name=request.resource, before=ticket.waiter_id)
             free = not self._db.read(_LEASE, params, doing)
             ticket._pending = free and not self._db.read(_HEAD, params, doing)
+            if not ticket._pending and ticket.owner is not None:
+                self._reserve(request.resource)
         except BaseException:
             ticket._socket.close()
             raise
@@ -890,13 +968,30 @@ class SQLiteBackend:
             mine._pending = False
             mine._notified = True
             return
+        started = time.monotonic()
         mine._notified = mine._socket.wait(timeout)
-        messages = mine._socket.messages
+        self._read_messages(mine)
+        if mine._prepared and mine._handed is None:
+            # A release is committing a hand-off to us: its grant follows within an fsync.
+            left = timeout - (time.monotonic() - started)
+            mine._socket.wait(max(0.0, min(left, _HANDOVER_PATIENCE)))
+            self._read_messages(mine)
+        mine._prepared = False
+
+    @staticmethod
+    def _read_messages(ticket: SQLiteTicket) -> None:
+        """Take the datagrams that carry a message: a hand-off being prepared, or a lease handed
+        over in this ticket's name (its owner secret must match; anything else is ignored)."""
+        messages = ticket._socket.messages
         while messages:
-            fields = messages.pop(0).decode("ascii", "replace").split(" ")
-            if len(fields) == 4 and fields[0] == _HANDED_PREFIX and fields[3] == mine.owner:
+            message = messages.pop(0)
+            if message == _PREPARE:
+                ticket._prepared = True
+                continue
+            fields = message.decode("ascii", "replace").split(" ")
+            if len(fields) == 4 and fields[0] == _HANDED_PREFIX and fields[3] == ticket.owner:
                 with suppress(ValueError):
-                    mine._handed = (int(fields[1]), float(fields[2]))
+                    ticket._handed = (int(fields[1]), float(fields[2]))
 
     def leave(self, ticket: Ticket) -> None:
         """Leave the queue (idempotent). If the caller was first in line and the resource is

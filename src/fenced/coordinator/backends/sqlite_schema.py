@@ -217,13 +217,19 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         3,
-        "waiters carry their grant request, so that a release can hand the lease to the head",
+        "waiters carry their grant request and epochs are reserved, so that a release can hand "
+        "the lease to the head without an fsync",
         (
             # NULL owner: a waiter that grants itself when woken (one with a request_id, whose
             # grant must also be remembered in ``requests``).
             "ALTER TABLE waiters ADD COLUMN owner TEXT",
             "ALTER TABLE waiters ADD COLUMN ttl REAL",
             "ALTER TABLE waiters ADD COLUMN value TEXT",
+            # Epochs reserved durably for hand-offs: every epoch up to ``reserved`` may have been
+            # granted by a commit without fsync during boot ``reserved_boot``. Another boot
+            # (the only way such a commit can be lost) grants above ``reserved``.
+            "ALTER TABLE resources ADD COLUMN reserved INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE resources ADD COLUMN reserved_boot TEXT",
         ),
     ),
 )
