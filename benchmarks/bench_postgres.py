@@ -17,12 +17,17 @@ same-run ratios mean anything on a shared machine).
      synchronous commit) — one durable fenced write, no lease;
    - a hand-written lease row: a conditional ``UPDATE`` to grant (synchronous commit) and one to
      release (``synchronous_commit = off``) — the least any durable lease can cost;
-   - fenced: ``acquire(ttl=30, wait=0)`` + ``release()`` (a durable grant + a release).
+   - fenced: ``acquire(ttl=30, wait=0)`` + ``release()`` (a durable grant + a release: one
+     statement each, with the record of each change).
 2. Store write: fenced ``store.put(token, key, value)`` (strict mode, the token installed) vs the
    raw conditional UPDATE above.
 3. Handoff latency: a holder process releases -> a waiter blocked in ``acquire(wait=None)`` in
    another process holds (``time.monotonic`` in both processes); the same with
-   ``pg_advisory_lock`` (the waiter blocks inside the server) as the baseline.
+   ``pg_advisory_lock`` (the waiter blocks inside the server) as the baseline. fenced's release
+   grants the waiter in its own (durable) transaction and the waiter learns it from the NOTIFY.
+
+The host's load average is printed before and after: other work on a shared machine moves every
+figure (a busy disk slows each durable commit, busy CPUs each round trip); rerun when it is high.
 
 Targets (issue 6): cycle ≥ 0.5 × advisory and ≥ 5 × tooz; handoff p50 ≤ 2 ms; put ≥ 0.7 × the
 raw conditional update.
@@ -493,7 +498,7 @@ def summary(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--handoffs", type=int, default=120)
     parser.add_argument(
@@ -524,6 +529,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   f"{psycopg.__version__}, {os.cpu_count()} CPUs")  # fmt: skip
             print(f"{row[0].split(',')[0]}, fsync={row[1]}, synchronous_commit={row[2]}, "
                   f"data in {server.data_dir}")  # fmt: skip
+            print(f"load average {_load()}")
             query = f"schema=bench_{uuid.uuid4().hex[:8]}" + (
                 "&prepare=off" if args.no_prepare else ""
             )
@@ -562,7 +568,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             summary(cycles, puts, handoff)
         finally:
             server.stop("fast", remove=False)
-    print(f"\ntotal {time.monotonic() - started:.0f} s")
+    print(f"\ntotal {time.monotonic() - started:.0f} s, load average {_load()}")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

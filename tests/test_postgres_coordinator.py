@@ -7,7 +7,10 @@ It runs :class:`CoordinatorConformance` and :class:`HistoryConformance`. It does
 loudly). Instead, expiry by the server's clock is tested directly, and so is what only a real
 server can show: restarts (``pg_ctl restart -m fast`` and ``-m immediate``) in the middle of held
 leases, a connection blackholed by a TCP proxy while holding, a lost NOTIFY, PgBouncer in
-transaction mode, and the documented restore procedure (pg_dump, pg_restore, ``advance``).
+transaction mode, and the documented restore procedure (pg_dump, pg_restore, ``advance``). And
+what this backend does on its own: a release that hands the resource to the first waiter in its
+own transaction (and what happens when that waiter is gone or gave up), the one-statement grant
+and release, and the upgrade of a schema written by an earlier version.
 """
 
 from __future__ import annotations
@@ -25,8 +28,14 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-from fenced.coordinator.backend import GrantRequest
-from fenced.coordinator.backends.postgres import PostgresBackend
+from fenced.coordinator.backend import Blocked, Granted, GrantRequest
+from fenced.coordinator.backends import postgres_schema
+from fenced.coordinator.backends.postgres import (
+    PostgresBackend,
+    PostgresTicket,
+    _Listener,
+    _Subscription,
+)
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
 from fenced.core.clock import ManualClock
@@ -37,10 +46,11 @@ from fenced.core.errors import (
     StaleToken,
     Unavailable,
 )
-from fenced.core.lease import LeaseState
+from fenced.core.lease import Lease, LeaseState
 from fenced.core.records import RecordKind
 from fenced.core.restore import restore_base
 from fenced.fence.backend import StoreOptions
+from fenced.fence.postgres_conn import migrate
 from fenced.fence.postgres_store import open_postgres_store
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.postgres import PgBouncer, PostgresServer
@@ -195,7 +205,12 @@ def test_a_grant_survives_an_immediate_restart(
 ) -> None:
     url = postgres_server.url("postgres", schema=_schema())
     coord = open_coord(url)
-    epochs = [coord.acquire(f"r/{i}", ttl=30, wait=0).epoch for i in range(5)]
+    epochs = []
+    for i in range(5):
+        coord.release(coord.acquire(f"r/{i}", ttl=30, wait=0))  # the first grant: the function
+        epochs.append(coord.acquire(f"r/{i}", ttl=30, wait=0).epoch)  # the one-statement grant
+    # The test server runs with synchronous_commit off: a grant that did not raise it for its
+    # own commit would still be in the WAL buffers, lost by the crash.
     postgres_server.restart("immediate")
     after = open_coord(url)
     assert [after.last_epoch(f"r/{i}") for i in range(5)] == epochs
@@ -264,6 +279,12 @@ def test_a_lost_reply_to_an_acquire_is_recovered_by_its_request_id(
         coord = open_coord(f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?schema={schema}")
         coord.resources()  # a pooled connection exists
         proxy.lose_replies()
+        with pytest.raises(Unavailable):  # only the statement's preparation was sent
+            coord.acquire(R, ttl=10, wait=0, request_id="req-lost")
+        proxy.forward()
+        # the statement is prepared on the pooled connection now: the next lost reply is the grant's
+        coord.release(coord.acquire("warm/up", ttl=10, wait=0, request_id="req-warm"))
+        proxy.lose_replies()
         with pytest.raises(Exception) as caught:
             coord.acquire(R, ttl=10, wait=0, request_id="req-lost")
         assert type(caught.value).__name__ == "OutcomeUnknown"
@@ -284,15 +305,22 @@ def _terminate_listeners(url: str) -> int:
     return len(rows)
 
 
+def _holder_and_waiter(
+    open_coord: Callable[[str], Coordinator], url: str
+) -> tuple[Coordinator, Coordinator, PostgresBackend, Lease]:
+    """Two coordinator objects (two processes' worth); the first holds R for 30 s."""
+    holder = open_coord(url)
+    waiter = open_coord(url)
+    backend = waiter.backend
+    assert isinstance(backend, PostgresBackend)
+    return holder, waiter, backend, holder.acquire(R, ttl=30, wait=0, holder="a")
+
+
 @pytest.mark.slow
 def test_a_lost_notification_is_recovered(
     open_coord: Callable[[str], Coordinator], pg_url: str
 ) -> None:
-    holder = open_coord(pg_url)
-    waiter = open_coord(pg_url)
-    backend = waiter.backend
-    assert isinstance(backend, PostgresBackend)
-    lease = holder.acquire(R, ttl=30, wait=0)
+    holder, waiter, backend, lease = _holder_and_waiter(open_coord, pg_url)
     b = _Worker(lambda: waiter.acquire(R, ttl=5, wait=20))
     b.start()
     wait_for(lambda: backend.listener_state == "listening", what="listening")
@@ -514,3 +542,251 @@ def test_restore_with_pg_dump_and_pg_restore_then_advance(
     assert item is not None and item.value == b"after the restore"
     assert restored.history(R)[-2].kind is RecordKind.RESTORED
     store.close()
+
+
+# -- a release hands the resource to the first waiter ---------------------------------------------
+
+
+def _sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement on a connection of its own (``{s}``: the URL's schema)."""
+    schema = url.split("schema=")[1].split("&", maxsplit=1)[0]
+    with psycopg.connect(url.split("?", maxsplit=1)[0], autocommit=True) as conn:
+        cursor = conn.execute(statement.replace("{s}", schema).encode(), params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def test_a_release_hands_the_resource_to_the_first_waiter(
+    open_coord: Callable[[str], Coordinator], pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder, waiter, backend, lease = _holder_and_waiter(open_coord, pg_url)
+    sent: list[tuple[float, str]] = []
+    call = backend._call
+
+    def counted(doing: str, name: str, params: Any, **options: Any) -> Any:
+        sent.append((time.monotonic(), name))
+        return call(doing, name, params, **options)
+
+    monkeypatch.setattr(backend, "_call", counted)
+    b = _Worker(lambda: waiter.acquire(R, ttl=20, wait=20, holder="b"))
+    b.start()
+    wait_for(lambda: [n for _, n in sent].count("grant_queued") >= 1, what="b to queue")
+    time.sleep(0.1)  # b waits for a notification now (its next keep-alive is 0.67 s away)
+    released = time.monotonic()
+    assert holder.release(lease)
+    returned = time.monotonic()
+    b.join(10)
+    assert b.error is None, b.error
+    assert b.result.epoch == lease.epoch + 1
+    # granted by the releaser's transaction: b returned without another request of its own
+    assert [name for at, name in sent if at >= released] == []
+    # its local deadline (ttl 20 s, margin 2 s) counts from no later than the grant, and loses
+    # only about the time the notification took
+    assert released + 18 - 0.5 < b.result.deadline < returned + 18
+    info = holder.current(R)
+    assert info is not None and info.holder == "b" and info.epoch == b.result.epoch
+    last = holder.history(R)[-3:]
+    assert [(r.kind, r.holder) for r in last] == [
+        (RecordKind.GRANTED, "a"),
+        (RecordKind.RELEASED, "a"),
+        (RecordKind.GRANTED, "b"),
+    ]
+    assert last[2].detail == {"after": "released"}
+    assert _sql(pg_url, "SELECT count(*) FROM {s}.waiters") == [(0,)]
+    assert waiter.release(b.result)
+
+
+def test_a_waiter_whose_process_is_gone_is_skipped(
+    open_coord: Callable[[str], Coordinator], pg_url: str
+) -> None:
+    coord = open_coord(pg_url)
+    lease = coord.acquire(R, ttl=30, wait=0)
+    # A waiter that was killed: its row still lives (keep-alive), its listen lock is free (no
+    # listener ever takes key 0).
+    _sql(
+        pg_url,
+        "INSERT INTO {s}.waiters (name, holder, expires_at, owner, ttl, listen_key, refreshed_at)"
+        " VALUES (%s, 'ghost', clock_timestamp() + interval '2 s', %s, 30, 0, clock_timestamp())",
+        (R, "9" * 32),
+    )
+    assert coord.release(lease)
+    assert coord.current(R) is None  # not handed to the ghost: free at once, not after 2 s
+    assert _sql(pg_url, "SELECT count(*) FROM {s}.waiters") == [(0,)]
+    assert coord.acquire(R, ttl=5, wait=0).epoch == lease.epoch + 1
+
+
+def test_a_live_waiter_is_handed_the_resource_and_leave_passes_it_on(
+    open_coord: Callable[[str], Coordinator], pg_url: str
+) -> None:
+    coord = open_coord(pg_url)
+    lease = coord.acquire(R, ttl=30, wait=0)
+    owner = "8" * 32
+    with psycopg.connect(pg_url.split("?", maxsplit=1)[0], autocommit=True) as alive:
+        # a waiter in another process: it holds its listen lock (key 77) while it lives
+        alive.execute(f"SELECT pg_advisory_lock({postgres_schema.LISTEN_LOCK_CLASS}, 77)")
+        waiter_id = _sql(
+            pg_url,
+            "INSERT INTO {s}.waiters (name, holder, expires_at, owner, ttl, listen_key, "
+            "refreshed_at) VALUES (%s, 'remote', clock_timestamp() + interval '2 s', %s, 30, 77, "
+            "clock_timestamp()) RETURNING id",
+            (R, owner),
+        )[0][0]
+        assert coord.release(lease)
+        info = coord.current(R)
+        assert info is not None and info.holder == "remote" and info.epoch == lease.epoch + 1
+        # it gave up before it learnt of the grant: its leave ends that lease
+        _sql(pg_url, "SELECT {s}.leave(%s, %s, %s)", (R, waiter_id, owner))
+    assert coord.current(R) is None
+    assert [(r.kind, r.holder) for r in coord.history(R)[-2:]] == [
+        (RecordKind.GRANTED, "remote"),
+        (RecordKind.RELEASED, "remote"),
+    ]
+
+
+def test_leave_after_a_handoff_releases_the_lease_it_never_saw(
+    open_coord: Callable[[str], Coordinator], pg_url: str
+) -> None:
+    holder, _, backend, lease = _holder_and_waiter(open_coord, pg_url)
+    request = GrantRequest(R, 10.0, "7" * 32, "w")
+    ticket = backend.enqueue(request)
+    assert backend.listener_state == "listening"
+    assert isinstance(backend.try_grant(request, ticket), Blocked)
+    assert holder.release(lease)
+    info = holder.current(R)
+    assert info is not None and info.holder == "w"
+    backend.leave(ticket)  # the caller gave up (a timeout, an interrupt) without looking
+    assert holder.current(R) is None
+    assert holder.acquire(R, ttl=5, wait=0).epoch == lease.epoch + 2
+
+
+def test_many_processes_competing_for_one_resource(
+    open_coord: Callable[[str], Coordinator], pg_url: str
+) -> None:
+    coords = [open_coord(pg_url) for _ in range(4)]
+    inside = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work(coord: Coordinator) -> None:
+        try:
+            for _ in range(15):
+                lease = coord.acquire(R, ttl=10, wait=20)
+                assert inside.acquire(blocking=False), "two holders at once"
+                inside.release()
+                assert coord.release(lease)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in coords]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors[:3]
+    grants = [r for r in coords[0].history(R) if r.kind is RecordKind.GRANTED]
+    assert [r.epoch for r in grants] == list(range(1, 61))
+    assert _sql(pg_url, "SELECT count(*) FROM {s}.waiters WHERE expires_at > now()") == [(0,)]
+
+
+def test_a_stale_or_late_handoff_is_asked_again(pg_url: str) -> None:
+    backend = PostgresBackend(pg_url)
+    try:
+        request = GrantRequest(R, 10.0, "6" * 32, "w")
+        ticket = PostgresTicket(backend, R, 7, request.owner, time.monotonic() - 1.0)
+        ticket._sub = sub = _Subscription(R, 7)
+        ticket.seen_epoch = 5
+        sub.handoff = (5, 0.5)  # a server answer after the grant already knew epoch 5
+        assert backend._handed_over(ticket, request) is None and sub.handoff is None
+        sub.handoff = (6, 3.0)  # since_keep can never exceed the time since the send
+        granted = backend._handed_over(ticket, request)
+        assert isinstance(granted, Granted) and granted.epoch == 6 and ticket.ended
+        assert 9.9 < granted.expires_in <= 10.0
+        late = PostgresTicket(backend, R, 8, request.owner, time.monotonic() - 8.0)
+        late._sub = _Subscription(R, 8)
+        late._sub.handoff = (9, 0.1)  # less than half the ttl left: ask the server
+        assert backend._handed_over(late, request) is None and not late.ended
+    finally:
+        backend.close()
+
+
+def test_notification_payloads_reach_the_right_subscriptions() -> None:
+    listener = _Listener("", "x", "fenced_x", lambda nonce: None, enabled=False)
+    mine = listener.subscribe(R, 7)
+    other = listener.subscribe(R, 8)
+    watcher = listener.subscribe(R, None)
+    listener._dispatch(f"7:{R}:12:0.25")
+    assert mine.handoff == (12, 0.25) and mine.event.is_set()
+    assert other.handoff is None and not other.event.is_set()
+    assert watcher.handoff is None and watcher.event.is_set()
+    listener._dispatch(f"8:{R}")  # woken to try itself (no grant)
+    assert other.event.is_set() and other.handoff is None
+    listener._dispatch(f"8:{R}:x:y")  # not ours to parse: ignored
+    listener.close()
+
+
+# -- the one-statement grant and release ----------------------------------------------------------
+
+
+def test_the_one_statement_grant_raises_synchronous_commit(pg_url: str) -> None:
+    backend = PostgresBackend(pg_url)
+    try:
+        backend.release(R, 1, "x")  # nothing to release: creates nothing
+        request = GrantRequest(R, 5.0, "5" * 32, "h")
+        first = backend.try_grant(request, None)
+        assert isinstance(first, Granted)
+        assert backend.release(R, first.epoch, request.owner)
+        grant = backend._direct["grant"]
+        params = grant.bind(
+            name=R, owner="4" * 32, holder="h", ttl=5.0, value=None, keepalive=2.0, retry_cap=0.6
+        )
+        with psycopg.connect(pg_url.split("?", maxsplit=1)[0]) as conn:
+            conn.execute("SET synchronous_commit = off")
+            conn.commit()
+            row = psycopg.RawCursor(conn).execute(grant.query, params).fetchone()
+            assert row is not None and row[:2] == ("granted", first.epoch + 1)
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)  # this commit
+            conn.commit()
+    finally:
+        backend.close()
+
+
+def test_without_prepared_statements(open_coord: Callable[[str], Coordinator], pg_url: str) -> None:
+    coord = open_coord(pg_url + "&prepare=off")
+    for _ in range(8):
+        assert coord.release(coord.acquire(R, ttl=5, wait=0))
+    assert coord.last_epoch(R) == 8
+    assert coord.backend._pool.prepare is False  # type: ignore[attr-defined]
+
+
+def test_a_schema_of_version_2_is_upgraded(postgres_server: PostgresServer) -> None:
+    schema = _schema()
+    url = postgres_server.url("postgres", schema=schema)
+    with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
+        migrate(
+            conn,
+            schema=schema,
+            meta_table="meta",
+            fmt=postgres_schema.FORMAT,
+            migrations=postgres_schema.migrations(schema)[:2],
+            initial={"coordinator_id": "c" * 32, "minimum_epoch": "0", "records_retention": "60"},
+            where="test",
+        )
+        row = conn.execute(
+            f"SELECT * FROM {schema}.try_grant(%s, %s, 'old', 10.0, NULL, NULL, NULL, 2.0, 0.6)",
+            (R, "3" * 32),
+        ).fetchone()
+        assert row is not None and row[:2] == ("granted", 1)
+        conn.execute(f"SELECT {schema}.release(%s, 1, %s)", (R, "3" * 32))
+        conn.execute(f"SELECT {schema}.advance(100, '{{}}'::jsonb, '{{}}'::jsonb)")
+        # version 2's advance raised only the minimum, not the resource's own epoch
+        assert _sql(url, "SELECT epoch FROM {s}.resources") == [(1,)]
+    backend = PostgresBackend(url)
+    try:
+        assert backend.coordinator_id == "c" * 32
+        assert _sql(url, "SELECT value FROM {s}.meta WHERE key = 'schema_version'") == [
+            (str(postgres_schema.SCHEMA_VERSION),)
+        ]
+        coord = Coordinator(backend)
+        lease = coord.acquire(R, ttl=5, wait=0)  # the one-statement grant
+        assert lease.epoch == 101
+        assert coord.release(lease)
+    finally:
+        backend.close()

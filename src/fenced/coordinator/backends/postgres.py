@@ -9,28 +9,49 @@ Guarantees
 - **Epochs never repeat, and are durable before acquire returns.** A grant is one transaction
   that locks the resource's row, increments its epoch and commits with ``synchronous_commit`` on
   (raised for the transaction even if the server or role has it off). ``advance`` raises a
-  coordinator-wide minimum epoch in a transaction that excludes grants.
+  coordinator-wide minimum epoch, and every granted resource's own epoch to it, in a
+  transaction that excludes grants.
+- **One round trip per operation.** The uncontended grant and release are one statement each
+  (:data:`_FAST_GRANT`, :data:`_FAST_RELEASE`: a conditional ``UPDATE`` of the resource's row
+  and the ``INSERT`` of its record), sent as libpq prepared statements; when their condition
+  does not hold (a new resource, a live or expired lease, someone queued or watching, a
+  request_id, a ticket) the same statement calls the PL/pgSQL function that decides everything
+  else. Every other operation is one function call.
 - **Renewals are durable** (a lost renewal could let the server grant again before the holder's
   deadline). **Releases are not** (``synchronous_commit = off`` for the transaction): a release
   lost in a server crash only delays the next grant until the lease's expiry, and any later
-  durable commit (the next grant) flushes it anyway.
-- **First come, first served, woken by LISTEN/NOTIFY.** A waiter takes a row in ``waiters`` (its
-  id is its place in line) and is woken by ``NOTIFY`` sent, in the transaction that frees the
-  resource (release, the head's leave, a detected expiry), to the first live waiter only. Waiters
-  LISTEN on one dedicated connection per backend (the *listener*). A waiter's row stays live for
-  :data:`QUEUE_KEEPALIVE` seconds after its last ``try_grant``; a dead (killed, stopped) waiter is
-  skipped once that passes. A waiter blocked by a live lease retries at the lease's expiry (a
-  timer, not a poll) and at least every ``QUEUE_KEEPALIVE / 3`` (its keep-alive).
+  durable commit (the next grant) flushes it anyway — except a release that hands the resource
+  to a waiter: that transaction contains a grant, and commits durably.
+- **First come, first served: the release grants the first waiter.** A waiter takes a row in
+  ``waiters`` (its id is its place in line) with its owner secret, ttl and value, and the key of
+  its listener's session lock (see :class:`_Listener`). The transaction that releases the
+  resource grants it, in the same transaction, to the first live waiter whose listener still
+  holds that lock, and notifies it ``<id>:<resource>:<epoch>:<seconds>``; the waiter returns
+  from ``acquire`` without another round trip (:meth:`PostgresBackend._handed_over`). A waiter
+  whose lock is free is gone (killed: its sessions ended): its row is dropped and the next one
+  considered. A waiter without a usable listener (``listen=off``, an unproven listener, a
+  request_id, an older fenced) is only woken, and grants itself. A detected expiry or the head's
+  leave wakes the first live waiter. A waiter that gives up (``leave``) after a lease was handed
+  to it releases that lease and passes the resource on. A waiter's row stays live for
+  :data:`QUEUE_KEEPALIVE` seconds after its last ``try_grant``; a waiter that stopped (SIGSTOP)
+  or was cut off without its sessions ending can be handed the resource within that time, which
+  then stays blocked until that lease expires — as if it had stopped right after its own
+  acquire. A waiter blocked by a live lease retries at the lease's expiry (a timer, not a poll)
+  and at least every ``QUEUE_KEEPALIVE / 3`` (its keep-alive).
 - **A lost notification is recovered, never waited on forever.** The listener pings its
   connection every :data:`LISTEN_PING` seconds; when the connection fails it reconnects,
   re-LISTENs, proves delivery with a probe NOTIFY, then wakes every local waiter to try again at
-  once. While it is not proven to work, waits are capped at :data:`RECHECK` seconds.
+  once (a handoff it missed is then found by the waiter's own ``try_grant``: the resource is held
+  by its owner secret). While it is not proven to work, waits are capped at :data:`RECHECK`
+  seconds.
 - **PgBouncer in transaction mode works**: lease operations use no session state (no advisory
   locks, no temporary tables, no ``SET`` outside a transaction); prepared statements are turned
   off for good the first time a pooler is seen to lose one (the statement, which had not run,
-  is sent again). LISTEN needs a real session: give the listener a direct connection with
-  ``?listen_url=postgresql://…`` (percent-encoded). Without it, the probe fails and waiting
-  degrades to expiry timers plus re-checks every :data:`RECHECK` seconds.
+  is sent again; the hot statements' names are derived from their text, so a pooled server
+  session can never run another statement under the same name). LISTEN needs a real session:
+  give the listener a direct connection with ``?listen_url=postgresql://…`` (percent-encoded).
+  Without it, the probe fails and waiting degrades to expiry timers plus re-checks every
+  :data:`RECHECK` seconds.
 - **Records** (granted, released, expired, proclaimed, restored, holder reports) are written in
   the same transaction as the change, under the resource's row lock: the records of one resource
   are in commit order. Across resources, ``records(None, after)`` holds back records that follow
@@ -39,16 +60,19 @@ Guarantees
 
 Race timeline (release → handoff)::
 
-    holder A                        waiter B (head, LISTENing)          waiter C
+    holder A                          waiter B (head, LISTENing)          waiter C
     release(): lock row, owner=NULL
       record 'released'
-      pg_notify('fenced_x', 'B:res')
-    COMMIT (async) ──── NOTIFY ───▶ listener: B's event.set()
-                                    try_grant(ticket B): lock row
-                                      free, no live waiter ahead of B
-                                      epoch+1, delete B's row
-                                    COMMIT (synchronous) → Granted     (C: now first in line,
-                                                                        woken by the next release)
+      B's listen lock is held: grant B
+      epoch+1, owner=B's secret,
+      record 'granted', delete B's row
+      pg_notify('fenced_x', 'B:res:7:0.31')
+    COMMIT (synchronous) ─ NOTIFY ──▶ listener: B's handoff=(7, 0.31), event.set()
+                                      try_grant(ticket B): no round trip
+                                        epoch 7 > every epoch B was told
+                                        → Granted(7), expiry counted from
+                                          B's last keep-alive + 0.31 s      (C: now first in line,
+                                                                          granted by B's release)
 
 Failure behaviour: connection failures before a request is sent → :class:`~fenced.Unavailable`
 (reconnecting while the server restarts, up to ``connect_timeout``); a broken connection after a
@@ -66,15 +90,20 @@ parameter goes to libpq (``sslmode``, ``connect_timeout``, ``application_name``,
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
+import operator
 import os
+import random
+import re
 import secrets
 import select
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import psycopg
 from psycopg import pq, sql
@@ -138,20 +167,215 @@ WATCH_KEEPALIVE = 6.0
 _PROBE_TIMEOUT = 2.0
 _RESEND_CONNECT = 3.0  # seconds spent reconnecting before an idempotent request is re-sent
 _URL_KEYS = ("listen_url", "listen", "pool_size", "timeout", "prepare")
+_MAX_KEY = (1 << 31) - 2  # listen keys are 1 .. 2**31 - 1 (the second int4 of the lock)
+_PRUNE_CHANCE = 0.005
+"""The share of grants that also prune (the ``try_grant`` function): up to 1000 records past
+``records_retention`` and 512 request ids older than 24 h, more than a grant ever adds."""
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+class _Direct:
+    """A hot statement, run as libpq's own prepared statement (:meth:`PostgresBackend._direct`).
+
+    ``query`` has one ``$n`` per distinct ``%(key)s`` of the source text (``keys``, in order of
+    first appearance). ``name`` is derived from the text: the same name always means the same
+    statement, even on a server session that a pooler shares between clients.
+    """
+
+    __slots__ = ("_get", "keys", "name", "query")
+
+    def __init__(self, text: str) -> None:
+        keys: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in keys:
+                keys.append(match.group(1))
+            return f"${keys.index(match.group(1)) + 1}"
+
+        self.query = _NAMED.sub(number, text).encode()
+        self.keys = tuple(keys)
+        self._get = operator.itemgetter(*keys)
+        self.name = b"fenced_" + hashlib.sha256(self.query).hexdigest()[:24].encode()
+
+    def bind(self, **values: object) -> tuple[object, ...]:
+        """The parameters, in ``$n`` order (other keys are ignored)."""
+        params = self._get(values)
+        return cast(tuple[object, ...], params) if len(self.keys) > 1 else (params,)
+
+
+_DUMPERS: dict[type, Callable[[Any, str], bytes | None]] = {
+    str: lambda value, encoding: value.encode(encoding),
+    float: lambda value, _: repr(value).encode(),
+    int: lambda value, _: str(value).encode(),
+    bool: lambda value, _: b"t" if value else b"f",
+    type(None): lambda value, _: None,
+}
+"""Parameters in PostgreSQL's text format, by type (None is NULL)."""
+
+
+_LOADERS: dict[int, Callable[[bytes], object]] = {
+    16: lambda data: data == b"t",  # bool
+    20: int,  # int8
+    23: int,  # int4
+    701: float,  # float8
+}
+
+
+def _checked(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> pq.abc.PGresult:
+    """``result`` if it succeeded, else raise the psycopg error psycopg would have raised."""
+    if result.status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+        return result
+    if conn.pgconn.status == pq.ConnStatus.BAD:
+        message = conn.pgconn.error_message.decode(errors="replace").strip()
+        raise psycopg.OperationalError(message or "the connection was lost")
+    raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+
+
+_Kept = tuple[
+    contextlib.AbstractContextManager[psycopg.Connection[Any]], psycopg.Connection[Any], int
+]
+"""A connection the backend keeps lent: how it was lent, the connection, the process's pid."""
+
+
+def _reusable(conn: psycopg.Connection[Any]) -> bool:
+    """True if ``conn`` is open, idle and has nothing to read (EOF: the server closed it)."""
+    if conn.closed or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        return False
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    return not readable
+
+
+def _rows(result: pq.abc.PGresult, encoding: str) -> list[tuple[Any, ...]]:
+    """The rows of a text-format ``result`` (bool, integers and float8 as such, else str)."""
+    columns = range(result.nfields)
+    loaders = [_LOADERS.get(result.ftype(i)) for i in columns]
+    rows: list[tuple[Any, ...]] = []
+    for row in range(result.ntuples):
+        values: list[object] = []
+        for i in columns:
+            data = result.get_value(row, i)
+            load = loaders[i]
+            values.append(None if data is None else load(data) if load else data.decode(encoding))
+        rows.append(tuple(values))
+    return rows
+
+
+_FAST_GRANT = """
+WITH granted AS (
+    UPDATE {s}.resources r SET epoch = r.epoch + 1, owner = %(owner)s, holder = %(holder)s,
+        ttl = %(ttl)s, expires_at = clock_timestamp() + %(ttl)s * interval '1 second',
+        value = %(value)s
+    WHERE r.name = %(name)s AND r.owner IS NULL AND r.epoch > 0
+      AND NOT EXISTS (SELECT 1 FROM {s}.waiters w
+                      WHERE w.name = %(name)s AND w.expires_at > clock_timestamp())
+      AND NOT EXISTS (SELECT 1 FROM {s}.watchers x
+                      WHERE x.name = %(name)s AND x.expires_at > clock_timestamp())
+    RETURNING r.name, r.epoch, r.holder, r.ttl, r.value, r.ended,
+        r.expires_at - r.ttl * interval '1 second' AS at,
+        CASE WHEN current_setting('synchronous_commit') = 'off'
+             THEN set_config('synchronous_commit', 'on', true) END AS durable),
+rec AS (
+    INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
+    SELECT g.at, 'granted', g.name, g.epoch, g.holder,
+           jsonb_build_object('after', g.ended) || CASE WHEN g.value IS NULL THEN '{}'::jsonb
+                                                   ELSE jsonb_build_object('value', g.value) END
+    FROM granted g)
+SELECT 'granted', g.epoch, %(owner)s, g.holder, g.ttl, g.ttl, NULL::float8, NULL::bigint
+FROM granted g
+UNION ALL
+SELECT * FROM {s}.try_grant(%(name)s, %(owner)s, %(holder)s, %(ttl)s, NULL, NULL, %(value)s,
+                            %(keepalive)s, %(retry_cap)s, NULL, false)
+WHERE NOT EXISTS (SELECT 1 FROM granted)
+"""
+"""The uncontended grant in one statement, else (nothing granted) the ``try_grant`` function in
+the same statement. It grants a known resource (epoch > 0: ``advance`` raised it to the minimum
+epoch, so the row lock alone orders this grant after any restore) that is free, with no live
+waiter or watcher; ``ended`` keeps how the previous lease ended (for the record) until the next
+ending sets it. The new epoch, the lease and the record are written together; the commit is
+synchronous (raised here if the server runs with it off: ``durable`` in RETURNING is evaluated
+for the granted row)."""
+
+_TRY_GRANT = """
+SELECT * FROM {s}.try_grant(%(name)s, %(owner)s, %(holder)s, %(ttl)s, %(request_id)s, %(ticket)s,
+                            %(value)s, %(keepalive)s, %(retry_cap)s, %(listen_key)s, %(prune)s)
+"""
+"""An acquire attempt of a queued caller or with a request_id: the ``try_grant`` function."""
+
+_FAST_RELEASE = """
+WITH rel AS (
+    SELECT r.name, r.epoch, r.holder, clock_timestamp() AS now FROM {s}.resources r
+    WHERE r.name = %(name)s AND r.epoch = %(epoch)s AND r.owner = %(owner)s
+      AND r.expires_at > clock_timestamp()
+    FOR UPDATE),
+head AS MATERIALIZED (
+    SELECT w.id FROM {s}.waiters w
+    WHERE w.name = %(name)s AND w.expires_at > clock_timestamp() ORDER BY w.id LIMIT 1),
+gone AS (
+    DELETE FROM {s}.waiters w USING rel, head h
+    WHERE w.id = h.id AND w.expires_at > clock_timestamp() AND w.owner IS NOT NULL
+      AND NOT pg_try_advisory_xact_lock({k}, w.listen_key)
+    RETURNING w.id, w.owner, w.holder, w.ttl, w.value, w.refreshed_at),
+done AS (
+    UPDATE {s}.resources r SET epoch = r.epoch + CASE WHEN g.id IS NULL THEN 0 ELSE 1 END,
+        owner = g.owner, holder = coalesce(g.holder, r.holder), ttl = coalesce(g.ttl, r.ttl),
+        expires_at = CASE WHEN g.id IS NULL THEN r.expires_at
+                          ELSE rel.now + g.ttl * interval '1 second' END,
+        value = g.value, ended = 'released'
+    FROM rel LEFT JOIN gone g ON true
+    WHERE r.name = rel.name AND (g.id IS NOT NULL OR NOT EXISTS (SELECT 1 FROM head))
+    RETURNING rel.now, rel.epoch AS old_epoch, rel.holder AS old_holder, r.epoch, r.holder,
+        r.value, g.id AS waiter,
+        CASE WHEN g.id IS NOT NULL THEN pg_notify('{c}', g.id::text || ':' || r.name || ':'
+            || r.epoch::text || ':'
+            || coalesce(extract(epoch FROM rel.now - g.refreshed_at)::float8, 0)::text)
+        END AS handed,
+        CASE WHEN EXISTS (SELECT 1 FROM {s}.watchers x
+                          WHERE x.name = r.name AND x.expires_at > rel.now)
+             THEN pg_notify('{c}', '0:' || r.name) END AS watched,
+        set_config('synchronous_commit', CASE WHEN g.id IS NULL THEN 'off'
+            WHEN current_setting('synchronous_commit') = 'off' THEN 'on'
+            ELSE current_setting('synchronous_commit') END, true) AS durability),
+rec AS (
+    INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
+    SELECT d.now, 'released', %(name)s, d.old_epoch, d.old_holder, '{}'::jsonb FROM done d
+    UNION ALL
+    SELECT d.now, 'granted', %(name)s, d.epoch, d.holder,
+           jsonb_build_object('after', 'released') || CASE WHEN d.value IS NULL THEN '{}'::jsonb
+                                                      ELSE jsonb_build_object('value', d.value) END
+    FROM done d WHERE d.waiter IS NOT NULL)
+SELECT true FROM done
+UNION ALL
+SELECT {s}.release(%(name)s, %(epoch)s, %(owner)s) WHERE NOT EXISTS (SELECT 1 FROM done)
+"""
+"""The release in one statement, and the handoff with it: it locks this owner's live lease
+(``rel``), then takes the first live waiter's row (``gone``) if that waiter left what a grant
+needs and its listen lock is held (its process lives) — a row a concurrent ``leave`` deleted
+first is not taken — and ends the lease or grants it to that waiter (epoch + 1, durable commit,
+NOTIFY ``<id>:<resource>:<epoch>:<seconds since its last keep-alive>``), with the records of
+both. Committed without waiting for the disk when it grants nothing. Anything else (not this
+owner's live lease, a first waiter that is gone or cannot be granted here) is the ``release``
+function's, in the same statement."""
 
 
 # -- the listener -----------------------------------------------------------------------------
 
 
 class _Subscription:
-    """What one waiting thread listens for: its waiter id (None: a watcher of ``resource``)."""
+    """What one waiting thread listens for: its waiter id (None: a watcher of ``resource``).
 
-    __slots__ = ("event", "resource", "waiter_id")
+    ``handoff`` is ``(epoch, seconds from the waiter's last keep-alive to the grant)`` once a
+    releaser granted the resource to this waiter (set before ``event``).
+    """
+
+    __slots__ = ("event", "handoff", "resource", "waiter_id")
 
     def __init__(self, resource: str, waiter_id: int | None) -> None:
         self.resource = resource
         self.waiter_id = waiter_id
         self.event = threading.Event()
+        self.handoff: tuple[int, float] | None = None
 
 
 class _Listener:
@@ -161,6 +385,11 @@ class _Listener:
     probe), ``unreliable`` (connected, but the probe never arrived: a transaction-pooling
     PgBouncer), ``down`` (reconnecting), ``off`` (``?listen=off``). Only ``listening`` lets
     waits run to their full timeout.
+
+    The session holds the advisory lock ``(LISTEN_LOCK_CLASS, key)`` for as long as it lives, a
+    random ``key`` kept across reconnections (another one if it was taken meanwhile). While
+    ``listening``, :attr:`handoff_key` offers it to releasers (see ``_handoff`` in
+    :mod:`~fenced.coordinator.backends.postgres_schema`): a free lock means this process is gone.
     """
 
     def __init__(
@@ -186,6 +415,8 @@ class _Listener:
         self._nonce = ""
         self._probe_seen = threading.Event()
         self._pid = os.getpid()
+        self._key = secrets.randbelow(_MAX_KEY) + 1
+        self._key_held = False
         if not enabled:
             self._ready.set()
 
@@ -196,6 +427,11 @@ class _Listener:
     @property
     def state(self) -> str:
         return self._state
+
+    @property
+    def handoff_key(self) -> int | None:
+        """The listen key a releaser may check, while notifications are known to arrive."""
+        return self._key if self._state == "listening" and self._key_held else None
 
     def start(self, timeout: float) -> None:
         """Start the thread (once) and wait up to ``timeout`` for its first attempt to end."""
@@ -271,6 +507,7 @@ class _Listener:
         try:
             pgconn = conn.pgconn
             self._query(pgconn, f"LISTEN {_quote_ident(self._channel)}".encode(), 5.0)
+            self._lock_key(pgconn)
             self._nonce = secrets.token_hex(8)
             self._probe_seen.clear()
             sent = time.monotonic()
@@ -303,6 +540,16 @@ class _Listener:
             with contextlib.suppress(Exception):
                 conn.close()
 
+    def _lock_key(self, pgconn: pq.abc.PGconn) -> None:
+        """Take the session's listen lock (:attr:`handoff_key`); a new key if ours is taken."""
+        self._key_held = False
+        for _ in range(4):
+            query = f"SELECT pg_try_advisory_lock({postgres_schema.LISTEN_LOCK_CLASS}, {self._key})"
+            if self._query(pgconn, query.encode(), 5.0) == b"t":
+                self._key_held = True
+                return
+            self._key = secrets.randbelow(_MAX_KEY) + 1
+
     def _pump(self, pgconn: pq.abc.PGconn, timeout: float) -> bool:
         """Wait up to ``timeout`` for input and dispatch notifications; False on silence."""
         readable, _, _ = select.select([pgconn.socket, self._wake_r], [], [], max(timeout, 0))
@@ -318,9 +565,13 @@ class _Listener:
             raise psycopg.OperationalError("the listening connection was closed")
         return True
 
-    def _query(self, pgconn: pq.abc.PGconn, query: bytes, timeout: float) -> None:
-        """Run ``query`` on the raw connection; give up (raise) after ``timeout`` seconds."""
+    def _query(self, pgconn: pq.abc.PGconn, query: bytes, timeout: float) -> bytes | None:
+        """Run ``query`` on the raw connection; give up (raise) after ``timeout`` seconds.
+
+        Returns the first value of the first row of the last result (None if none).
+        """
         deadline = time.monotonic() + timeout
+        value: bytes | None = None
         pgconn.send_query(query)
         while pgconn.flush():
             self._wait_socket(pgconn, deadline, write=True)
@@ -335,7 +586,9 @@ class _Listener:
             if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
                 message = result.error_message.decode(errors="replace").strip()
                 raise psycopg.OperationalError(f"listener query failed: {message}")
+            value = result.get_value(0, 0) if result.ntuples and result.nfields else None
         self._drain(pgconn)
+        return value
 
     def _wait_socket(self, pgconn: pq.abc.PGconn, deadline: float, *, write: bool) -> None:
         remaining = deadline - time.monotonic()
@@ -350,13 +603,18 @@ class _Listener:
             self._dispatch(notify.extra.decode(errors="replace"))
 
     def _dispatch(self, payload: str) -> None:
-        head, _, resource = payload.partition(":")
+        """``<waiter id>:<resource>[:<epoch>:<seconds>]`` (a grant handed to that waiter),
+        ``0:<resource>`` (watchers), ``0:`` (everyone), ``probe:<nonce>``."""
+        head, _, rest = payload.partition(":")
         if head == "probe":
-            if resource == self._nonce:
+            if rest == self._nonce:
                 self._probe_seen.set()
             return
+        resource, _, grant = rest.partition(":")
         try:
             waiter = int(head)
+            epoch, _, seconds = grant.partition(":")
+            handoff = (int(epoch), float(seconds)) if grant and waiter else None
         except ValueError:
             return
         with self._lock:
@@ -368,6 +626,9 @@ class _Listener:
                     for sub in self._subs.get(resource, ())
                     if sub.waiter_id is None or (waiter != 0 and sub.waiter_id == waiter)
                 ]
+            for sub in targets:
+                if handoff is not None and sub.waiter_id == waiter:
+                    sub.handoff = handoff
         for sub in targets:
             sub.event.set()
 
@@ -383,15 +644,31 @@ class PostgresTicket:
     """A place in one resource's queue: a ``waiters`` row plus the waiter's subscription.
 
     Used by one thread at a time. It ends when granted or left; :meth:`PostgresBackend.wait` on
-    an ended ticket returns at once.
+    an ended ticket returns at once. ``sent_at`` is when the last request that kept the row
+    alive was sent (``time.monotonic``), ``seen_epoch`` the largest epoch a blocked answer
+    reported: a grant handed over by a releaser is newer than that, and came after that send.
     """
 
-    __slots__ = ("_backend", "_sub", "ended", "resource", "waiter_id")
+    __slots__ = (
+        "_backend",
+        "_sub",
+        "ended",
+        "owner",
+        "resource",
+        "seen_epoch",
+        "sent_at",
+        "waiter_id",
+    )
 
-    def __init__(self, backend: PostgresBackend, resource: str, waiter_id: int) -> None:
+    def __init__(
+        self, backend: PostgresBackend, resource: str, waiter_id: int, owner: str, sent_at: float
+    ) -> None:
         self._backend = backend
         self.resource = resource
         self.waiter_id = waiter_id
+        self.owner = owner
+        self.sent_at = sent_at
+        self.seen_epoch = 0
         self.ended = False
         self._sub: _Subscription | None = None
 
@@ -428,8 +705,27 @@ class PostgresBackend:
         )
         if coordinator_id_for_new is not None:
             validate_coordinator_id(coordinator_id_for_new)
-        self._q = self._statements(sql.Identifier(self.schema).as_string(None))
+        quoted = sql.Identifier(self.schema).as_string(None)
+        self._q = self._statements(quoted)
         self._channel = postgres_schema.channel(self.schema)
+        self._direct = {
+            name: _Direct(
+                text.replace("{s}", quoted)
+                .replace("{c}", self._channel)
+                .replace("{k}", str(postgres_schema.LISTEN_LOCK_CLASS))
+            )
+            for name, text in (
+                ("grant", _FAST_GRANT),
+                ("grant_queued", _TRY_GRANT),
+                ("release", _FAST_RELEASE),
+            )
+        }
+        self._prepared: weakref.WeakKeyDictionary[pq.abc.PGconn, set[bytes]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._prepared_lock = threading.Lock()
+        self._kept: _Kept | None = None
+        self._kept_lock = threading.Lock()
         listen = parsed.options.get("listen_url")
         self._listen_conninfo = (
             parsed.conninfo if listen is None else parse_url(listen, ()).conninfo
@@ -485,9 +781,7 @@ class PostgresBackend:
             return text.replace("{s}", s).encode()
 
         return {
-            "grant": q("SELECT * FROM {s}.try_grant(%s, %s, %s, %s, %s, %s, %s, %s, %s)"),
             "renew": q("SELECT {s}.renew(%s, %s, %s, %s)"),
-            "release": q("SELECT {s}.release(%s, %s, %s)"),
             "current": q("SELECT * FROM {s}.current_lease(%s)"),
             "last_epoch": q(
                 "SELECT greatest(coalesce((SELECT r.epoch FROM {s}.resources r "
@@ -500,8 +794,8 @@ class PostgresBackend:
             "proclaim": q("SELECT {s}.proclaim(%s, %s, %s, %s)"),
             "report": q("SELECT {s}.report(%s, %s, %s, %s, %s)"),
             "records": q("SELECT * FROM {s}.records_after(%s, %s, %s)"),
-            "enqueue": q("SELECT {s}.enqueue(%s, %s, %s)"),
-            "leave": q("SELECT {s}.leave(%s, %s)"),
+            "enqueue": q("SELECT {s}.enqueue(%s, %s, %s, %s, %s, %s, %s)"),
+            "leave": q("SELECT {s}.leave(%s, %s, %s)"),
             "watch_start": q("SELECT {s}.watch_start(%s, %s)"),
             "watch_poll": q("SELECT * FROM {s}.watch_poll(%s, %s, %s, %s)"),
             "unwatch": q("DELETE FROM {s}.watchers WHERE id = %s"),
@@ -548,11 +842,34 @@ class PostgresBackend:
         budget: float,
         connect_budget: float,
     ) -> list[tuple[Any, ...]]:
-        with (
-            self._pool.connection(min(connect_budget, budget)) as conn,
-            guarded(conn, budget) as fired,
-        ):
+        wait = min(connect_budget, budget)
+        if self._pool.size > 1 and self._kept_lock.acquire(blocking=False):
             try:
+                conn = self._kept_connection(wait)
+                try:
+                    return self._run(conn, doing, name, params, mutation, budget)
+                except BaseException:
+                    self._drop_kept()  # closed unless it is idle, else back to the pool
+                    raise
+            finally:
+                self._kept_lock.release()
+        with self._pool.connection(wait) as conn:
+            return self._run(conn, doing, name, params, mutation, budget)
+
+    def _run(
+        self,
+        conn: psycopg.Connection[Any],
+        doing: str,
+        name: str,
+        params: Sequence[object],
+        mutation: bool,
+        budget: float,
+    ) -> list[tuple[Any, ...]]:
+        with guarded(conn, budget) as fired:
+            try:
+                direct = self._direct.get(name)
+                if direct is not None:
+                    return self._run_direct(conn, direct, params)
                 return execute(self._pool, conn, self._q[name], params)
             except psycopg.Error as error:
                 if conn.broken:
@@ -562,38 +879,113 @@ class PostgresBackend:
                     raise _timed_out(doing, self.url, budget, sent=sent) from error
                 raise translate(error, doing, sent=sent, where=self.url) from error
 
+    def _kept_connection(self, wait: float) -> psycopg.Connection[Any]:
+        """The pooled connection this backend keeps lent between its statements (under
+        ``_kept_lock``): borrowing and returning one costs more client time than a lease
+        statement on the server.
+
+        One thread at a time uses it (the others borrow from the pool as usual, so a single
+        thread uses one connection for everything, as it did through the pool); it is checked
+        without a round trip before each use, like the pool's, and given back when a call on it
+        failed, when the backend closes, and never used by a forked child.
+        """
+        kept = self._kept
+        if kept is not None:
+            _, conn, pid = kept
+            if pid != os.getpid():
+                self._kept = None  # the parent's: the child's pool never touches it either
+            elif _reusable(conn):
+                return conn
+            else:
+                self._drop_kept()
+        lending = self._pool.connection(wait)
+        conn = lending.__enter__()
+        self._kept = (lending, conn, os.getpid())
+        return conn
+
+    def _drop_kept(self) -> None:
+        """Give the kept connection back to the pool (which closes it unless it is idle)."""
+        kept, self._kept = self._kept, None
+        if kept is not None and kept[2] == os.getpid():
+            with contextlib.suppress(Exception):
+                kept[0].__exit__(None, None, None)
+
+    def _run_direct(
+        self, conn: psycopg.Connection[Any], direct: _Direct, params: Sequence[object]
+    ) -> list[tuple[Any, ...]]:
+        """Run a hot statement through libpq: Bind/Execute of a statement prepared once per
+        server session, text parameters and results (a fraction of psycopg's client time).
+
+        With prepared statements off (``?prepare=off``, or a pooler lost one: then the
+        statement had not run and is sent again), the same text goes through psycopg,
+        unprepared. Errors are psycopg's (translated by the caller).
+        """
+        if not self._pool.prepare:
+            return psycopg.RawCursor(conn).execute(direct.query, params, prepare=False).fetchall()
+        pgconn = conn.pgconn
+        encoding = conn.info.encoding
+        with self._prepared_lock:
+            names = self._prepared.setdefault(pgconn, set())
+        try:
+            if direct.name not in names:
+                try:
+                    _checked(conn, pgconn.prepare(direct.name, direct.query))
+                except psycopg.OperationalError as error:  # the statement never ran
+                    raise psycopg.InterfaceError(f"preparing a statement: {error}") from error
+                names.add(direct.name)
+            values = [_DUMPERS[type(value)](value, encoding) for value in params]
+            result = _checked(conn, pgconn.exec_prepared(direct.name, cast(list[bytes], values)))
+        except psycopg.Error as error:
+            if not self._pool.lost_prepared_statement(error, conn):
+                raise
+            names.discard(direct.name)
+            return psycopg.RawCursor(conn).execute(direct.query, params, prepare=False).fetchall()
+        return _rows(result, encoding)
+
     # -- leases -------------------------------------------------------------------------------
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
         """Grant with epoch = max(last epoch, minimum) + 1 if free and first in line.
 
-        One round trip (the ``try_grant`` function); a grant commits synchronously. The call is
-        idempotent: if the resource is held by ``request.owner`` (this very request, granted
-        with its reply lost), that lease is returned; so a request cut off by a server restart
-        is sent once more on a new connection rather than failing with OutcomeUnknown. A caller
-        without a ticket is behind every live waiter. Each call by a queued caller keeps its
-        ticket alive (a ticket whose row was dropped rejoins at the end of the line).
-        ``Blocked.retry_in`` is the live lease's remaining time (plus 1 ms), or the first
-        waiter's remaining keep-alive; for a queued caller at most ``QUEUE_KEEPALIVE / 3``.
-        A known ``request_id`` returns its grant while that lease lives and raises
-        ``LeaseLost(REJECTED)`` once it ended; reused for another resource it is a
-        ``ConfigurationError``.
+        One round trip; a grant commits synchronously. Without a ticket or request_id, one
+        statement grants a free, known resource nobody queues for (``_FAST_GRANT``) and calls
+        the ``try_grant`` function otherwise. The call is idempotent: if the resource is held
+        by ``request.owner`` (this very request, granted with its reply lost), that lease is
+        returned; so a request cut off by a server restart is sent once more on a new
+        connection rather than failing with OutcomeUnknown. A caller without a ticket is behind
+        every live waiter. Each call by a queued caller keeps its ticket alive (a ticket whose
+        row was dropped rejoins at the end of the line). A queued caller to whom a releaser
+        handed the resource (the NOTIFY said so) gets it without a round trip
+        (:meth:`_handed_over`). ``Blocked.retry_in`` is the live lease's remaining time (plus
+        1 ms), or the first waiter's remaining keep-alive; for a queued caller at most
+        ``QUEUE_KEEPALIVE / 3``. A known ``request_id`` returns its grant while that lease
+        lives and raises ``LeaseLost(REJECTED)`` once it ended; reused for another resource it
+        is a ``ConfigurationError``.
         """
         mine = self._own_ticket(ticket, request.resource)
+        if mine is not None and (handed := self._handed_over(mine, request)) is not None:
+            return handed
+        prune = random.random() < _PRUNE_CHANCE
+        fast = mine is None and request.request_id is None and not prune
+        name = "grant" if fast else "grant_queued"
+        params = self._direct[name].bind(
+            name=request.resource,
+            owner=request.owner,
+            holder=request.holder,
+            ttl=float(request.ttl),
+            value=request.value,
+            keepalive=QUEUE_KEEPALIVE,
+            retry_cap=QUEUE_KEEPALIVE / 3,
+            request_id=request.request_id,
+            ticket=None if mine is None else mine.waiter_id,
+            listen_key=None if fast else self._handoff_key(request),
+            prune=prune,
+        )
+        sent = time.monotonic()
         rows = self._call(
             f"acquiring {request.resource}",
-            "grant",
-            (
-                request.resource,
-                request.owner,
-                request.holder,
-                float(request.ttl),
-                request.request_id,
-                mine.waiter_id if mine is not None else None,
-                request.value,
-                QUEUE_KEEPALIVE,
-                QUEUE_KEEPALIVE / 3,
-            ),
+            name,
+            params,
             mutation=True,
             idempotent=True,  # the owner secret identifies this request's grant
         )
@@ -609,16 +1001,54 @@ class PostgresBackend:
                 f"request_id {request.request_id!r} was already used to acquire {holder}, "
                 f"not {request.resource}"
             )
-        if mine is not None and new_ticket is not None and new_ticket != mine.waiter_id:
-            mine.waiter_id = int(new_ticket)
-            if mine._sub is not None:
-                self._listener().update(mine._sub, mine.waiter_id)
+        if mine is not None:
+            mine.sent_at = sent
+            mine.seen_epoch = max(mine.seen_epoch, int(epoch))
+            if new_ticket is not None and new_ticket != mine.waiter_id:
+                mine.waiter_id = int(new_ticket)
+                if mine._sub is not None:
+                    self._listener().update(mine._sub, mine.waiter_id)
         return Blocked(
             None if holder is None else str(holder),
             int(epoch),
             float(remaining or 0.0),
             None if retry_in is None else float(retry_in),
         )
+
+    def _handed_over(self, mine: PostgresTicket, request: GrantRequest) -> Granted | None:
+        """The grant a releaser handed to ``mine`` (announced by NOTIFY), or None.
+
+        The grant was made after the server answered the ticket's last request (which reported
+        only older epochs), ``since_keep`` seconds (server clock) after that request kept the
+        row alive; that request was sent at ``mine.sent_at``. So the lease expires no earlier
+        than ``sent_at + since_keep + ttl`` here, and ``expires_in`` counts from that. A grant
+        that arrives with less than half its ttl left is left to a round trip (which returns
+        it with its exact expiry if it still lives).
+        """
+        sub = mine._sub
+        handoff = None if sub is None else sub.handoff
+        if sub is None or handoff is None:
+            return None
+        sub.handoff = None
+        epoch, since_keep = handoff
+        if epoch <= mine.seen_epoch or request.owner != mine.owner:
+            return None  # stale: a later answer of the server already knew a newer epoch
+        elapsed = time.monotonic() - mine.sent_at
+        left = request.ttl - elapsed + min(since_keep, elapsed)
+        if left < request.ttl / 2:
+            return None
+        self._end_ticket(mine)
+        return Granted(epoch, request.owner, request.holder, request.ttl, left)
+
+    def _handoff_key(self, request: GrantRequest) -> int | None:
+        """The listen key a queued ``request`` offers to releasers (None: wake it instead).
+
+        Requests with a ``request_id`` grant themselves: their id must be recorded with the
+        grant, which a releaser does not do.
+        """
+        if request.request_id is not None:
+            return None
+        return self._listener().handoff_key
 
     def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
         """Extend this owner's live lease to ``ttl`` from now (server clock); return ``ttl``.
@@ -645,11 +1075,11 @@ class PostgresBackend:
         """End this owner's live lease and wake the first waiter; True if it ended now.
 
         Compare and delete in one transaction: a delayed release of an older owner changes
-        nothing. Committed with ``synchronous_commit = off`` (see the module docstring).
+        nothing. Committed with ``synchronous_commit = off`` — unless it hands the resource to
+        the first waiter, which is a grant (see the module docstring).
         """
-        released = self._call(
-            f"releasing {resource}", "release", (resource, epoch, owner), mutation=True
-        )[0][0]
+        params = self._direct["release"].bind(name=resource, epoch=epoch, owner=owner)
+        released = self._call(f"releasing {resource}", "release", params, mutation=True)[0][0]
         return bool(released)
 
     def current(self, resource: str) -> LeaseInfo | None:
@@ -822,14 +1252,23 @@ class PostgresBackend:
         """Take a place at the end of ``request.resource``'s queue (and start listening)."""
         listener = self._listener()
         listener.start(_PROBE_TIMEOUT + 1)
+        sent = time.monotonic()
         rows = self._call(
             f"queueing for {request.resource}",
             "enqueue",
-            (request.resource, request.holder, QUEUE_KEEPALIVE),
+            (
+                request.resource,
+                request.holder,
+                QUEUE_KEEPALIVE,
+                request.owner,
+                float(request.ttl),
+                request.value,
+                self._handoff_key(request),
+            ),
             mutation=True,
             idempotent=True,
         )
-        ticket = PostgresTicket(self, request.resource, int(rows[0][0]))
+        ticket = PostgresTicket(self, request.resource, int(rows[0][0]), request.owner, sent)
         ticket._sub = listener.subscribe(request.resource, ticket.waiter_id)
         with self._tickets_lock:
             self._tickets.add(ticket)
@@ -853,7 +1292,8 @@ class PostgresBackend:
     def leave(self, ticket: Ticket) -> None:
         """Leave the queue (idempotent, best effort: a row left behind lapses after
         :data:`QUEUE_KEEPALIVE`). If the leaver was first in line and the resource is free, the
-        next waiter is woken."""
+        next waiter is woken. If a releaser had handed the resource to this ticket (before or
+        after it gave up), that lease is released and the resource passed on."""
         mine = self._own_ticket(ticket, ticket.resource)
         assert mine is not None
         if mine.ended:
@@ -862,7 +1302,7 @@ class PostgresBackend:
             self._call(
                 f"leaving the queue of {mine.resource}",
                 "leave",
-                (mine.resource, mine.waiter_id),
+                (mine.resource, mine.waiter_id, mine.owner),
                 mutation=True,
                 idempotent=True,
             )
@@ -907,6 +1347,11 @@ class PostgresBackend:
             listener, self._listener_obj = self._listener_obj, None
         if listener is not None:
             listener.close()
+        if self._kept_lock.acquire(timeout=self._op_timeout):  # a call in flight ends first
+            try:
+                self._drop_kept()
+            finally:
+                self._kept_lock.release()
         self._pool.close()
 
     def __enter__(self) -> PostgresBackend:

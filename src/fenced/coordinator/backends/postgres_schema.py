@@ -8,27 +8,35 @@ applies the missing ones in one transaction under a transaction-level advisory l
 the schema, append a :class:`Migration` (``CREATE OR REPLACE`` the functions it changes); never
 edit a released one. A schema of a newer version is refused with ``ConfigurationError``.
 
-Every lease operation is one call of one PL/pgSQL function, i.e. one round trip and one
-transaction, so the uncontended acquire + release is two round trips. The functions read the
-server's clock (``clock_timestamp()``) — the client's clock is never sent — and take the
-resource's row lock (``FOR UPDATE``) first, which orders every change and record of a resource.
+Every lease operation is one round trip and one transaction: one call of one PL/pgSQL
+function, or, for the uncontended grant and release, one statement of the client's
+(``_FAST_GRANT`` and ``_FAST_RELEASE`` in :mod:`fenced.coordinator.backends.postgres`) that
+falls back to the function within the same statement. Both read the server's clock
+(``clock_timestamp()``) — the client's clock is never sent — and lock the resource's row before
+they change anything, which orders every change and record of a resource.
 
-Tables: ``resources`` (one row per resource: the last granted or reserved epoch and the lease
-of that epoch, live iff ``owner IS NOT NULL AND expires_at > clock_timestamp()``), ``requests``
-(``request_id`` deduplication, kept 24 h), ``waiters`` (the FIFO queue: ``id`` order is arrival
-order; a row is live while its keep-alive lasts), ``watchers`` (who wants NOTIFYs for records),
-``records`` (the timeline: grants, releases, expiries, proclamations, restores, holder reports).
+Tables: ``resources`` (one row per resource: the last granted or reserved epoch — never below
+the minimum epoch once granted (schema version 3) — and the lease of that epoch, live iff
+``owner IS NOT NULL AND expires_at > clock_timestamp()``; ``ended`` says how the last lease that
+ended did), ``requests`` (``request_id`` deduplication, kept 24 h), ``waiters`` (the FIFO queue:
+``id`` order is arrival order; a row is live while its keep-alive lasts; since version 3 it also
+holds what a releaser needs to grant the waiter directly: owner, ttl, value, the key of the
+waiter's listen lock and when it last kept its place), ``watchers`` (who wants NOTIFYs for
+records), ``records`` (the timeline: grants, releases, expiries, proclamations, restores, holder
+reports).
 
-Notifications: channel ``fenced_<schema>``, payload ``<waiter id>:<resource>``. A freed resource
-notifies only its first live waiter (no herd); ``0:<resource>`` is for watchers, ``0:`` (no
-resource) wakes everyone (after a restore).
+Notifications: channel ``fenced_<schema>``, payload ``<waiter id>:<resource>`` (wake up and try)
+or ``<waiter id>:<resource>:<epoch>:<seconds>`` (the releaser granted you ``epoch``, that many
+seconds after your last keep-alive). A freed resource is granted to, or wakes, only its first live
+waiter (no herd); ``0:<resource>`` is for watchers, ``0:`` (no resource) wakes everyone (after a
+restore).
 """
 
 from __future__ import annotations
 
 from fenced.fence.postgres_conn import Migration
 
-__all__ = ["FORMAT", "MIGRATIONS", "SCHEMA_VERSION", "channel", "migrations"]
+__all__ = ["FORMAT", "LISTEN_LOCK_CLASS", "MIGRATIONS", "SCHEMA_VERSION", "channel", "migrations"]
 
 FORMAT = "fenced.coordinator"
 
@@ -600,23 +608,269 @@ _OPERATIONS = (
 )
 
 
+def _edited(text: str, edits: tuple[tuple[str, str, int], ...]) -> str:
+    """``text`` with each ``(before, after, count)`` replaced; ``before`` must occur ``count``
+    times (a later migration is derived from a released one's text, which never changes)."""
+    for before, after, count in edits:
+        assert text.count(before) == count, before
+        text = text.replace(before, after)
+    return text
+
+
 def _granted_with_value(try_grant: str) -> str:
     """``try_grant`` whose granted record also carries ``value`` when the request has one."""
     with_value = (
         " || CASE WHEN p_value IS NULL THEN '{}'::jsonb"
         " ELSE jsonb_build_object('value', p_value) END"
     )
-    edits = (
+    return _edited(
+        try_grant,
         (
-            "jsonb_build_object('after', v_row.ended)\n",
-            f"jsonb_build_object('after', v_row.ended){with_value}\n",
+            (
+                "jsonb_build_object('after', v_row.ended)\n",
+                f"jsonb_build_object('after', v_row.ended){with_value}\n",
+                1,
+            ),
+            (
+                """'{"after": "none"}'::jsonb\n""",
+                f"""'{{"after": "none"}}'::jsonb{with_value}\n""",
+                1,
+            ),
         ),
-        ("""'{"after": "none"}'::jsonb\n""", f"""'{{"after": "none"}}'::jsonb{with_value}\n"""),
     )
-    for before, after in edits:
-        assert try_grant.count(before) == 1, before
-        try_grant = try_grant.replace(before, after)
-    return try_grant
+
+
+LISTEN_LOCK_CLASS = 0x66656E63
+"""The first key of the session advisory lock each listening connection holds while it lives
+(``pg_advisory_lock(LISTEN_LOCK_CLASS, its listen key)``): a releaser that can take that lock
+knows the waiter's listener, hence the waiter, is gone."""
+
+_HANDOFF = (
+    """ALTER TABLE {s}.waiters ADD COLUMN owner text, ADD COLUMN ttl double precision,
+        ADD COLUMN value text, ADD COLUMN listen_key integer,
+        ADD COLUMN refreshed_at timestamptz""",
+    # The (locked) resource p_name has just become free (p_after: why): grant it to its first
+    # live waiter if that one can take it without a round trip (it gave its owner and holds
+    # its listen lock), durably, and NOTIFY it '<id>:<name>:<epoch>:<seconds since its last
+    # keep-alive>'. A waiter whose listen lock is free is gone: its row is dropped and the next
+    # one is considered. Otherwise wake the first live waiter (it grants itself) or, if nobody
+    # waits, the watchers. True if granted (the caller's transaction then commits durably).
+    """CREATE OR REPLACE FUNCTION {s}._handoff(p_name text, p_now timestamptz, p_after text)
+    RETURNS boolean
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        v_w {s}.waiters%ROWTYPE;
+        v_epoch bigint;
+    BEGIN
+        LOOP
+            SELECT * INTO v_w FROM {s}.waiters w
+            WHERE w.name = p_name AND w.expires_at > p_now ORDER BY w.id LIMIT 1;
+            IF NOT FOUND THEN
+                PERFORM {s}._wake(p_name, false);
+                RETURN false;
+            ELSIF v_w.owner IS NULL OR v_w.listen_key IS NULL THEN
+                PERFORM pg_notify('{c}', v_w.id::text || ':' || p_name);
+                RETURN false;
+            END IF;
+            EXIT WHEN NOT pg_try_advisory_xact_lock({k}, v_w.listen_key);
+            DELETE FROM {s}.waiters w WHERE w.id = v_w.id;
+        END LOOP;
+        WITH g AS (
+            UPDATE {s}.resources r SET epoch = greatest(r.epoch, coalesce(
+                    (SELECT m.value::bigint FROM {s}.meta m WHERE m.key = 'minimum_epoch'), 0)) + 1,
+                owner = v_w.owner, holder = v_w.holder, ttl = v_w.ttl,
+                expires_at = p_now + v_w.ttl * interval '1 second', value = v_w.value,
+                ended = 'none'
+            WHERE r.name = p_name RETURNING r.epoch),
+        rec AS (
+            INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
+            SELECT p_now, 'granted', p_name, g.epoch, v_w.holder,
+                   jsonb_build_object('after', p_after)
+                   || CASE WHEN v_w.value IS NULL THEN '{}'::jsonb
+                           ELSE jsonb_build_object('value', v_w.value) END
+            FROM g),
+        gone AS (DELETE FROM {s}.waiters w WHERE w.id = v_w.id)
+        SELECT g.epoch INTO v_epoch FROM g;
+        PERFORM pg_notify('{c}', v_w.id::text || ':' || p_name || ':' || v_epoch::text || ':'
+                || coalesce(extract(epoch FROM p_now - v_w.refreshed_at)::float8, 0)::text),
+            CASE WHEN EXISTS (SELECT 1 FROM {s}.watchers x
+                              WHERE x.name = p_name AND x.expires_at > p_now)
+                 THEN pg_notify('{c}', '0:' || p_name) END,
+            CASE WHEN current_setting('synchronous_commit') = 'off'
+                 THEN set_config('synchronous_commit', 'on', true) END;
+        RETURN true;
+    END $$""",
+)
+
+
+def _shipped(name: str) -> str:
+    """The released text (schema version 1) of the function ``name``."""
+    (text,) = (s for s in _HELPERS + _OPERATIONS if f"FUNCTION {{s}}.{name}(" in s)
+    return text
+
+
+_WAITER = "p_owner text, p_ttl double precision, p_value text, p_listen_key integer"
+"""What a waiter's row keeps so that a releaser can grant it (``_handoff``)."""
+
+
+def _keep_for_handoff() -> str:
+    """``_keep`` (keep the caller's place in line, re-join at the end if its row was dropped)
+    that also keeps what ``_handoff`` needs. Ticket 0 never exists: it inserts a new row."""
+    return _edited(
+        _shipped("_keep"),
+        (
+            (
+                "p_keepalive double precision)\n",
+                f"p_keepalive double precision, {_WAITER})\n",
+                1,
+            ),
+            (
+                "SET expires_at = p_now + p_keepalive * interval '1 second'\n",
+                "SET expires_at = p_now + p_keepalive * interval '1 second',\n"
+                "            refreshed_at = p_now, listen_key = p_listen_key\n",
+                1,
+            ),
+            (
+                "(name, holder, expires_at)\n",
+                "(name, holder, expires_at, owner, ttl, value, listen_key, refreshed_at)\n",
+                1,
+            ),
+            (
+                "VALUES (p_name, p_holder, p_now + p_keepalive * interval '1 second')\n",
+                "VALUES (p_name, p_holder, p_now + p_keepalive * interval '1 second', p_owner,\n"
+                "                    p_ttl, p_value, p_listen_key, p_now)\n",
+                1,
+            ),
+        ),
+    )
+
+
+def _enqueue_for_handoff() -> str:
+    """``enqueue`` whose row keeps what ``_handoff`` needs (a new function: one more argument
+    list; the released one stays for a running older fenced)."""
+    return _edited(
+        _shipped("enqueue"),
+        (
+            (
+                "p_keepalive double precision)\n",
+                f"p_keepalive double precision,\n        {_WAITER})\n",
+                1,
+            ),
+            (
+                "INSERT INTO {s}.waiters (name, holder, expires_at)\n"
+                "        VALUES (p_name, p_holder, v_now + p_keepalive * interval '1 second')\n"
+                "        RETURNING id INTO v_id;\n",
+                "v_id := {s}._keep(p_name, 0, p_holder, v_now, p_keepalive, p_owner, p_ttl,"
+                " p_value,\n                          p_listen_key);\n",
+                1,
+            ),
+        ),
+    )
+
+
+def _release_with_handoff() -> str:
+    """``release`` that hands the resource to the first waiter (``_handoff``) instead of waking
+    it, and commits without waiting for the disk only when it granted nothing."""
+    return _edited(
+        _shipped("release"),
+        (
+            ("        v_ignored := set_config('synchronous_commit', 'off', true);\n", "", 1),
+            (
+                """            IF v_head IS NOT NULL THEN
+                PERFORM pg_notify('{c}', v_head::text || ':' || p_name);
+            ELSIF v_watched THEN
+                PERFORM pg_notify('{c}', '0:' || p_name);
+            END IF;
+""",
+                """            IF v_head IS NOT NULL OR v_watched THEN
+                IF {s}._handoff(p_name, v_now, 'released') THEN
+                    RETURN true;  -- it granted the resource: a durable commit
+                END IF;
+            END IF;
+            v_ignored := set_config('synchronous_commit', 'off', true);
+""",
+                1,
+            ),
+            (
+                "        SELECT * INTO v_row",
+                "        v_ignored := set_config('synchronous_commit', 'off', true);\n"
+                "        SELECT * INTO v_row",
+                1,
+            ),
+        ),
+    )
+
+
+def _leave_with_handoff() -> str:
+    """``leave`` (a new function: it takes the leaver's owner) that, when the leaver's row is
+    gone because a releaser granted it the resource (its acquire gave up before it learnt
+    so), ends that lease and passes the resource on."""
+    return _edited(
+        _shipped("leave"),
+        (
+            ("p_ticket bigint)\n", "p_ticket bigint, p_owner text)\n", 1),
+            ("        PERFORM set_config('synchronous_commit', 'off', true);\n", "", 1),
+            (
+                """        IF FOUND AND v_first
+                AND (v_row.owner IS NULL OR v_row.expires_at <= v_now) THEN
+            PERFORM {s}._wake(p_name, true);
+        END IF;
+""",
+                """        IF FOUND THEN
+            IF v_first AND (v_row.owner IS NULL OR v_row.expires_at <= v_now) THEN
+                PERFORM {s}._wake(p_name, true);
+            END IF;
+        ELSIF v_row.owner = p_owner AND v_row.expires_at > v_now THEN
+            UPDATE {s}.resources r SET owner = NULL, value = NULL, ended = 'released'
+            WHERE r.name = p_name;
+            INSERT INTO {s}.records (at, kind, resource, epoch, holder)
+            VALUES (v_now, 'released', p_name, v_row.epoch, v_row.holder);
+            IF {s}._handoff(p_name, v_now, 'released') THEN
+                RETURN;  -- passed on: a durable commit
+            END IF;
+        END IF;
+        PERFORM set_config('synchronous_commit', 'off', true);
+""",
+                1,
+            ),
+        ),
+    )
+
+
+def _try_grant_with_handoff(try_grant: str) -> str:
+    """``try_grant`` that keeps what a releaser needs to grant a waiter directly (its owner,
+    ttl, value and listen key) and prunes when the caller says so (``p_prune``)."""
+    keep = "{s}._keep(p_name, p_ticket, p_holder, v_now, p_keepalive)"
+    return _edited(
+        try_grant,
+        (
+            (
+                "p_retry_cap double precision,\n",
+                "p_retry_cap double precision, p_listen_key integer, p_prune boolean,\n",
+                1,
+            ),
+            (keep, keep[:-1] + ", p_owner, p_ttl, p_value, p_listen_key)", 2),
+            ("IF random() < 0.01 THEN", "IF p_prune THEN", 1),
+            ("IF random() < 0.001 THEN", "IF p_prune THEN", 1),
+        ),
+    )
+
+
+def _advance_raising_epochs(advance: str) -> str:
+    """``advance`` that also raises every granted resource's epoch to the new minimum, so that a
+    grant that locked the resource's row never needs the minimum (the fast path)."""
+    return _edited(
+        advance,
+        (
+            (
+                "SET owner = NULL, value = NULL, ended = 'restored';",
+                "SET owner = NULL, value = NULL, ended = 'restored',\n"
+                "            epoch = CASE WHEN r.epoch > 0 THEN greatest(r.epoch, v_min)"
+                " ELSE 0 END;",
+                1,
+            ),
+        ),
+    )
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -630,6 +884,22 @@ MIGRATIONS: tuple[Migration, ...] = (
         2,
         "granted records carry the election value (like every other backend)",
         (_granted_with_value(_OPERATIONS[0]),),
+    ),
+    Migration(
+        3,
+        "a release hands the resource to its first live waiter in the same transaction; the "
+        "epoch of every granted resource is at least the minimum epoch",
+        (
+            *_HANDOFF,
+            _keep_for_handoff(),
+            _enqueue_for_handoff(),
+            _release_with_handoff(),
+            _leave_with_handoff(),
+            _try_grant_with_handoff(_granted_with_value(_shipped("try_grant"))),
+            _advance_raising_epochs(_shipped("advance")),
+            "UPDATE {s}.resources r SET epoch = greatest(r.epoch, (SELECT m.value::bigint"
+            " FROM {s}.meta m WHERE m.key = 'minimum_epoch')) WHERE r.epoch > 0",
+        ),
     ),
 )
 
@@ -646,6 +916,12 @@ def migrations(schema: str) -> tuple[Migration, ...]:
     """:data:`MIGRATIONS` with the notification channel of ``schema`` filled in."""
     name = channel(schema)
     return tuple(
-        Migration(m.version, m.summary, tuple(s.replace("{c}", name) for s in m.statements))
+        Migration(
+            m.version,
+            m.summary,
+            tuple(
+                s.replace("{c}", name).replace("{k}", str(LISTEN_LOCK_CLASS)) for s in m.statements
+            ),
+        )
         for m in MIGRATIONS
     )
