@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import fcntl
+import hashlib
 import json
 import os
 import threading
@@ -13,9 +15,10 @@ from typing import Any
 import pytest
 
 from fenced.core.clock import ManualClock
-from fenced.core.errors import ConfigurationError, Unavailable
-from fenced.fence import Store, open_store
-from fenced.fence.values import Mode
+from fenced.core.errors import ConfigurationError, IdempotencyConflict, StaleToken, Unavailable
+from fenced.fence import Store, open_store, ops
+from fenced.fence.file_store import CHECKPOINT_AT, JOURNAL, LOG, OPS, STATE
+from fenced.fence.values import Mode, Publication, Version
 from fenced.testing.store_conformance import (
     MakeStore,
     R,
@@ -188,3 +191,178 @@ def test_gc_removes_debris_of_interrupted_writes_after_the_grace(
     assert store.gc() == 1
     assert not orphan.exists() and not part.exists()
     assert store.latest(R) == current and store.read(R) == b"current"
+
+
+# -- the commit log, the checkpoint and the journals -------------------------------------------
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines() if path.exists() else []
+
+
+def test_commits_append_to_the_log_and_a_checkpoint_truncates_it(
+    make_file_store: MakeStore, root: Path
+) -> None:
+    store = make_file_store("monotonic")
+    store.fence(token(1))  # the first commit of a resource writes state.json itself
+    rdir = _resource_dir(root)
+    assert json.loads((rdir / STATE).read_bytes())["gen"] == 1
+    assert (rdir / LOG).read_bytes() == b""
+    store.publish(token(1), b"first")
+    (line,) = _lines(rdir / LOG)
+    _crc, gen, body = line.split(b" ", 2)
+    assert int(gen) == 2 and json.loads(body)["pointers"][""][0] == 1
+    largest = 0
+    for number in range(200):
+        store.put(token(1), "k", b"%d" % number)
+        largest = max(largest, (rdir / LOG).stat().st_size)
+    assert 0 < largest <= CHECKPOINT_AT + 2 * len(line)
+    assert json.loads((rdir / STATE).read_bytes())["gen"] > 2  # checkpointed meanwhile
+    item = store.get(R, "k")
+    assert item is not None and item.value == b"199" and item.version == 200
+    assert store.read(R) == b"first"
+
+
+def test_a_torn_or_damaged_log_line_is_ignored_and_the_next_commit_starts_a_new_line(
+    make_file_store: MakeStore, root: Path
+) -> None:
+    store = make_file_store("monotonic")
+    store.put(token(1), "k", b"v1")
+    store.put(token(1), "k", b"v2")
+    log = _resource_dir(root) / LOG
+    intact = log.read_bytes()
+    damaged = intact.replace(b'"floor":1', b'"floor":9')  # same length, wrong CRC
+    log.write_bytes(intact + damaged + b"0badf00d 99 {")  # and a torn append
+    item = store.get(R, "k")
+    assert item is not None and item.value == b"v2" and store.floor(R) == 1
+    store.put(token(1), "k", b"v3")
+    assert _lines(log)[-2] == b"0badf00d 99 {" and _lines(log)[-1].endswith(b"}")
+    item = store.get(R, "k")
+    assert item is not None and (item.value, item.version) == (b"v3", 3)
+    assert [r.detail.get("version") for r in store.history(R)] == [None, 1, 2, 3]
+
+
+def test_an_op_id_is_honoured_after_its_record_moved_to_the_journal(
+    make_file_store: MakeStore, root: Path
+) -> None:
+    clock = ManualClock()
+    store = make_file_store("monotonic", clock=clock, op_retention=100)
+    first = store.publish(token(1), b"export", op_id="publish-1")
+    rdir = _resource_dir(root)
+    while not (rdir / OPS).exists():  # until a checkpoint moved it
+        store.put(token(1), "k", b"x" * 1000, op_id=f"put-{clock.wall()}")
+        clock.advance(0.001)
+    assert b'"publish-1"' in (rdir / OPS).read_bytes()
+    assert b'"publish-1"' not in (rdir / STATE).read_bytes() + (rdir / LOG).read_bytes()
+    assert store.publish(token(1), b"export", op_id="publish-1") == first
+    with pytest.raises(IdempotencyConflict):
+        store.publish(token(1), b"other", op_id="publish-1")
+    clock.advance(101)  # expired: judged afresh, and the journal drops it at a checkpoint
+    again = store.publish(token(1), b"export", op_id="publish-1")
+    assert again != first and store.latest(R) == again
+    for number in range(200):
+        store.put(token(1), "k", b"y" * 1000, op_id=f"later-{number}")
+    assert store.publish(token(1), b"export", op_id="publish-1") == again
+    ops = [json.loads(line)["op_id"] for line in _lines(rdir / OPS)]
+    assert ops.count("publish-1") == 1 and not any(o.startswith("put-") for o in ops)
+
+
+def test_the_state_the_log_and_the_journals_stay_bounded(
+    make_file_store: MakeStore, root: Path
+) -> None:
+    clock = ManualClock()
+    store = make_file_store(
+        "monotonic", clock=clock, record_limit=50, record_retention=30, op_retention=30
+    )
+    sizes: list[list[int]] = []
+    for number in range(1500):
+        store.publish(token(2 + number // 100), b"%d" % number, op_id=f"publish-{number}")
+        with pytest.raises(StaleToken):
+            store.publish(token(1 + number // 100), b"late")
+        clock.advance(0.1)
+        if number % 8 == 7:
+            store.gc(keep=1, grace=0)
+        rdir = _resource_dir(root)
+        sizes.append([_size(rdir / name) for name in (STATE, LOG, JOURNAL, OPS)])
+    late = sizes[500:]
+    assert max(s[0] for s in late) < 4096  # state.json: no records, no op records
+    assert max(s[1] for s in late) < 2 * CHECKPOINT_AT
+    assert max(s[2] for s in late) < 200 * 1024  # about 600 records (30 s), not 3000
+    assert max(s[3] for s in late) < 200 * 1024  # about 300 op records (30 s), not 1500
+    assert len(store.history(R)) == 50
+    assert store.read(R) == b"1499"
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _format_1_store(root: Path) -> tuple[Publication, bytes]:
+    """A store as fenced wrote it before the commit log (format 1), with one of everything."""
+    rdir = root / "resources" / hashlib.sha256(R.encode()).hexdigest()
+    for path in (root / "locks", rdir / "objects", rdir / "staging"):
+        path.mkdir(parents=True)
+    (root / "fenced-store.json").write_text(
+        json.dumps({"format": "fenced.file-store", "version": 1, "mode": "strict"})
+    )
+    data = b"the export of epoch 3"
+    publication = Publication(
+        R, "", 3, f"{3:020d}-{'a' * 32}", hashlib.sha256(data).hexdigest(), len(data), 1000.0
+    )
+    (rdir / "objects" / publication.object_id).write_bytes(data)
+
+    def record(seq: int, kind: str, detail: dict[str, object]) -> dict[str, object]:
+        return {"seq": seq, "at": 1000.0 + seq, "kind": kind, "epoch": 3, "detail": detail}
+
+    journal = [record(1, "installed", {"op": "fence", "previous": None})]
+    (rdir / JOURNAL).write_text("".join(json.dumps(r) + "\n" for r in journal))
+    put = Version(R, "k", 3, 2)
+    state = {
+        "format": "fenced.file-state",
+        "version": 1,
+        "resource": R,
+        "coordinator_id": token(3).coordinator_id,
+        "floor": 3,
+        "items": {"k": [base64.b64encode(b"old").decode(), 3, 2]},
+        "pointers": {"": [3, publication.object_id, publication.sha256, len(data), 1000.0]},
+        "superseded": [],
+        "ops": {
+            "write-1": [ops.put_digest(token(3), "k", b"old", None), ops.encode_outcome(put), 1e3]
+        },
+        "seq": 3,
+        "records": [
+            record(2, "accepted", {"op": "put", "key": "k", "version": 2, "op_id": "write-1"}),
+            record(3, "accepted", {"op": "publish", "name": ""}),
+        ],
+        "compact_at": 262144,
+        "oldest": 1001.0,
+    }
+    (rdir / STATE).write_text(json.dumps(state))
+    return publication, data
+
+
+def test_a_format_1_store_opens_and_migrates_at_its_first_commit(root: Path) -> None:
+    publication, data = _format_1_store(root)
+    clock = ManualClock(wall=2000.0)
+    with open_store(f"file://{root}", clock=clock) as store:
+        meta = json.loads((root / "fenced-store.json").read_bytes())
+        assert meta == {"format": "fenced.file-store", "version": 2, "mode": "strict"}
+        assert store.mode == "strict" and store.floor(R) == 3
+        item = store.get(R, "k")
+        assert item is not None and (item.value, item.version) == (b"old", 2)
+        assert store.latest(R) == publication and store.read(R) == data
+        assert [r.seq for r in store.history(R)] == [1, 2, 3]
+        rdir = _resource_dir(root)
+        assert store.put(token(3), "k", b"old", op_id="write-1") == Version(R, "k", 3, 2)
+        assert json.loads((rdir / STATE).read_bytes())["version"] == 1  # a replay commits nothing
+        assert store.put(token(3), "k", b"new").version == 3  # the first commit migrates
+        state = json.loads((rdir / STATE).read_bytes())
+        assert state["version"] == 2 and "write-1" in state["ops"] and len(state["records"]) == 3
+        for _ in range(200):  # past a checkpoint: the format-1 entries reach the journals
+            store.put(token(3), "other", b"x" * 1000)
+        assert json.loads((rdir / STATE).read_bytes())["records"] == []
+        assert b'"write-1"' in (rdir / OPS).read_bytes()
+        assert store.put(token(3), "k", b"old", op_id="write-1") == Version(R, "k", 3, 2)
+        history = store.history(R)
+        assert [r.seq for r in history] == list(range(1, len(history) + 1))
+        assert [r.detail.get("version") for r in history[:4]] == [None, 2, None, 3]

@@ -17,7 +17,7 @@ import fenced
 from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
 from fenced.core.records import Record, RecordKind
 from fenced.fence import Capability
-from fenced.fence.file_store import FLUSH_AT, JOURNAL
+from fenced.fence.file_store import JOURNAL, LOG, STATE
 from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION
 from fenced.testing.store_conformance import R, token
 
@@ -75,23 +75,32 @@ def test_the_file_journal_survives_a_torn_line(tmp_path: Path) -> None:
     assert lines[-2].startswith(b'{"seq":3')  # it started a line of its own
 
 
-def test_the_file_store_moves_committed_records_to_the_journal(tmp_path: Path) -> None:
+def test_a_file_checkpoint_moves_committed_records_to_the_journal(tmp_path: Path) -> None:
     root = tmp_path / "store"
     with fenced.open_store(f"file://{root}", "monotonic") as store:
-        for _ in range(FLUSH_AT + 5):
-            store.put(token(1), "k", b"v")
-        state = json.loads((resource_dir(root) / "state.json").read_bytes())
-        assert 0 < len(state["records"]) < FLUSH_AT
-        journal = resource_dir(root) / JOURNAL
-        moved = journal.read_bytes().count(b"\n")
-        assert moved + len(state["records"]) == FLUSH_AT + 6  # one install, the accepted puts
-        # A crash after the journal was synced but before the state was replaced leaves some
+        store.put(token(1), "k", b"v" * 1000)
+        puts = 1
+        while not (resource_dir(root) / JOURNAL).exists():  # until the first checkpoint
+            store.put(token(1), "k", b"v" * 1000)
+            puts += 1
+        assert puts < 200
+        rdir = resource_dir(root)
+        state = json.loads((rdir / STATE).read_bytes())
+        assert state["records"] == [] and state["ops"] == {}
+        assert (rdir / LOG).stat().st_size == 0
+        journal = rdir / JOURNAL
+        assert journal.read_bytes().count(b"\n") == puts + 1  # one install, the accepted puts
+        # A crash after the journal was synced but before state.json was replaced leaves the
         # records in both places: readers keep one per seq.
         with journal.open("ab") as stream:
-            for record in state["records"]:
-                stream.write(json.dumps(record).encode() + b"\n")
+            stream.write(journal.read_bytes())
+        store.put(token(1), "k", b"w")
         history = store.history(R)
-    assert [r.seq for r in history] == list(range(1, FLUSH_AT + 7))
+    assert [r.seq for r in history] == list(range(1, puts + 3))
+    assert [r.kind for r in history] == [
+        RecordKind.INSTALLED,
+        *[RecordKind.ACCEPTED] * (puts + 1),
+    ]
 
 
 def test_a_failure_to_record_a_rejection_never_masks_it(

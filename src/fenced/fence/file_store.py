@@ -1,43 +1,78 @@
-"""The ``file:///dir`` store backend: plain files, written durably, committed by atomic renames.
+"""The ``file:///dir`` store backend: plain files, written durably, committed by appends.
 
 Layout (no resource name, key or publication name is ever used as a path component; they live
 inside the state files, so nothing a caller passes can name a path)::
 
-    dir/fenced-store.json               format, format version and mode (written once, atomically)
+    dir/fenced-store.json               format, format version and mode
     dir/locks/<sha256(resource)>.lock   flock target of the resource's critical section (no data)
     dir/resources/<sha256(resource)>/
-        state.json                      binding, floor, keys and values, pointers, op records,
-                                        the newest store records (not yet in the journal)
-        records.jsonl                   the journal of older store records, one JSON per line
+        state.json                      the checkpoint: the resource's state at generation ``gen``
+        state.log                       the commits since: one line per commit, the whole new state
+        records.jsonl                   the journal of store records, one JSON per line
+        ops.jsonl                       the journal of op records, one JSON per line
         objects/<epoch:020d>-<uuid hex> immutable published (or staged) bytes
         staging/<object id>.part        an object being written
 
-* **Critical section**: ``flock`` on the resource's lock file (waiting up to ``busy_timeout``,
-  then :class:`Unavailable`), read ``state.json``, decide, write the new state to a temporary
-  file, ``fsync`` it, ``rename`` it over ``state.json`` (the commit point), ``fsync`` the
-  directory. A process killed at any instant leaves the old or the new state, never a mix.
-* **Objects**: written to ``staging/`` and ``fsync``-ed, then renamed into ``objects/``, all
-  before the critical section that may point at them. The ``objects/`` directory is ``fsync``-ed
-  by the commit that first points at a new object, after the new state file is synced and
-  before it is renamed into place: the object is durable before any pointer to it can be. (On
-  ext4 this costs nothing: the state file's ``fsync`` already committed the object's rename;
-  syncing the directory at staging time instead costs one more journal commit per publish.)
-  A killed publisher leaves a ``.part`` file or an unreferenced object; ``gc`` removes both
-  after the grace period.
-* **Reads** need no lock: ``state.json`` is always a complete file, and an opened object stays
-  readable after ``gc`` unlinks it.
-* The whole state of a resource is rewritten at every mutation: keep values small and keys few
-  per resource (use ``sqlite:///`` for many keys), publish large data.
-* **Records** (:attr:`Capability.RECORDS`): an install or accepted mutation appends its record
-  to ``state.json``'s pending list, so it commits (durably) with the mutation. Once
-  :data:`FLUSH_AT` pending records have accumulated, a commit first appends the already
-  committed ones to ``records.jsonl`` and ``fsync``-s it (one extra sync per ``FLUSH_AT``
-  mutations), then writes the state without them; a crash in between leaves a record in both
-  places, and readers keep one per ``seq``. A rejection appends one line to ``records.jsonl``
-  under the resource's lock, **without** ``fsync``: a power failure may lose it (never an
-  accepted record); a process crash cannot. ``seq`` counts per resource. The journal is
-  compacted (rewritten without pruned records, synced, renamed) when it has doubled since the
-  last compaction or holds records past the retention.
+A state holds the binding, the floor, keys and values, pointers, superseded publications, the
+last record ``seq`` and a generation ``gen`` (+1 per commit), plus the records and op records
+of its own commit that are not in the journals yet. A ``state.log`` line is
+``<crc32 hex> <gen> <state JSON>\\n``; the current state is the intact line with the largest
+``gen``, or ``state.json`` if its ``gen`` is at least as large. A line that is torn (no newline),
+damaged or fails its CRC is ignored by everyone: the state before it stays current.
+
+Ordering, and why an acknowledged publish survives ``kill -9`` and power loss:
+
+1. **Stage** (outside the critical section): the bytes go to ``staging/<id>.part`` in one
+   write, the file is renamed to ``objects/<id>``, ``fdatasync``-ed (on journaling file systems
+   this also commits the rename) and ``objects/`` is ``fsync``-ed. When ``stage`` returns, the
+   complete object and its name are durable. A process killed before the rename leaves a
+   ``.part``; one killed after it leaves a complete object no pointer names (the rename comes
+   after the last write, so the page cache holds it all). A power failure before the syncs may
+   leave an incomplete object, but no pointer to it can exist yet: pointers are written in step
+   2, after the syncs. ``gc`` removes all of these after the grace period.
+2. **Commit** (the critical section): ``flock`` the resource's lock file (up to
+   ``busy_timeout``, then :class:`Unavailable`), read ``state.log`` and then ``state.json``,
+   decide, append **one** line (the whole new state, ``gen + 1``) with a single ``write`` and
+   ``fdatasync`` the log. The append is the commit point: a complete line is visible at once, and
+   durable before the mutation returns. A writer killed mid-append leaves a torn line that every
+   reader ignores and the next writer starts a new line after. Because every line is derived,
+   under the lock, from the newest intact state, and a later line's ``fdatasync`` also persists
+   every earlier byte of the file, the durable history of states is a prefix of the committed
+   one: the floor and the pointers never move back, and a pointer never names an object that is
+   not durable (step 1 finished before the line was written).
+3. **Checkpoint** (after a commit, when ``state.log`` exceeds :data:`CHECKPOINT_AT` or twice the
+   last line, or when a due journal compaction was requested): the records and op records of
+   the states not yet checkpointed are appended to ``records.jsonl`` / ``ops.jsonl`` and
+   ``fsync``-ed (or the journal is rewritten without pruned entries: temporary file, ``fsync``,
+   rename); then the current state, without them, is written to a temporary file, ``fsync``-ed,
+   renamed over ``state.json`` at the **same** ``gen`` and the directory is ``fsync``-ed (which
+   also makes a rewritten journal's rename durable); only then is ``state.log`` truncated. A
+   crash between these steps leaves entries in a journal *and* in a state (readers keep one per
+   ``seq`` / op id), or log lines at or below the checkpoint's ``gen`` (ignored: they are in the
+   checkpoint and, from the journal step, in the journals). The checkpoint runs after the commit
+   is durable, so its failure is only logged; the next commit tries again.
+4. **Readers** take no lock and read ``state.log`` *before* ``state.json``: a checkpoint renames
+   ``state.json`` before truncating the log, so whatever the interleaving, they see the newest
+   state as of their read of the log. ``history`` reads the journal last, for the same reason.
+   An opened object stays readable after ``gc`` unlinks it.
+
+**Records** (:attr:`Capability.RECORDS`): installs and accepted mutations travel in their
+commit's line (durable with it, no extra sync) and reach ``records.jsonl`` at a checkpoint. A
+rejection appends one line to ``records.jsonl`` under the resource's lock, **without** ``fsync``:
+a power failure may lose it (never an accepted record); a process crash cannot. ``seq`` counts
+per resource: every commit first raises its ``seq`` to the journal's last intact line (read only
+if the journal changed since the state last did, see :func:`_journal_mark`), so the largest
+``seq`` ever given is always ``max(state seq, last journal line)``. **Op records** travel
+the same way to ``ops.jsonl``; a lookup reads the states not yet checkpointed, then
+``ops.jsonl`` (only when an ``op_id`` is given). Both journals are compacted at a checkpoint when
+they doubled since the last compaction or hold entries past the retention.
+
+**Format 1** (fenced before the commit log): a resource whose ``state.json`` has version 1 has no
+log; its records and op records are all in ``state.json``. The first commit to it (or to a new
+resource) writes ``state.json`` itself in format 2, by rename, carrying those entries until the
+next checkpoint moves them: a format-1 fenced refuses a format-2 state file, so it can never
+commit from a stale ``state.json`` while newer commits sit in the log. Opening a format-1 store
+rewrites ``fenced-store.json`` as version 2, so an older fenced refuses the whole store.
 """
 
 from __future__ import annotations
@@ -50,11 +85,13 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,18 +107,26 @@ from fenced.fence.values import Item, Mode, Publication
 
 __all__ = ["FORMAT_VERSION", "FileBackend", "open_file_backend"]
 
+log = logging.getLogger("fenced.store")
+
 FORMAT = "fenced.file-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+STATE_FORMAT = "fenced.file-state"
+STATE_VERSION = 2
 META = "fenced-store.json"
 STATE = "state.json"
+LOG = "state.log"
 JOURNAL = "records.jsonl"
-FLUSH_AT = 32
-"""Pending records in ``state.json`` that make the next commit move them to the journal."""
+OPS = "ops.jsonl"
+CHECKPOINT_AT = 64 * 1024
+"""Bytes of ``state.log`` (or twice its last line, if more) after which a commit checkpoints."""
 _COMPACT_AT = 256 * 1024  # journal bytes before the first compaction
-_TAIL = 64 * 1024  # bytes read from the journal's end to find its largest seq
+_TAIL = 1024  # bytes first read from the journal's end to find its last record
 _OBJECT_ID = re.compile(r"[0-9]{20}-[0-9a-f]{32}")
 _RESOURCE_DIR = re.compile(r"[0-9a-f]{64}")
 _CONFIG_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR}
+_READ_ONLY_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
+_DEBRIS = tuple(f"{name}.tmp-" for name in (STATE, JOURNAL, OPS))
 
 
 def _os_error(error: OSError, what: str) -> FencedError:
@@ -98,8 +143,8 @@ def _translated(what: str) -> Iterator[None]:
         raise _os_error(error, what) from error
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def _fsync_dir(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
@@ -119,11 +164,51 @@ def _ensure_dir(path: Path) -> None:
     _fsync_dir(path.parent)
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "xb") as stream:
-        stream.write(data)
-        stream.flush()
-        os.fsync(stream.fileno())
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read(path: str) -> bytes:
+    """The bytes of ``path`` up to its size when opened (what is appended later may be left)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        chunks = [os.read(fd, size)]  # a buffer of the file's size, not of a fixed maximum
+        while (got := sum(map(len, chunks))) < size and (chunk := os.read(fd, size - got)):
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: str | Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace(path: str, data: bytes) -> None:
+    """Replace ``path`` by a synced temporary file; the caller syncs the directory."""
+    temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        _write_file(temporary, data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _hash(resource: str) -> str:
@@ -131,7 +216,7 @@ def _hash(resource: str) -> str:
 
 
 @contextmanager
-def _flocked(path: Path, timeout: float) -> Iterator[None]:
+def _flocked(path: str, timeout: float) -> Iterator[None]:
     """Hold an exclusive flock on ``path``; poll up to ``timeout`` seconds, then Unavailable."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
@@ -154,7 +239,7 @@ def _flocked(path: Path, timeout: float) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-# -- the state file ----------------------------------------------------------------------------
+# -- states ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,26 +260,46 @@ class _Superseded:
 
 @dataclass(slots=True)
 class _State:
-    """Everything the store holds for one resource (``state.json``)."""
+    """Everything the store holds for one resource at one generation."""
 
     resource: str
     head: Head = field(default_factory=Head)
     items: dict[str, _StoredItem] = field(default_factory=dict)
     pointers: dict[str, Publication] = field(default_factory=dict)
     superseded: list[_Superseded] = field(default_factory=list)
-    ops: dict[str, OpRecord] = field(default_factory=dict)
     seq: int = 0
-    """The largest record seq this state assigned (the journal may hold larger ones)."""
+    """The largest record seq given so far (rejections in the journal may have larger ones)."""
+    gen: int = 0
     records: list[Record] = field(default_factory=list)
-    """Committed records not yet moved to the journal, oldest first."""
+    """Records of this state's commit(s) that are not in the journal yet, oldest first."""
+    ops: dict[str, OpRecord] = field(default_factory=dict)
+    """Op records of this state's commit(s) that are not in ``ops.jsonl`` yet."""
     compact_at: int = _COMPACT_AT
     oldest: float | None = None
-    """The time of the oldest record in the journal as of the last flush or compaction."""
+    """The time of the oldest record in the journal as of the last checkpoint."""
+    ops_compact_at: int = _COMPACT_AT
+    ops_oldest: float | None = None
+    journal_mark: list[int] | None = None
+    """(inode, size, mtime_ns) of the journal when ``seq`` last accounted for it."""
+    version: int = STATE_VERSION
+
+    def successor(self) -> _State:
+        """A copy to change in a transaction: the same data, no entries of its own yet."""
+        return dataclasses.replace(
+            self,
+            items=dict(self.items),
+            pointers=dict(self.pointers),
+            superseded=list(self.superseded),
+            records=[],
+            ops={},
+            version=STATE_VERSION,
+        )
 
     def to_json(self) -> bytes:
         document = {
-            "format": "fenced.file-state",
-            "version": FORMAT_VERSION,
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "gen": self.gen,
             "resource": self.resource,
             "coordinator_id": self.head.coordinator_id,
             "floor": self.head.floor,
@@ -207,20 +312,24 @@ class _State:
                 [s.object_id, s.name, s.epoch, s.published_at, s.superseded_at]
                 for s in self.superseded
             ],
-            "ops": {o: [r.digest, r.outcome, r.recorded_at] for o, r in self.ops.items()},
+            "ops": {o: _op_json(r) for o, r in self.ops.items()},
             "seq": self.seq,
             "records": [_record_json(r) for r in self.records],
             "compact_at": self.compact_at,
             "oldest": self.oldest,
+            "ops_compact_at": self.ops_compact_at,
+            "ops_oldest": self.ops_oldest,
+            "journal_mark": self.journal_mark,
         }
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> _State:
-        """Parse a state file; any deviation raises ValueError/TypeError/KeyError."""
+        """Parse a state (format 1 or 2); any deviation raises ValueError/TypeError/KeyError."""
         doc = json.loads(data)
-        if doc["format"] != "fenced.file-state" or doc["version"] != FORMAT_VERSION:
-            raise ValueError(f"unknown state format {doc['format']!r} {doc['version']!r}")
+        version = doc["version"]
+        if doc["format"] != STATE_FORMAT or version not in (1, STATE_VERSION) or version is True:
+            raise ValueError(f"unknown state format {doc['format']!r} {version!r}")
         resource = _typed(doc["resource"], str)
         floor = doc["floor"]
         coordinator = doc["coordinator_id"]
@@ -242,24 +351,25 @@ class _State:
             _Superseded(_object_id(o), _typed(n, str), _int(e), _float(p), _float(t))
             for o, n, e, p, t in doc["superseded"]
         ]
-        ops = {
-            _typed(o, str): OpRecord(_typed(d, str), _typed(x, str), _float(t))
-            for o, (d, x, t) in doc["ops"].items()
-        }
-        # Records came with a later fenced of the same format version: optional keys.
+        ops = {_typed(o, str): _op_from(r) for o, r in doc["ops"].items()}
+        # Format 1 gained records later, with optional keys.
         records = [_record_from(r, resource) for r in doc.get("records", [])]
-        oldest = doc.get("oldest")
         return cls(
             resource,
             head,
             items,
             pointers,
             superseded,
-            ops,
             _int(doc.get("seq", 0)),
+            _int(doc["gen"]) if version == STATE_VERSION else 0,
             records,
+            ops,
             _int(doc.get("compact_at", _COMPACT_AT)),
-            None if oldest is None else _float(oldest),
+            _optional_float(doc.get("oldest")),
+            _int(doc.get("ops_compact_at", _COMPACT_AT)),
+            _optional_float(doc.get("ops_oldest")),
+            _journal_mark_from(doc.get("journal_mark")),
+            version,
         )
 
 
@@ -287,67 +397,279 @@ def _record_from(doc: Any, resource: str) -> Record:
     )
 
 
-def _journal_records(path: Path, resource: str) -> list[Record]:
+def _op_json(record: OpRecord) -> list[object]:
+    return [record.digest, record.outcome, record.recorded_at]
+
+
+def _op_from(doc: Any) -> OpRecord:
+    digest, outcome, at = doc
+    return OpRecord(_typed(digest, str), _typed(outcome, str), _float(at))
+
+
+def _line(document: object) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode() + b"\n"
+
+
+# -- the commit log ----------------------------------------------------------------------------
+
+
+def _log_line(state: _State) -> tuple[bytes, bytes]:
+    """The log line of ``state``, and the state JSON inside it."""
+    body = state.to_json()
+    payload = b"%d %s" % (state.gen, body)
+    return b"%08x %s\n" % (zlib.crc32(payload), payload), body
+
+
+def _intact(line: bytes) -> tuple[int, bytes] | None:
+    """(gen, state JSON) of a complete log line whose CRC matches, else None."""
+    crc, _, payload = line.partition(b" ")
+    gen, _, body = payload.partition(b" ")
+    try:
+        if len(crc) != 8 or int(crc, 16) != zlib.crc32(payload):
+            return None
+        return int(gen), body
+    except ValueError:
+        return None
+
+
+def _last_lines(data: bytes, first: int = 0) -> Iterator[bytes]:
+    """The complete lines of ``data`` (those ending with a newline), last first.
+
+    ``first``: where the first complete line may start (a line cut by a partial read is skipped).
+    """
+    end = data.rfind(b"\n")
+    while end >= first:
+        start = data.rfind(b"\n", 0, end) + 1
+        if start == 0 and first > 0:
+            return
+        yield data[start:end]
+        end = start - 1
+
+
+class _Parsed:
+    """Parsed states by their exact bytes: the same bytes always parse to the same state.
+
+    Saves parsing again the state a process has just written or read (every publish reads the
+    head before staging and again under the lock). Parsed states are shared: never change one;
+    a transaction changes a :meth:`_State.successor`. No lock (nothing to reset in a forked
+    child): a race between threads at worst evicts one entry too many.
+    """
+
+    _ENTRIES = 64
+    _LARGEST = 256 * 1024
+
+    def __init__(self) -> None:
+        self._entries: dict[bytes, _State] = {}
+
+    def parse(self, data: bytes) -> _State:
+        state = self._entries.get(data)
+        if state is None:
+            state = _State.from_json(data)
+            self.remember(data, state)
+        return state
+
+    def remember(self, data: bytes, state: _State) -> None:
+        if len(data) > self._LARGEST:
+            return
+        entries = self._entries
+        entries[data] = state
+        while len(entries) > self._ENTRIES:  # the oldest go first
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                del entries[next(iter(entries))]
+
+
+class _Loaded:
+    """A resource directory as read at one moment: ``state.log`` first, then ``state.json``."""
+
+    def __init__(self, base: _State, log_data: bytes | None, parsed: _Parsed) -> None:
+        self.base = base
+        """``state.json``: the checkpoint (or a format-1 state, which never has a log)."""
+        self.log_exists = log_data is not None
+        self.log_size = len(log_data or b"")
+        self.log_clean = not log_data or log_data.endswith(b"\n")
+        self._log = (log_data or b"") if base.version == STATE_VERSION else b""
+        self.current = base
+        """The newest state: the last intact log line if its gen is above the checkpoint's."""
+        for line in _last_lines(self._log):
+            entry = _intact(line)
+            if entry is not None:
+                if entry[0] > base.gen:
+                    self.current = parsed.parse(entry[1])
+                    if self.current.gen != entry[0] or self.current.resource != base.resource:
+                        raise ValueError(f"the log line of generation {entry[0]} is not its own")
+                break
+
+    def pending(
+        self, needle: bytes | None = None
+    ) -> Iterator[tuple[list[Record], dict[str, OpRecord]]]:
+        """The records and op records that may not be in the journals yet, oldest first.
+
+        ``needle``: skip log lines that do not contain these bytes (the base's are always given).
+        """
+        yield self.base.records, self.base.ops
+        for line in self._log.split(b"\n")[:-1]:
+            if needle is not None and needle not in line:
+                continue
+            entry = _intact(line)
+            if entry is None or entry[0] <= self.base.gen:
+                continue
+            if entry[0] == self.current.gen:
+                yield self.current.records, self.current.ops
+                continue
+            doc = json.loads(entry[1])
+            if doc["resource"] != self.base.resource:
+                raise ValueError(f"the log line of generation {entry[0]} is not its own")
+            yield (
+                [_record_from(r, self.base.resource) for r in doc["records"]],
+                {_typed(o, str): _op_from(r) for o, r in doc["ops"].items()},
+            )
+
+
+# -- the journals ------------------------------------------------------------------------------
+
+
+def _journal_records(path: str, resource: str) -> list[Record]:
     """Every readable record of a journal (a torn or damaged line is skipped)."""
     try:
-        data = path.read_bytes()
+        data = _read(path)
     except FileNotFoundError:
         return []
-    return _parse_lines(data, resource)
+    return [r for line in data.split(b"\n") if (r := _parse_record(line, resource)) is not None]
 
 
-def _parse_lines(data: bytes, resource: str) -> list[Record]:
-    found = []
-    for line in data.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            found.append(_record_from(json.loads(line), resource))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue  # a line torn by a power failure, or damaged: diagnostics only
-    return found
+def _parse_record(line: bytes, resource: str) -> Record | None:
+    if not line.strip():
+        return None
+    try:
+        return _record_from(json.loads(line), resource)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None  # a line torn by a power failure, or damaged: diagnostics only
 
 
-def _journal_tail(path: Path) -> tuple[int, bool]:
-    """The largest seq among the journal's last lines, and whether it ends with a newline."""
+def _journal_mark(path: str) -> list[int] | None:
+    """(inode, size, mtime_ns) of a journal, None if it does not exist.
+
+    Rejections only ever append (a larger size, a later mtime) and compactions replace the file
+    (another inode): a journal with the mark a state recorded has not changed since.
+    """
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return [stat.st_ino, stat.st_size, stat.st_mtime_ns]
+
+
+def _journal_tail(path: str) -> tuple[int, bool]:
+    """The seq of the journal's last intact record, and whether the journal ends with a newline.
+
+    That seq is the journal's largest: rejections append ever larger ones, and everything else
+    written to the journal (checkpoints, compactions) is at most the state's ``seq``.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return 0, True
     try:
         size = os.fstat(fd).st_size
-        if size == 0:
-            return 0, True
-        start = max(0, size - _TAIL)
-        data = os.pread(fd, size - start, start)
+        window = _TAIL
+        while True:
+            start = max(0, size - window)
+            data = os.pread(fd, size - start, start)
+            clean = not data or data.endswith(b"\n")
+            for line in _last_lines(data, 1 if start > 0 else 0):
+                record = _parse_record(line, "")
+                if record is not None:
+                    return record.seq, clean
+            if start == 0:
+                return 0, clean
+            window *= 8
     finally:
         os.close(fd)
-    records = _parse_lines(data, "")
-    if not records and start > 0:  # no complete line in the tail: read it all (never expected)
-        records = _journal_records(path, "")
-    return max((r.seq for r in records), default=0), data.endswith(b"\n")
 
 
-def _append_lines(
-    path: Path, records: list[Record], *, sync: bool, clean: bool | None = None
-) -> None:
-    """Append records as JSON lines (starting a new line after a torn one); fsync if ``sync``.
+def _append_lines(path: str, lines: list[bytes], *, sync: bool, clean: bool | None = None) -> None:
+    """Append lines (starting a new line after a torn one); ``fsync`` if ``sync``.
 
-    ``clean``: whether the journal ends with a newline, if the caller already knows.
+    ``clean``: whether the file ends with a newline, if the caller already knows.
     """
     if clean is None:
         clean = _journal_tail(path)[1]
-    text = "".join(json.dumps(_record_json(r), separators=(",", ":")) + "\n" for r in records)
-    data = text.encode() if clean else b"\n" + text.encode()
+    data = b"".join(lines) if clean else b"".join([b"\n", *lines])
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, data)
         if sync:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _journal_ops(path: str) -> Iterator[tuple[str, OpRecord]]:
+    try:
+        data = _read(path)
+    except FileNotFoundError:
+        return
+    for line in data.split(b"\n"):
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+            doc = json.loads(line)
+            yield _typed(doc["op_id"], str), _op_from(doc["op"])
+
+
+def _find_journal_op(path: str, op_id: str, needle: bytes) -> OpRecord | None:
+    """The newest record of ``op_id`` in ``ops.jsonl``; lines without ``needle`` are skipped."""
+    try:
+        data = _read(path)
+    except FileNotFoundError:
+        return None
+    if needle not in data:
+        return None
+    found = None
+    for line in data.split(b"\n"):
+        if needle in line:
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                doc = json.loads(line)
+                if doc["op_id"] == op_id:
+                    found = _op_from(doc["op"])
+    return found
+
+
+def _encode_op(entry: tuple[str, OpRecord]) -> bytes:
+    return _line({"op_id": entry[0], "op": _op_json(entry[1])})
+
+
+def _encode_record(record: Record) -> bytes:
+    return _line(_record_json(record))
+
+
+_E = TypeVar("_E")
+
+
+def _to_journal(
+    path: str,
+    entries: list[_E],
+    encode: Callable[[_E], bytes],
+    survivors: Callable[[list[_E]], list[_E]],
+    at: Callable[[_E], float],
+    bounds: tuple[int, float | None],
+    before: float,
+) -> tuple[int, float | None]:
+    """Move ``entries`` to a journal (synced); returns its new (compact_at, oldest).
+
+    The journal is rewritten with ``survivors(old + new)`` instead when it has grown past
+    ``compact_at`` or its oldest entry is older than ``before``; the caller syncs the directory.
+    """
+    compact_at, oldest = bounds
+    lines = [encode(e) for e in entries]
+    if _size(path) + sum(map(len, lines)) > compact_at or (oldest is not None and oldest < before):
+        kept = survivors(entries)
+        data = b"".join(encode(e) for e in kept)
+        _replace(path, data)
+        return max(_COMPACT_AT, 2 * len(data)), min(map(at, kept), default=None)
+    if lines:
+        _append_lines(path, lines, sync=True)
+        if oldest is None:
+            oldest = min(map(at, entries))
+    return compact_at, oldest
 
 
 def _retained(records: Iterable[Record], since: float, keep: int) -> list[Record]:
@@ -378,6 +700,18 @@ def _float(value: Any) -> float:
     return float(value)
 
 
+def _journal_mark_from(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 3:
+        raise ValueError(f"bad journal mark {value!r}")
+    return [_int(v) for v in value]
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else _float(value)
+
+
 def _object_id(value: Any) -> str:
     if not isinstance(value, str) or not _OBJECT_ID.fullmatch(value):
         raise ValueError(f"bad object id {value!r}")
@@ -403,6 +737,8 @@ def open_file_backend(path: str, mode: Mode | None, options: StoreOptions) -> Fi
             meta = _create_meta(root, where, resolve_mode(None, mode, where))
         stored_mode = _check_meta(meta, where)
         resolved = resolve_mode(stored_mode, mode, where)
+        if meta["version"] < FORMAT_VERSION:
+            _upgrade_meta(root, meta)
         for sub in ("locks", "resources"):
             _ensure_dir(root / sub)
     return FileBackend(root, resolved, options)
@@ -448,6 +784,23 @@ def _create_meta(root: Path, where: str, mode: Mode) -> dict[str, Any]:
     return created
 
 
+def _upgrade_meta(root: Path, meta: dict[str, Any]) -> None:
+    """Mark a format-1 store as format 2 (atomically), so that an older fenced refuses it.
+
+    Its resources migrate one by one at their next commit (see the module docstring). An opener
+    that may not write the directory leaves it as it is: it cannot commit anything either.
+    """
+    temporary = root / f".{META}.{uuid.uuid4().hex}"
+    try:
+        _write_file(temporary, json.dumps({**meta, "version": FORMAT_VERSION}).encode())
+        os.replace(temporary, root / META)
+        _fsync_dir(root)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        if error.errno not in _READ_ONLY_ERRNOS:
+            raise
+
+
 def _check_meta(meta: dict[str, Any], where: str) -> str:
     if meta.get("format") != FORMAT:
         raise ConfigurationError(f"{where} is not a fenced store ({META} has another format)")
@@ -469,7 +822,10 @@ def _check_meta(meta: dict[str, Any], where: str) -> str:
 
 
 class FileBackend:
-    """See the module docstring. Created by :func:`open_file_backend`."""
+    """See the module docstring. Created by :func:`open_file_backend`.
+
+    Resource directories are handled as strings (``rdir``): a publish touches a dozen paths.
+    """
 
     capabilities = frozenset(Capability)
 
@@ -477,63 +833,99 @@ class FileBackend:
         self.root = root
         self.url = f"file://{root}"
         self.mode = mode
+        self._options = options
         self._busy_timeout = options.busy_timeout
-        self._ready: set[Path] = set()
+        self._ready: set[str] = set()
+        self._parsed = _Parsed()
 
-    def _dir(self, resource: str) -> Path:
-        return self.root / "resources" / _hash(resource)
+    def _dir(self, resource: str) -> str:
+        return f"{self.root}/resources/{_hash(resource)}"
 
     def _lock(self, digest: str) -> AbstractContextManager[None]:
-        return _flocked(self.root / "locks" / f"{digest}.lock", self._busy_timeout)
+        return _flocked(f"{self.root}/locks/{digest}.lock", self._busy_timeout)
 
-    def _ensure(self, rdir: Path) -> None:
+    def _ensure(self, rdir: str) -> None:
         if rdir not in self._ready:
-            for path in (rdir, rdir / "objects", rdir / "staging"):
-                _ensure_dir(path)
+            for path in (rdir, f"{rdir}/objects", f"{rdir}/staging"):
+                _ensure_dir(Path(path))
             self._ready.add(rdir)
 
-    def _load(self, rdir: Path, resource: str | None) -> _State | None:
+    def _load(self, rdir: str, resource: str | None) -> _Loaded | None:
         """The committed state of a resource directory, None if it has none yet."""
-        path = rdir / STATE
         try:
-            data = path.read_bytes()
+            log_data: bytes | None = _read(f"{rdir}/{LOG}")  # before state.json: see 4.
+        except FileNotFoundError:
+            log_data = None
+        path = f"{rdir}/{STATE}"
+        try:
+            data = _read(path)
         except FileNotFoundError:
             return None
         try:
-            state = _State.from_json(data)
+            loaded = _Loaded(self._parsed.parse(data), log_data, self._parsed)
         except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise ConfigurationError(f"corrupt state file {path}: {error}") from error
-        if _hash(state.resource) != rdir.name or resource not in (None, state.resource):
-            raise ConfigurationError(f"corrupt state file {path}: it names {state.resource!r}")
-        return state
+        name = loaded.base.resource
+        if _hash(name) != os.path.basename(rdir) or resource not in (None, name):
+            raise ConfigurationError(f"corrupt state file {path}: it names {name!r}")
+        return loaded
 
-    def _save(
-        self,
-        rdir: Path,
-        state: _State,
-        *,
-        new_objects: bool = False,
-        committed: int = 0,
-        prune: tuple[float, int] | None = None,
-    ) -> None:
-        """Commit ``state``; ``new_objects``: it points at objects staged since the last sync.
+    # -- commits -----------------------------------------------------------------------------
 
-        ``committed``: how many of ``state.records`` were committed before (they may move to
-        the journal now); ``prune``: (before, keep) retention, applied when the journal is
-        compacted.
-        """
+    def _commit(self, tx: _FileTransaction) -> None:
+        """Commit ``tx.state`` as the next generation (see 2. and 3. in the module docstring)."""
+        rdir, loaded, state = tx.rdir, tx.loaded, tx.state
         self._ensure(rdir)
-        temporary = rdir / f"{STATE}.tmp-{uuid.uuid4().hex}"
-        with _translated(f"writing {state.resource!r}"):
-            self._move_records(rdir, state, committed, prune)
+        tx.sync_seq()
+        state.gen = (loaded.current.gen if loaded is not None else 0) + 1
+        if loaded is None or loaded.base.version < STATE_VERSION:
+            if loaded is not None:  # format 1: its entries move with the next checkpoint
+                state.records = [*loaded.base.records, *state.records]
+                state.ops = {**loaded.base.ops, **state.ops}
+            self._replace_state(rdir, state, fresh_log=True)
+            return
+        line, body = _log_line(state)
+        data = line if loaded.log_clean else b"\n" + line
+        fd = os.open(f"{rdir}/{LOG}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            _write_all(fd, data)  # failing before its newline, the line never counts
             try:
-                _write_file(temporary, state.to_json())
-                if new_objects:
-                    _fsync_dir(rdir / "objects")  # the objects before the pointer to them
-                os.replace(temporary, rdir / STATE)  # the commit point
-            except BaseException:
-                temporary.unlink(missing_ok=True)
-                raise
+                os.fdatasync(fd)
+                if not loaded.log_exists:
+                    _fsync_dir(rdir)
+            except OSError as error:
+                raise OutcomeUnknown(
+                    f"committing {state.resource!r}: the commit was written but could not be "
+                    f"synced ({error}); retry with the same op_id"
+                ) from error
+        finally:
+            os.close(fd)
+        self._parsed.remember(body, state)
+        size = loaded.log_size + len(data)
+        if size > max(CHECKPOINT_AT, 2 * len(line)) or self._compaction_due(tx):
+            try:
+                self._checkpoint(tx)
+            except Exception as error:  # the commit is durable: a failed checkpoint waits
+                log.warning("%s: checkpoint deferred: %s", state.resource, error)
+
+    def _replace_state(self, rdir: str, state: _State, *, fresh_log: bool = False) -> None:
+        """Rename ``state`` over ``state.json`` and sync the directory.
+
+        ``fresh_log``: also create an empty ``state.log`` first (the first format-2 commit of a
+        resource), so that its directory entry is durable with the new state.
+        """
+        temporary = f"{rdir}/{STATE}.tmp-{uuid.uuid4().hex}"
+        body = state.to_json()
+        try:
+            _write_file(temporary, body)
+            if fresh_log:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                os.close(os.open(f"{rdir}/{LOG}", flags, 0o644))
+            os.replace(temporary, f"{rdir}/{STATE}")  # the commit point
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
         try:
             _fsync_dir(rdir)
         except OSError as error:
@@ -541,103 +933,136 @@ class FileBackend:
                 f"committing {state.resource!r}: the state was renamed into place but the "
                 f"directory could not be synced ({error}); retry with the same op_id"
             ) from error
+        self._parsed.remember(body, state)
 
-    def _move_records(
-        self, rdir: Path, state: _State, committed: int, prune: tuple[float, int] | None
-    ) -> None:
-        """Move committed pending records to the journal (synced); compact it if due."""
-        journal = rdir / JOURNAL
-        if committed and len(state.records) >= FLUSH_AT:
-            moved, state.records = state.records[:committed], state.records[committed:]
-            _append_lines(journal, moved, sync=True)
-            if state.oldest is None:
-                state.oldest = moved[0].at
-        if prune is None:
-            return
-        before, keep = prune
-        try:
-            size = journal.stat().st_size
-        except FileNotFoundError:
-            return
-        if size > state.compact_at or (state.oldest is not None and state.oldest < before):
-            kept = _retained(_journal_records(journal, state.resource), before, keep)
-            temporary = rdir / f"{JOURNAL}.tmp-{uuid.uuid4().hex}"
-            data = "".join(
-                json.dumps(_record_json(r), separators=(",", ":")) + "\n" for r in kept
-            ).encode()
-            try:
-                _write_file(temporary, data)
-                os.replace(temporary, journal)  # the directory is synced by the state's commit
-            except BaseException:
-                temporary.unlink(missing_ok=True)
-                raise
-            state.compact_at = max(_COMPACT_AT, 2 * len(data))
-            state.oldest = kept[0].at if kept else None
+    def _retention(self, tx: _FileTransaction) -> tuple[float, int, float]:
+        """(records before, records kept, op records before): requested, else the options'."""
+        now = self._options.clock.wall()
+        options = self._options
+        before, keep = tx.prune or (now - options.record_retention, options.record_limit)
+        ops_before = now - options.op_retention if tx.ops_before is None else tx.ops_before
+        return before, keep, ops_before
+
+    def _compaction_due(self, tx: _FileTransaction) -> bool:
+        """Whether a requested pruning finds a journal to compact."""
+        if tx.prune is None and tx.ops_before is None:
+            return False
+        before, _, ops_before = self._retention(tx)
+        state = tx.state
+        return (
+            _size(f"{tx.rdir}/{JOURNAL}") > state.compact_at
+            or (state.oldest is not None and state.oldest < before)
+            or _size(f"{tx.rdir}/{OPS}") > state.ops_compact_at
+            or (state.ops_oldest is not None and state.ops_oldest < ops_before)
+        )
+
+    def _checkpoint(self, tx: _FileTransaction) -> None:
+        """Move the entries of the states since the checkpoint to the journals; checkpoint."""
+        assert tx.loaded is not None
+        rdir, state = tx.rdir, tx.state
+        before, keep, ops_before = self._retention(tx)
+        pending = [*tx.loaded.pending(), (state.records, state.ops)]
+        records = [r for new, _ in pending for r in new]
+        ops = [(o, r) for _, new in pending for o, r in new.items()]
+        journal, ops_journal = f"{rdir}/{JOURNAL}", f"{rdir}/{OPS}"
+
+        def records_kept(new: list[Record]) -> list[Record]:
+            return _retained([*_journal_records(journal, state.resource), *new], before, keep)
+
+        def ops_kept(new: list[tuple[str, OpRecord]]) -> list[tuple[str, OpRecord]]:
+            newest: dict[str, OpRecord] = {}
+            for op_id, record in [*_journal_ops(ops_journal), *new]:
+                newest.pop(op_id, None)  # keep the order of the newest records
+                newest[op_id] = record
+            return [(o, r) for o, r in newest.items() if r.recorded_at >= ops_before]
+
+        checkpoint = dataclasses.replace(state, records=[], ops={})
+        checkpoint.compact_at, checkpoint.oldest = _to_journal(
+            journal,
+            records,
+            _encode_record,
+            records_kept,
+            lambda r: r.at,
+            (state.compact_at, state.oldest),
+            before,
+        )
+        checkpoint.ops_compact_at, checkpoint.ops_oldest = _to_journal(
+            ops_journal,
+            ops,
+            _encode_op,
+            ops_kept,
+            lambda entry: entry[1].recorded_at,
+            (state.ops_compact_at, state.ops_oldest),
+            ops_before,
+        )
+        checkpoint.journal_mark = _journal_mark(journal)  # seq accounts for all it holds
+        self._replace_state(rdir, checkpoint)  # the same gen as the log's last line
+        os.truncate(f"{rdir}/{LOG}", 0)
 
     # -- the critical section --------------------------------------------------------------
 
     @contextmanager
     def transaction(self, resource: str) -> Iterator[_FileTransaction]:
         digest = _hash(resource)
-        rdir = self.root / "resources" / digest
+        rdir = f"{self.root}/resources/{digest}"
         lock = self._lock(digest)
         if mutants.active("check-then-write"):  # seeded defect of `fenced verify --mutants`
             lock = contextlib.nullcontext()  # check and write are no longer one atomic step
         with _translated(f"writing {resource!r}"), lock:
-            tx = _FileTransaction(self._load(rdir, resource) or _State(resource), rdir)
+            tx = _FileTransaction(rdir, self._load(rdir, resource), resource)
             yield tx
             if tx.dirty:
-                self._save(
-                    rdir,
-                    tx.state,
-                    new_objects=tx.new_objects,
-                    committed=tx.committed_records,
-                    prune=tx.prune,
-                )
+                self._commit(tx)
 
     # -- records ---------------------------------------------------------------------------
 
     def record_rejection(self, record: Record) -> None:
         """Append ``record`` to the resource's journal under its lock, without fsync."""
         digest = _hash(record.resource)
-        rdir = self.root / "resources" / digest
+        rdir = f"{self.root}/resources/{digest}"
         with _translated(f"recording a rejection on {record.resource!r}"), self._lock(digest):
             self._ensure(rdir)
-            state = self._load(rdir, record.resource) or _State(record.resource)
-            journal = rdir / JOURNAL
+            loaded = self._load(rdir, record.resource)
+            journal = f"{rdir}/{JOURNAL}"
             tail, clean = _journal_tail(journal)
-            seq = max(state.seq, tail) + 1
-            _append_lines(journal, [dataclasses.replace(record, seq=seq)], sync=False, clean=clean)
+            seq = max(loaded.current.seq if loaded is not None else 0, tail) + 1
+            numbered = dataclasses.replace(record, seq=seq)
+            _append_lines(journal, [_encode_record(numbered)], sync=False, clean=clean)
 
     def history(self, resource: str, after: int, *, since: float, keep: int) -> list[Record]:
         rdir = self._dir(resource)
         with _translated(f"reading the records of {resource!r}"):
-            state = self._load(rdir, resource)  # before the journal: a flush may run meanwhile
-            journal = _journal_records(rdir / JOURNAL, resource)
-        pending = state.records if state is not None else []
+            loaded = self._load(rdir, resource)  # before the journal: see 4.
+            try:
+                pending = [r for new, _ in loaded.pending() for r in new] if loaded else []
+            except (ValueError, TypeError, KeyError, AttributeError) as error:
+                raise ConfigurationError(f"corrupt state log in {rdir}: {error}") from error
+            journal = _journal_records(f"{rdir}/{JOURNAL}", resource)
         return [r for r in _retained([*journal, *pending], since, keep) if r.seq > after]
 
     def floors(self) -> dict[str, int]:
         found: dict[str, int] = {}
         with _translated("reading floors"):
-            for rdir in sorted((self.root / "resources").iterdir()):
-                if _RESOURCE_DIR.fullmatch(rdir.name) and rdir.is_dir():
-                    state = self._load(rdir, None)
-                    if state is not None and state.head.floor is not None:
-                        found[state.resource] = state.head.floor
+            for rdir in sorted(os.listdir(f"{self.root}/resources")):
+                path = f"{self.root}/resources/{rdir}"
+                if _RESOURCE_DIR.fullmatch(rdir) and os.path.isdir(path):
+                    loaded = self._load(path, None)
+                    if loaded is not None and loaded.current.head.floor is not None:
+                        found[loaded.current.resource] = loaded.current.head.floor
         return found
 
     # -- reads -----------------------------------------------------------------------------
 
-    def _read(self, resource: str) -> _State:
+    def _current(self, resource: str) -> _State:
         with _translated(f"reading {resource!r}"):
-            return self._load(self._dir(resource), resource) or _State(resource)
+            loaded = self._load(self._dir(resource), resource)
+        return loaded.current if loaded is not None else _State(resource)
 
     def head(self, resource: str) -> Head:
-        return self._read(resource).head
+        return self._current(resource).head
 
     def get(self, resource: str, key: str) -> Item | None:
-        stored = self._read(resource).items.get(key)
+        stored = self._current(resource).items.get(key)
         if stored is None:
             return None
         try:
@@ -647,14 +1072,14 @@ class FileBackend:
         return Item(resource, key, value, stored.epoch, stored.version)
 
     def pointer(self, resource: str, name: str) -> Publication | None:
-        return self._read(resource).pointers.get(name)
+        return self._current(resource).pointers.get(name)
 
     def open_current(self, resource: str, name: str) -> tuple[Publication, BinaryIO] | None:
         for _ in range(3):  # the pointer may move between reading it and opening its object
             publication = self.pointer(resource, name)
             if publication is None:
                 return None
-            path = self._dir(resource) / "objects" / publication.object_id
+            path = f"{self._dir(resource)}/objects/{publication.object_id}"
             try:
                 return publication, open(path, "rb")  # the caller closes it
             except FileNotFoundError:
@@ -668,48 +1093,61 @@ class FileBackend:
     # -- objects ---------------------------------------------------------------------------
 
     def stage(self, resource: str, object_id: str, chunks: Iterable[bytes], now: float) -> None:
+        """Write, rename into ``objects/``, then sync the object and the directory (see 1.)."""
         rdir = self._dir(resource)
         what = f"staging an object of {resource!r}"
         with _translated(what):
             self._ensure(rdir)
-        part = rdir / "staging" / f"{object_id}.part"
+        part = f"{rdir}/staging/{object_id}.part"
+        final = f"{rdir}/objects/{object_id}"
         try:
             with _translated(what):
-                stream = open(part, "xb")  # noqa: SIM115 - closed below
-            with stream:
+                fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
                 for chunk in chunks:  # an error reading the data propagates unchanged
                     with _translated(what):
-                        stream.write(chunk)
+                        _write_all(fd, chunk)
                 with _translated(what):
-                    stream.flush()
-                    os.fsync(stream.fileno())
+                    os.utime(fd, (now, now))  # gc measures an unpublished object's idle time
+                    os.replace(part, final)  # complete: a crash from here leaves debris for gc
+                    os.fdatasync(fd)  # the bytes and the size; on journaling file systems
+                    # also the rename, which makes the directory's sync below nearly free
+            finally:
+                os.close(fd)
             with _translated(what):
-                os.utime(part, (now, now))
-                os.replace(part, rdir / "objects" / object_id)  # synced by the commit
+                _fsync_dir(f"{rdir}/objects")
         except BaseException:
-            part.unlink(missing_ok=True)
+            for path in (part, final):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             raise
 
     def discard(self, resource: str, object_id: str) -> None:
         with contextlib.suppress(OSError):  # best effort: gc removes it later
-            (self._dir(resource) / "objects" / object_id).unlink(missing_ok=True)
+            os.unlink(f"{self._dir(resource)}/objects/{object_id}")
 
     def gc(self, choose: Chooser, cutoff: float) -> int:
         removed = 0
         with _translated("collecting garbage"):
-            for rdir in sorted((self.root / "resources").iterdir()):
-                if _RESOURCE_DIR.fullmatch(rdir.name) and rdir.is_dir():
-                    with self._lock(rdir.name):
+            for name in sorted(os.listdir(f"{self.root}/resources")):
+                rdir = f"{self.root}/resources/{name}"
+                if _RESOURCE_DIR.fullmatch(name) and os.path.isdir(rdir):
+                    with self._lock(name):
                         removed += self._collect(rdir, choose, cutoff)
         return removed
 
-    def _collect(self, rdir: Path, choose: Chooser, cutoff: float) -> int:
-        """gc of one resource directory, inside its critical section."""
-        state = self._load(rdir, None)
+    def _collect(self, rdir: str, choose: Chooser, cutoff: float) -> int:
+        """gc of one resource directory, inside its critical section.
+
+        Unlinks need no sync: an object that reappears after a power failure is unreferenced
+        and goes at the next gc.
+        """
+        loaded = self._load(rdir, None)
+        state = loaded.current if loaded is not None else None
         current = {p.object_id: p for p in state.pointers.values()} if state else {}
         superseded = {s.object_id: s for s in state.superseded} if state else {}
         objects: list[StoredObject] = []
-        for entry in os.scandir(rdir / "objects"):
+        for entry in os.scandir(f"{rdir}/objects"):
             if not _OBJECT_ID.fullmatch(entry.name):
                 continue
             if (pub := current.get(entry.name)) is not None:
@@ -726,20 +1164,21 @@ class FileBackend:
                 objects.append(StoredObject(entry.name, entry.stat().st_mtime))
         victims = choose(objects, set(current))
         for object_id in victims:
-            (rdir / "objects" / object_id).unlink(missing_ok=True)
-        for entry in os.scandir(rdir / "staging"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{rdir}/objects/{object_id}")
+        for entry in os.scandir(f"{rdir}/staging"):
             if entry.stat().st_mtime < cutoff:
                 os.unlink(entry.path)
         for entry in os.scandir(rdir):
-            if entry.name.startswith((f"{STATE}.tmp-", f"{JOURNAL}.tmp-")):
-                os.unlink(entry.path)  # an interrupted commit: we hold the lock
-        _fsync_dir(rdir / "objects")
-        if state is not None:
+            if entry.name.startswith(_DEBRIS):
+                os.unlink(entry.path)  # an interrupted commit or checkpoint: we hold the lock
+        if loaded is not None and state is not None:
             present = {o.object_id for o in objects} - set(victims)
             kept = [s for s in state.superseded if s.object_id in present]
             if kept != state.superseded:
-                state.superseded = kept
-                self._save(rdir, state)
+                tx = _FileTransaction(rdir, loaded, state.resource)
+                tx.state.superseded = kept
+                self._commit(tx)
         return len(victims)
 
     def close(self) -> None:
@@ -747,27 +1186,36 @@ class FileBackend:
 
 
 class _FileTransaction:
-    """The :class:`~fenced.fence.backend.Transaction` over one loaded state; saved if dirty."""
+    """The :class:`~fenced.fence.backend.Transaction` over one loaded state; committed if dirty."""
 
-    def __init__(self, state: _State, rdir: Path) -> None:
-        self.state = state
+    def __init__(self, rdir: str, loaded: _Loaded | None, resource: str) -> None:
+        self.rdir = rdir
+        self.loaded = loaded
+        self.state = loaded.current.successor() if loaded is not None else _State(resource)
         self.dirty = False
-        self.new_objects = False
-        self.committed_records = len(state.records)
         self.prune: tuple[float, int] | None = None
-        self._rdir = rdir
-        self._seq_checked = False
+        self.ops_before: float | None = None
+        self._seq_synced = False
+
+    def sync_seq(self) -> None:
+        """Raise ``seq`` past the records that rejections numbered since the last commit."""
+        if self._seq_synced:
+            return
+        self._seq_synced = True
+        journal = f"{self.rdir}/{JOURNAL}"
+        mark = _journal_mark(journal)
+        if mark != self.state.journal_mark:  # read its last record only if it changed
+            self.state.seq = max(self.state.seq, _journal_tail(journal)[0])
+            self.state.journal_mark = mark
 
     def append_record(self, record: Record) -> None:
-        if not self._seq_checked:  # rejections may have numbered records in the journal
-            self.state.seq = max(self.state.seq, _journal_tail(self._rdir / JOURNAL)[0])
-            self._seq_checked = True
+        self.sync_seq()
         self.state.seq += 1
         self.state.records.append(dataclasses.replace(record, seq=self.state.seq))
         self.dirty = True
 
     def prune_records(self, before: float, keep: int) -> None:
-        self.prune = (before, keep)
+        self.prune = (before, keep)  # applied by the next checkpoint (see 3.)
 
     def head(self) -> Head:
         return self.state.head
@@ -777,17 +1225,25 @@ class _FileTransaction:
         self.dirty = True
 
     def op(self, op_id: str) -> OpRecord | None:
-        return self.state.ops.get(op_id)
+        if op_id in self.state.ops:
+            return self.state.ops[op_id]
+        if self.loaded is None:
+            return None
+        needle = json.dumps(op_id).encode()
+        try:
+            for _, ops in reversed(list(self.loaded.pending(needle))):
+                if op_id in ops:
+                    return ops[op_id]
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise ConfigurationError(f"corrupt state log in {self.rdir}: {error}") from error
+        return _find_journal_op(f"{self.rdir}/{OPS}", op_id, needle)
 
     def record_op(self, op_id: str, record: OpRecord) -> None:
         self.state.ops[op_id] = record
         self.dirty = True
 
     def prune_ops(self, before: float) -> None:
-        expired = [o for o, r in self.state.ops.items() if r.recorded_at < before]
-        for op_id in expired:
-            del self.state.ops[op_id]
-        self.dirty = self.dirty or bool(expired)
+        self.ops_before = before  # expired records are ignored at once, dropped at a checkpoint
 
     def version_of(self, key: str) -> int | None:
         stored = self.state.items.get(key)
@@ -802,7 +1258,7 @@ class _FileTransaction:
         return self.state.pointers.get(name)
 
     def has_object(self, object_id: str) -> bool:
-        return (self._rdir / "objects" / object_id).is_file()
+        return os.path.isfile(f"{self.rdir}/objects/{object_id}")
 
     def set_pointer(self, publication: Publication, now: float) -> None:
         old = self.state.pointers.get(publication.name)
@@ -811,4 +1267,4 @@ class _FileTransaction:
                 _Superseded(old.object_id, old.name, old.epoch, old.published_at, now)
             )
         self.state.pointers[publication.name] = publication
-        self.dirty = self.new_objects = True
+        self.dirty = True
