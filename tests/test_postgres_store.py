@@ -19,7 +19,7 @@ import pytest
 
 from fenced.core.clock import SystemClock
 from fenced.core.errors import ConfigurationError, StaleToken, Unavailable, VersionConflict
-from fenced.fence import Store
+from fenced.fence import Store, postgres_conn, postgres_store
 from fenced.fence import open_store as fenced_open_store
 from fenced.fence.backend import StoreOptions
 from fenced.fence.postgres_store import PostgresStore, open_postgres_store
@@ -228,3 +228,81 @@ def test_speculative_writes_never_trust_what_this_process_saw_last(store_url: st
     assert item is not None and (item.value, item.version) == (b"b", 3)
     a.close()
     b.close()
+
+
+def _statements(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every statement the store's mutations send from now on (ordinary ones and store_apply)."""
+    sent: list[bytes] = []
+    run, apply = postgres_store._PgTransaction._run, postgres_conn.execute
+
+    def counting_run(tx: Any, statements: list[tuple[bytes, tuple[object, ...]]]) -> Any:
+        sent.extend(query for query, _ in statements)
+        return run(tx, statements)
+
+    def counting_execute(pool: Any, conn: Any, query: bytes, params: Any) -> Any:
+        sent.append(query)
+        return apply(pool, conn, query, params)
+
+    monkeypatch.setattr(postgres_store._PgTransaction, "_run", counting_run)
+    monkeypatch.setattr(postgres_store, "execute", counting_execute)
+    return sent
+
+
+def test_a_speculative_write_and_its_records_are_one_statement(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An accepted put (even one that installs its epoch) is one store_apply call that also
+    inserts its records, in order, in the same transaction; every 64th write prunes records."""
+    options = StoreOptions(7 * 24 * 3600.0, 3600.0, 5.0, SystemClock(), record_limit=3)
+    store = open_postgres_store(store_url, "monotonic", options)
+    store.put(token(1), "k", b"1")  # learns the domain and k
+    sent = _statements(monkeypatch)
+    store.put(token(2), "k", b"2", op_id="op-2")  # installs 2: two records
+    assert len(sent) == 1 and b"store_apply_records" in sent[0]
+    kinds = [
+        (r.kind.value, r.epoch, r.detail.get("op_id")) for r in store.history(token(2).resource)
+    ]
+    assert kinds[-2:] == [("installed", 2, None), ("accepted", 2, "op-2")]
+    assert store.put(token(2), "k", b"2", op_id="op-2").version == 2  # replayed, not applied
+    sent.clear()  # (a replay is found by the ordinary way, after store_apply raised)
+    for n in range(70):
+        store.put(token(2), "k", str(n).encode())
+    assert all(b"store_apply_records" in query for query in sent)
+    records = store.history(token(2).resource)  # the record_limit newest
+    assert [r.detail["version"] for r in records] == [70, 71, 72]
+    schema = store_url.split("schema=")[1]
+    with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{schema}".store_records'.encode()).fetchone()
+    assert row is not None and row[0] < 20  # pruned to 3 at the 64th write, by store_apply
+    store.close()
+
+
+def test_a_version_2_database_is_upgraded_and_keeps_its_state(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patched:
+        patched.setattr(postgres_store, "MIGRATIONS", postgres_store.MIGRATIONS[:2])
+        writes: list[Callable[[PostgresStore], object]] = [
+            lambda old: old.fence(token(1)),
+            lambda old: old.put(token(1), "k", b"1"),
+            lambda old: old.put(token(1), "k", b"2"),
+        ]
+        for write in writes:  # one write per process: none is speculative (needs version 3)
+            old = open_postgres_store(store_url, "strict", _options())
+            write(old)
+            old.close()
+    store = open_postgres_store(store_url, None, _options())
+    assert store.mode == "strict"
+    schema = store_url.split("schema=")[1]
+    with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT value FROM \"{schema}\".store_meta WHERE key = 'schema_version'".encode()
+        ).fetchone()
+    assert row == (str(postgres_store.SCHEMA_VERSION),) and postgres_store.SCHEMA_VERSION == 3
+    store.put(token(1), "k", b"3")
+    sent = _statements(monkeypatch)
+    assert store.put(token(1), "k", b"4").version == 4
+    assert len(sent) == 1
+    versions = [r.detail.get("version") for r in store.history(token(1).resource)]
+    assert versions == [None, 1, 2, 3, 4]  # the install, then every accepted put
+    store.close()

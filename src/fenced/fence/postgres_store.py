@@ -13,10 +13,11 @@ for the other stores. What this backend guarantees:
   reads (the key's version or the pointer, an op id) go out as one multi-statement query; the
   writes are buffered and sent with ``COMMIT``. Once this process has seen a domain, ``put`` and
   ``fence`` are *speculative*: decided by :class:`~fenced.fence.store.Store` on the state seen
-  last, then sent as one statement (``store_apply``) that takes the lock, raises unless that
-  state is still current, and applies the writes (see :class:`PostgresStore`). A break while the
-  commit is in flight is :class:`~fenced.OutcomeUnknown` (retry with the same op id); a failure
-  before it is :class:`~fenced.Unavailable` (nothing was changed).
+  last, then sent as one statement (``store_apply``, then ``store_apply_records``) that takes
+  the lock, raises unless that state is still current, and applies the writes and the records
+  (see :class:`PostgresStore`). A break while the commit is in flight is
+  :class:`~fenced.OutcomeUnknown` (retry with the same op id); a failure before it is
+  :class:`~fenced.Unavailable` (nothing was changed).
 * **Durability**: commits are synchronous (``synchronous_commit`` raised for the transaction
   when the server has it off): a mutation is on disk when it returns.
 * **Objects** are ``bytea`` chunks of 1 MiB in ``store_chunks`` (storage ``EXTERNAL``: no
@@ -32,9 +33,9 @@ for the other stores. What this backend guarantees:
   one ``REPEATABLE READ READ ONLY`` transaction of a connection of its own: the stream is
   unaffected by later publications and even by gc (MVCC) until it is closed.
 * **Records** (:attr:`~fenced.fence.backend.Capability.RECORDS`): rows of ``store_records``.
-  Installs and accepted mutations are inserted in the mutation's own transaction (a speculative
-  mutation that appends one is sent as BEGIN, the lock, the check, the writes and COMMIT: still
-  one round trip); a rejection is inserted by a transaction of its own, under the domain lock,
+  Installs and accepted mutations are inserted in the mutation's own transaction (by the one
+  statement of a speculative mutation: ``store_apply_records`` after ``store_apply``, schema
+  version 3); a rejection is inserted by a transaction of its own, under the domain lock,
   committed with ``synchronous_commit = off`` (no wait for the WAL flush). ``seq`` is one
   sequence for the whole store.
 * **Schema**: tables ``store_*`` in the URL's schema (default ``fenced``, ``?schema=``), versioned
@@ -201,6 +202,36 @@ MIGRATIONS: tuple[Migration, ...] = (
             " at double precision NOT NULL, kind text NOT NULL, epoch bigint NOT NULL,"
             " detail text NOT NULL)",
             "CREATE INDEX store_records_by_resource ON {s}.store_records (resource, seq)",
+        ),
+    ),
+    Migration(
+        3,
+        "a speculative write and its records in one statement",
+        (
+            # The records of a speculative write (see _PgTransaction._apply): a JSON array of
+            # [at, kind, epoch, detail], inserted in order, and now and then the pruning of old
+            # ones. Called as ``SELECT store_apply_records(…) FROM store_apply(…)``: store_apply
+            # has taken the domain lock and checked the state first, all in one transaction.
+            """CREATE FUNCTION {s}.store_apply_records(p_resource text, p_records text,
+                p_prune_before double precision, p_prune_keep bigint)
+            RETURNS void
+            LANGUAGE plpgsql AS $$
+            DECLARE
+                v_record json;
+            BEGIN
+                FOR v_record IN SELECT e.value FROM json_array_elements(p_records::json)
+                        WITH ORDINALITY AS e (value, n) ORDER BY e.n LOOP
+                    INSERT INTO {s}.store_records (resource, at, kind, epoch, detail)
+                    VALUES (p_resource, (v_record->>0)::double precision, v_record->>1,
+                        (v_record->>2)::bigint, v_record->>3);
+                END LOOP;
+                IF p_prune_before IS NOT NULL THEN
+                    DELETE FROM {s}.store_records r WHERE r.resource = p_resource
+                        AND (r.at < p_prune_before OR r.seq <= coalesce((
+                            SELECT k.seq FROM {s}.store_records k WHERE k.resource = p_resource
+                            ORDER BY k.seq DESC LIMIT 1 OFFSET p_prune_keep), 0));
+                END IF;
+            END $$""",
         ),
     ),
 )
@@ -434,9 +465,9 @@ class PostgresBackend:
 
         Ordinary: the first read sends BEGIN, the lock, the head and the announced reads in
         one round trip; the writes go with COMMIT. Speculative (``hinting(speculate=True)``):
-        reads are answered from the state this process saw last, and BEGIN, the lock, a check
-        that this state is still current (a check statement), the writes and COMMIT go out
-        together; a changed state aborts the transaction (``_SpeculationFailed``).
+        reads are answered from the state this process saw last, and one ``store_apply``
+        statement takes the lock, checks that this state is still current and applies the
+        writes and records; a changed state aborts it (``_SpeculationFailed``).
         """
         hint = self._hint
         with self._known_lock:
@@ -698,7 +729,11 @@ _POINTER = (
     "SELECT epoch, object_id, sha256, size, published_at FROM {s}.store_pointers"
     " WHERE resource = %s AND name = %s"
 )
-_APPLY = "SELECT {s}.store_apply(" + ", ".join(["%s"] * 19) + ")"
+_APPLY = (
+    "SELECT {s}.store_apply_records(%s, %s, %s, %s) FROM {s}.store_apply("
+    + ", ".join(["%s"] * 19)
+    + ") AS applied"
+)
 _HEAD = "SELECT coordinator_id, floor FROM {s}.store_domains WHERE resource = %s"
 _VERSION = "SELECT version FROM {s}.store_items WHERE resource = %s AND key = %s"
 _LOCK = (
@@ -750,8 +785,9 @@ class _PgTransaction:
     Ordinary mode: the first read sends ``BEGIN``, the lock, the head, the announced reads and
     itself as one multi-statement query; writes are buffered and sent with ``COMMIT``.
     Speculative mode (``known`` given): reads are answered from ``known`` and remembered as
-    expectations; at commit, one query carries BEGIN, the lock, a check statement (which aborts
-    unless the expectations still hold), the writes and COMMIT. A read that ``known`` cannot
+    expectations; at commit, one ``store_apply`` statement (see :meth:`_apply`) checks them
+    under the lock and applies the writes and records (writes it does not carry would go out as
+    BEGIN, the lock, a check statement, the writes and COMMIT). A read that ``known`` cannot
     answer switches to ordinary mode, checking the answers already given.
     """
 
@@ -777,6 +813,7 @@ class _PgTransaction:
         self._pointers: dict[str, Publication | None] = {}
         self._writes: list[tuple[bytes, tuple[object, ...]]] = []
         self._typed: dict[str, tuple[object, ...]] = {}  # the same writes, by kind
+        self._records: list[tuple[object, ...]] = []  # the records among them, in order
         # speculative expectations
         self._expect_head = False
         self._expect_key: tuple[str, int | None] | None = None
@@ -796,7 +833,7 @@ class _PgTransaction:
         """A statement that fails (division by zero, 22012) unless the expectations hold."""
         b = self._b
         r = self._resource
-        head = self._head or Head()
+        head = self._known.head if self._known is not None else Head()  # not a set_head
         conditions: list[str] = []
         params: list[object] = []
         if head.floor is None:
@@ -899,6 +936,9 @@ class _PgTransaction:
         if not self._begun and self._known is None:
             self._begin()
         self._writes.append((self._b._sql(query), params))
+        if kind == "record":
+            self._records.append(params)
+            return
         self._typed[kind if kind and kind not in self._typed else f"other{len(self._typed)}"] = (
             params
         )
@@ -908,41 +948,51 @@ class _PgTransaction:
             return  # nothing was read or written
         statements: list[tuple[bytes, tuple[object, ...]]] = []
         if not self._begun:  # speculative: even a no-op must confirm what it was told
-            if set(self._typed) <= {"head", "item", "op", "prune"}:
+            if set(self._typed) <= {"head", "item", "op", "prune", "prune_records"}:
                 self._apply()
                 return
             statements = [*self._enter(), self._check()]
         statements.extend(self._writes)
         statements.append((b"COMMIT", ()))
         self._run(statements)
-        self._writes.clear()
-        self._typed.clear()
+        self._clear()
         self._begun = False
 
+    def _clear(self) -> None:
+        self._writes.clear()
+        self._typed.clear()
+        self._records.clear()
+
     def _apply(self) -> None:
-        """A speculative commit as one statement: ``store_apply`` (check, then the writes)."""
+        """A speculative commit as one statement: ``store_apply`` (the lock, the check, then the
+        writes) and ``store_apply_records`` (the records and their pruning)."""
         b = self._b
-        head = self._head or Head()
+        head = self._known.head if self._known is not None else Head()  # what was decided on
         key, version = self._expect_key or (None, None)
         new_head = self._typed.get("head", (None, None, None))[1:]
         item = self._typed.get("item", (None, None, None, None, None))[1:]
         op = self._typed.get("op", (None, None, None, None, None))[1:]
         prune = self._typed.get("prune", (None, None))[1:]
+        _, records_before, _, records_keep = self._typed.get("prune_records", (None,) * 4)
+        # _record_params: (resource, at, kind, epoch, detail), always of this resource; JSON
+        # because psycopg dumps arrays slowly (more than the rest of the statement together)
+        records = json.dumps([params[1:] for params in self._records], separators=(",", ":"))
         execute(
             b._pool,
             self._conn,
             b._sql(_APPLY),
             (
+                self._resource, records if self._records else None, records_before,
+                records_keep,
                 self._resource, f"fenced.store.{b.schema}:{self._resource}",
                 f"{b._lock_timeout_ms}ms", head.coordinator_id, head.floor, key, version,
                 self._expect_op, *new_head, *item, *op, *prune,
             ),
         )  # fmt: skip
-        self._writes.clear()
-        self._typed.clear()
+        self._clear()
 
     def abort(self) -> None:
-        self._writes.clear()
+        self._clear()
         conn = self._conn
         if (
             not conn.closed
@@ -1014,8 +1064,7 @@ class _PgTransaction:
         )
 
     def append_record(self, record: Record) -> None:
-        # Not a write store_apply carries: a speculative commit with a record goes out as
-        # BEGIN, the lock, the check statement, the writes and COMMIT (still one round trip).
+        # a speculative commit sends the records to store_apply_records (see _apply)
         self._write(_INSERT_RECORD, _record_params(record), "record")
 
     def prune_records(self, before: float, keep: int) -> None:
