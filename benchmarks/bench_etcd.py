@@ -2,8 +2,8 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_etcd.py                 # ~2-3 minutes
-    .venv/bin/python benchmarks/bench_etcd.py --rounds 5 --seconds 2
+    .venv/bin/python benchmarks/bench_etcd.py                 # ~3 minutes
+    .venv/bin/python benchmarks/bench_etcd.py --rounds 9 --seconds 1
     .venv/bin/python benchmarks/bench_etcd.py --only cycles --only handoff
 
 The benchmark starts its own 3-member etcd cluster (``fenced.testing.etcd.EtcdCluster``: loopback
@@ -11,7 +11,9 @@ ports, fsync on as etcd always does, ``--heartbeat-interval 50 --election-timeou
 stops it by PID at the end. Implementations, all through the same cluster, each on its own key:
 
 - ``fenced``: ``fenced.connect("etcd://…")``, ``acquire(ttl=30)`` / ``release()``: a fencing
-  token, the epoch and the record written in the grant's transaction;
+  token, the epoch and the record written in the grant's transaction; a release hands the lease
+  to the head waiter in its own transaction (the holder's process watches the line of a key it
+  takes a second time, and the waiter's of the key it queues for: the warm-up round covers it);
 - ``aetcd Lock``: ``aetcd.Client.lock(name, ttl=30)`` (gRPC): a new etcd lease per acquire, a
   create-if-absent txn, a delete txn; waiters all watch the lock key;
 - ``etcd v3lock``: etcd's built-in ``Lock``/``Unlock`` RPC through the JSON gateway with one
@@ -20,7 +22,8 @@ stops it by PID at the end. Implementations, all through the same cluster, each 
   per attempt, retries with a backoff (up to 1 s) instead of watching.
 
 Sections (every section interleaves the implementations round by round, in alternating order,
-after one discarded warm-up round; ratios are taken per round, then the median is reported):
+after one discarded warm-up round; ratios are taken per round, then the median is reported —
+5 rounds by default, since on a shared 2-core machine one round in three is often disturbed):
 
 1. **cycles**: uncontended ``acquire`` + ``release`` back to back for ``--seconds`` per round.
    Targets: fenced ≥ 1.2 × aetcd Lock and ≥ 2 × tooz.
@@ -393,7 +396,7 @@ def bench_fairness(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.5)
     parser.add_argument("--handoffs", type=int, default=20, help="handoffs per round")
     parser.add_argument("--processes", type=int, default=8)

@@ -13,7 +13,8 @@ Modes:
              request_id, as DESIGN §2 prescribes.
 ``hold``     ``with coord.hold(R)``: records ``held``, then every change of ``held.state`` until
              the lease is lost (or ``--seconds`` pass), then ``done``.
-``acquire``  ``coord.acquire(R, wait=--wait)``: records ``granted`` (epoch) or ``failed``.
+``acquire``  ``coord.acquire(R, wait=--wait)``: records ``granted`` (epoch) or ``failed``; with
+             ``--hold`` > 0 it keeps the lease that long, then releases it (``released``).
 """
 
 from __future__ import annotations
@@ -87,11 +88,14 @@ def acquire(args: argparse.Namespace, out: Recorder) -> None:
     coord = fenced.connect(args.url)
     out.emit("ready")
     try:
-        lease = coord.acquire(args.resource, ttl=args.ttl, wait=args.wait)
+        lease = coord.acquire(args.resource, ttl=args.ttl, wait=args.wait, holder=args.holder)
     except fenced.FencedError as error:
         out.emit("failed", error=f"{type(error).__name__}: {error}")
     else:
-        out.emit("granted", epoch=lease.epoch)
+        out.emit("granted", epoch=lease.epoch, deadline=lease.deadline)
+        if args.hold > 0:
+            time.sleep(args.hold)
+            out.emit("released", epoch=lease.epoch, released=coord.release(lease))
     coord.close()
 
 
@@ -106,6 +110,8 @@ def main() -> None:
     parser.add_argument("--wait", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--until", type=float, default=0.0)
+    parser.add_argument("--hold", type=float, default=0.0)
+    parser.add_argument("--holder", default=None)
     args = parser.parse_args()
     out = Recorder(args.out)
     {"contend": contend, "hold": hold, "acquire": acquire}[args.mode](args, out)

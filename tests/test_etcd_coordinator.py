@@ -10,6 +10,8 @@ lease of ttl T expires between ceil(T) and ceil(T) + 0.5 s after its last keep-a
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import json
 import os
 import signal
@@ -20,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +32,14 @@ import fenced
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends.etcd import EtcdBackend, EtcdTicket, parse_etcd_url
 from fenced.coordinator.backends.etcd_client import (
+    KV,
     MaybeApplied,
     NotApplied,
     Transport,
     WatchStream,
     b64,
 )
+from fenced.coordinator.backends.etcd_keys import record_from
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
 from fenced.core.clock import ManualClock
@@ -341,18 +346,18 @@ def test_an_idle_watch_keeps_its_connection(etcd_cluster: EtcdCluster) -> None:
 # -- sent or not sent: the classification of transport errors ---------------------------------
 
 
-class _BadServer:
-    """A loopback HTTP server that never answers: ``reset`` resets each connection as soon as the
-    request head has arrived (the body cannot have been sent whole); ``close`` reads the whole
-    request, then closes the connection without a reply."""
+class _LoopbackServer:
+    """A loopback server for the client's tests: :meth:`handle` serves each connection in a
+    thread of its own; :meth:`request` reads one HTTP request from it."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
+    def __init__(self, receive_buffer: int = 0) -> None:
         self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no room for a body
+        if receive_buffer:
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
         self.port = self.listener.getsockname()[1]
+        self.connections = 0
         self.requests = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -362,31 +367,52 @@ class _BadServer:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                self.requests += 1
-                if self.mode == "reset":
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
-                    continue
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                while len(body) < length:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    body += chunk
+            self.connections += 1
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            self.handle(conn)
+
+    def handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def request(self, conn: socket.socket, data: bytes, *, body: bool = True) -> bytes | None:
+        """Read one request (its head; with ``body``, its Content-Length body too) from ``conn``,
+        ``data`` being what was read already; what was read beyond it (None: the peer closed)."""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return None
+            data += chunk
+        self.requests += 1
+        head, _, data = data.partition(b"\r\n\r\n")
+        if not body:
+            return data
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(data) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+        return data[length:]
 
     def close(self) -> None:
         self.listener.close()
+
+
+class _BadServer(_LoopbackServer):
+    """A server that never answers: ``reset`` resets each connection as soon as the request head
+    has arrived (the body cannot have been sent whole); ``close`` reads the whole request, then
+    closes the connection without a reply."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        super().__init__(receive_buffer=4096)  # no room for a body
+
+    def handle(self, conn: socket.socket) -> None:
+        if self.request(conn, b"", body=self.mode != "reset") is not None and self.mode == "reset":
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
 
 
 def test_a_request_not_sent_whole_was_not_applied() -> None:
@@ -417,6 +443,26 @@ def test_a_request_sent_whole_whose_reply_is_lost_may_have_been_applied() -> Non
     finally:
         transport.close()
         server.close()
+
+
+class _CannedServer(_LoopbackServer):
+    """A server that answers each request with the next of ``replies`` (raw bytes), keeping the
+    connection open unless the reply says ``close``."""
+
+    def __init__(self, replies: list[bytes]) -> None:
+        self.replies = list(replies)
+        super().__init__()
+
+    def handle(self, conn: socket.socket) -> None:
+        data: bytes | None = b""
+        while self.replies and data is not None:
+            data = self.request(conn, data)
+            if data is None:
+                return
+            reply = self.replies.pop(0)
+            conn.sendall(reply)
+            if b"close" in reply.split(b"\r\n\r\n")[0].lower():
+                return
 
 
 def test_a_compacted_start_revision_makes_the_waiter_re_read(
@@ -461,17 +507,22 @@ def test_a_compacted_start_revision_makes_the_waiter_re_read(
 # -- processes and faults -------------------------------------------------------------------------
 
 
+def _contend(url: str, tmp_path: Path, workers: list[Worker], seconds: float) -> None:
+    """Start 8 ``contend`` workers on one resource and a strict store, for ``seconds``."""
+    store_url = f"sqlite://{tmp_path}/store.db"
+    fenced.open_store(store_url, "strict").close()
+    until = time.monotonic() + seconds
+    args = ["--url", url, "--store", store_url, "--ttl", "2", "--until", str(until)]
+    for i in range(8):
+        workers.append(Worker(tmp_path / f"w{i}.jsonl", "contend", *args))
+
+
 @pytest.mark.slow
 def test_kill_9_of_the_leader_while_8_processes_contend(
     cluster: EtcdCluster, tmp_path: Path, workers: list[Worker]
 ) -> None:
     url = cluster.url(prefix="/fenced", timeout=1, connect_timeout=0.3)
-    store_url = f"sqlite://{tmp_path}/store.db"
-    fenced.open_store(store_url, "strict").close()
-    until = time.monotonic() + 7.0
-    args = ["--url", url, "--store", store_url, "--ttl", "2"]
-    for i in range(8):
-        workers.append(Worker(tmp_path / f"w{i}.jsonl", "contend", *args, "--until", str(until)))
+    _contend(url, tmp_path, workers, 7.0)
     wait_for(
         lambda: sum(len(w.events("held")) for w in workers) >= 40, timeout=20, what="contention"
     )
@@ -751,3 +802,276 @@ def test_a_holder_whose_member_is_cut_off_goes_uncertain_then_lost_and_others_pr
             for worker in workers:
                 worker.stop()
             cluster.stop()
+
+
+# -- a release hands the lease to the head of the line --------------------------------------------
+
+
+def _raw(cluster: EtcdCluster) -> Transport:
+    member = cluster.members[0]
+    return Transport([("127.0.0.1", member.client_port)], timeout=5, connect_timeout=1)
+
+
+def _queued(cluster: EtcdCluster, prefix: str) -> int:
+    """How many waiters' keys exist under ``prefix``."""
+    raw = _raw(cluster)
+    queue = f"{prefix}/queue/".encode()
+    try:
+        reply = raw.call(
+            "kv/range",
+            {"key": b64(queue), "range_end": b64(queue[:-1] + b"0"), "count_only": True},
+            mutating=False,
+        )
+    finally:
+        raw.close()
+    return int(reply.get("count", 0))
+
+
+def _records(cluster: EtcdCluster, prefix: str) -> list[tuple[int, Any]]:
+    """``(revision that wrote it, record)`` of every record under ``prefix``, in order."""
+    raw = _raw(cluster)
+    start = f"{prefix}/rec/".encode()
+    try:
+        reply = raw.call(
+            "kv/range", {"key": b64(start), "range_end": b64(start[:-1] + b"0")}, mutating=False
+        )
+    finally:
+        raw.close()
+    found = [KV.from_json(kv) for kv in reply.get("kvs", [])]
+    return [(kv.create_revision, record_from(kv.value)) for kv in found]
+
+
+def _handoffs(records: list[tuple[int, Any]]) -> list[tuple[Any, Any]]:
+    """(RELEASED, GRANTED) pairs written by one transaction: a release that handed over."""
+    pairs = []
+    for (rev, first), (next_rev, second) in itertools.pairwise(records):
+        kinds = (first.kind, second.kind)
+        if kinds == (RecordKind.RELEASED, RecordKind.GRANTED) and rev == next_rev:
+            pairs.append((first, second))
+    return pairs
+
+
+def _count_requests(backend: EtcdBackend) -> list[tuple[float, str]]:
+    """Record ``(time, path)`` of every request ``backend`` makes from now on."""
+    calls: list[tuple[float, str]] = []
+    transport = backend._transport
+    call = transport.call
+
+    def counted(path: str, body: dict[str, Any], **options: Any) -> dict[str, Any]:
+        calls.append((time.monotonic(), path))
+        return call(path, body, **options)
+
+    transport.call = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_release_hands_the_lease_to_the_head_in_its_own_transaction(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    """The release puts the head's grant (epoch + 1, on the etcd lease the waiter created when
+    it queued); the waiter returns from the watch event, without a request of its own."""
+    prefix = _prefix()
+    url = etcd_cluster.url(prefix=prefix)
+    holder, waiter = opened(url), opened(url)
+    held = _etcd(holder)
+    requests = _count_requests(_etcd(waiter))
+    lease = holder.acquire(R, ttl=10, wait=0)
+    with ThreadPoolExecutor(1) as pool:
+        for round_number in range(2):  # the first release shows the holder's process a waiter
+            waiting = pool.submit(waiter.acquire, R, ttl=10, wait=10, holder="waiter")
+            wait_for(lambda: _queued(etcd_cluster, prefix) == 1, what="the waiter to queue")
+            if round_number:
+                wait_for(lambda: held._queue_head(R) is not None, what="the holder's view")
+            released_at = time.monotonic()
+            assert holder.release(lease)
+            granted = waiting.result(10)
+            returned_at = time.monotonic()
+            assert granted.epoch == lease.epoch + 1
+            assert waiter.current(R) is not None
+            assert waiter.release(granted)
+            lease = holder.acquire(R, ttl=10, wait=5)
+    assert holder.release(lease)
+    handed = _handoffs(_records(etcd_cluster, prefix))
+    assert [(r.epoch, g.epoch, g.holder) for r, g in handed] == [(3, 4, "waiter")]
+    assert handed[0][1].detail == {"after": "released"}
+    during = [path for at, path in requests if released_at <= at <= returned_at]
+    assert not [path for path in during if path.startswith("kv/")], during
+
+
+def test_a_waiter_that_leaves_after_being_handed_the_lease_hands_it_on(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    """The waiter gave up (its acquire timed out) just as the release handed it the lease: its
+    leave() releases that grant, handing it on to the next waiter."""
+    prefix = _prefix()
+    url = etcd_cluster.url(prefix=prefix)
+    holder, leaver, third = opened(url), opened(url), opened(url)
+    lease = holder.acquire(R, ttl=10, wait=0)
+    held = _etcd(holder)
+    held._watch_queue(R)
+    backend = _etcd(leaver)
+    ticket = backend.enqueue(GrantRequest(R, 30.0, "1" * 32, "leaver"))
+    assert isinstance(ticket, EtcdTicket)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(third.acquire, R, ttl=10, wait=20, holder="third")
+        wait_for(lambda: _queued(etcd_cluster, prefix) == 2, what="two waiters")
+        wait_for(lambda: held._queue_head(R) is not None, what="the holder's view")
+        assert holder.release(lease)
+        wait_for(lambda: ticket.handed is not None, what="the handoff to the leaver")
+        backend.leave(ticket)  # it never takes the lease
+        granted = waiting.result(10)
+    assert granted.epoch == lease.epoch + 2
+    records = _records(etcd_cluster, prefix)
+    assert [(r.kind, r.epoch, r.holder) for _, r in records][-4:] == [
+        (RecordKind.RELEASED, lease.epoch, lease.holder),
+        (RecordKind.GRANTED, lease.epoch + 1, "leaver"),
+        (RecordKind.RELEASED, lease.epoch + 1, "leaver"),
+        (RecordKind.GRANTED, lease.epoch + 2, "third"),
+    ]
+    assert len(_handoffs(records)) == 2  # the holder's release, then the leaver's leave()
+    assert third.release(granted)
+
+
+def test_a_lease_handed_to_a_waiter_with_a_request_id_is_found_again_by_that_id(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    prefix = _prefix()
+    url = etcd_cluster.url(prefix=prefix)
+    holder, waiter, other = opened(url), opened(url), opened(url)
+    lease = holder.acquire(R, ttl=10, wait=0)
+    _etcd(holder)._watch_queue(R)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(waiter.acquire, R, ttl=10, wait=10, request_id="rid-1")
+        wait_for(lambda: _queued(etcd_cluster, prefix) == 1, what="the waiter to queue")
+        wait_for(lambda: _etcd(holder)._queue_head(R) is not None, what="the holder's view")
+        assert holder.release(lease)
+        granted = waiting.result(10)
+    assert granted.epoch == lease.epoch + 1
+    assert len(_handoffs(_records(etcd_cluster, prefix))) == 1
+    again = other.acquire(R, ttl=10, wait=0, request_id="rid-1")  # a retry after a lost reply
+    assert (again.epoch, again.owner) == (granted.epoch, granted.owner)
+    assert other.last_epoch(R) == granted.epoch
+    assert waiter.release(granted)
+    with pytest.raises(LeaseLost):
+        other.acquire(R, ttl=10, wait=0, request_id="rid-1")
+
+
+@pytest.mark.slow
+def test_a_head_waiter_that_times_out_as_the_lease_is_released_never_blocks_it(
+    etcd_cluster: EtcdCluster,
+    tmp_path: Path,
+    workers: list[Worker],
+    opened: Callable[[str], Coordinator],
+) -> None:
+    """Releases land around the waiter's give-up time: whether it got the lease (and released it)
+    or gave up (and its leave() released a lease handed to it), the next acquire is prompt."""
+    prefix = _prefix()
+    url = etcd_cluster.url(prefix=prefix)
+    holder = opened(url)
+    _etcd(holder)._watch_queue(R)
+    outcomes = []
+    for i in range(8):
+        lease = holder.acquire(R, ttl=10, wait=10)
+        waiter = Worker(
+            tmp_path / f"w{i}.jsonl", "acquire", "--url", url, "--ttl", "30", "--wait", "0.6",
+            "--hold", "0.01",
+        )  # fmt: skip
+        workers.append(waiter)
+        wait_for(functools.partial(waiter.events, "ready"), timeout=10, what="the waiter")
+        wait_for(lambda: _queued(etcd_cluster, prefix) == 1, what="the waiter to queue")
+        give_up = waiter.events("ready")[0]["t"] + 0.6
+        time.sleep(max(give_up - time.monotonic() + (i - 4) * 0.004, 0.0))
+        assert holder.release(lease)
+        assert waiter.process.wait(10) == 0
+        outcomes.append("granted" if waiter.events("granted") else "gave up")
+        started = time.monotonic()
+        lease = holder.acquire(R, ttl=10, wait=5)  # a grant stuck on the leaver would take 30 s
+        assert time.monotonic() - started < 3.0, outcomes
+        assert holder.release(lease)
+    epochs = [r.epoch for _, r in _records(etcd_cluster, prefix) if r.kind is RecordKind.GRANTED]
+    assert epochs == sorted(set(epochs))
+
+
+def _dead_head_scenario(
+    cluster: EtcdCluster, tmp_path: Path, workers: list[Worker], holder: Coordinator, sig: int
+) -> tuple[Worker, Worker, int]:
+    """A holder, a head waiter (ttl 2) that gets ``sig`` just before the release, a third waiter
+    behind it, which gets the lease once the head's etcd lease expired. Returns (head, third,
+    the released epoch)."""
+    url = holder.url
+    lease = holder.acquire(R, ttl=10, wait=0)
+    held = _etcd(holder)
+    held._watch_queue(R)
+    head = Worker(
+        tmp_path / "head.jsonl", "acquire", "--url", url, "--ttl", "2", "--wait", "30",
+        "--holder", "head", "--hold", "0.05",
+    )  # fmt: skip
+    workers.append(head)
+    prefix = url.partition("prefix=")[2]
+    wait_for(lambda: _queued(cluster, prefix) == 1, timeout=10, what="the head to queue")
+    third = Worker(
+        tmp_path / "third.jsonl", "acquire", "--url", url, "--ttl", "5", "--wait", "30",
+        "--holder", "third", "--hold", "0.05",
+    )  # fmt: skip
+    workers.append(third)
+    wait_for(lambda: _queued(cluster, prefix) == 2, timeout=10, what="the third to queue")
+    wait_for(lambda: held._queue_head(R) is not None, what="the holder's view")
+    os.kill(head.process.pid, sig)
+    released_at = time.monotonic()
+    assert holder.release(lease)  # within the head's queue-lease TTL: its key is still first
+    wait_for(lambda: third.events("granted"), timeout=15, what="the third waiter")
+    granted = third.events("granted")[0]
+    assert granted["epoch"] == lease.epoch + 2
+    assert granted["t"] - released_at < 2 + 0.5 + 1.5  # the head's etcd lease: TTL 2 s
+    return head, third, lease.epoch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+def test_a_head_waiter_dead_or_stopped_at_the_release_is_handed_a_grant_that_expires(
+    sig: signal.Signals,
+    etcd_cluster: EtcdCluster,
+    tmp_path: Path,
+    workers: list[Worker],
+    opened: Callable[[str], Coordinator],
+) -> None:
+    """The release hands the lease to the head, whose process nobody keeps alive any more: the
+    grant expires with its etcd lease (TTL 2 s) and the next waiter gets the next epoch. A stopped
+    head, continued, sees that grant ended and queues again."""
+    holder = opened(etcd_cluster.url(prefix=_prefix()))
+    head, third, epoch = _dead_head_scenario(etcd_cluster, tmp_path, workers, holder, sig)
+    kinds = [(r.kind, r.epoch, r.holder) for r in holder.history(R)]
+    assert [kind[:2] for kind in kinds[-4:]] == [
+        (RecordKind.RELEASED, epoch),
+        (RecordKind.GRANTED, epoch + 1),  # handed to the head by the release
+        (RecordKind.EXPIRED, epoch + 1),  # with its etcd lease
+        (RecordKind.GRANTED, epoch + 2),
+    ]
+    assert [kind[2] for kind in kinds[-3:]] == ["head", "head", "third"]
+    if sig == signal.SIGSTOP:
+        wait_for(lambda: third.events("released"), timeout=10, what="the third to release")
+        os.kill(head.process.pid, signal.SIGCONT)
+        wait_for(lambda: head.events("granted") or head.events("failed"), timeout=15)
+        assert head.events("granted"), head.events("failed")
+        assert head.events("granted")[0]["epoch"] > epoch + 2  # never the grant that expired
+
+
+@pytest.mark.slow
+def test_epochs_stay_unique_while_8_processes_contend_and_hand_over(
+    etcd_cluster: EtcdCluster, tmp_path: Path, workers: list[Worker]
+) -> None:
+    prefix = _prefix()
+    _contend(etcd_cluster.url(prefix=prefix, timeout=2), tmp_path, workers, 6.0)
+    for worker in workers:
+        assert worker.process.wait(40) == 0
+    held = [(e["epoch"], e["version"]) for w in workers for e in w.events("held")]
+    epochs = [epoch for epoch, _ in held]
+    assert len(held) > 40
+    assert len(epochs) == len(set(epochs)), "an epoch was granted twice"
+    assert [e for _, e in sorted((v, e) for e, v in held)] == sorted(epochs)
+    assert not [e for w in workers for e in w.events("error")]
+    assert all(w.events("held") for w in workers), "a process never got the lease"
+    records = _records(etcd_cluster, prefix)
+    granted = [r.epoch for _, r in records if r.kind is RecordKind.GRANTED]
+    assert granted == sorted(set(granted))
+    assert len(_handoffs(records)) > len(held) // 2, "releases did not hand over"

@@ -25,12 +25,25 @@ Guarantees
   outlives its own etcd lease.
 - **First come, first served, herd-free.** A waiter puts ``P/queue/NAME:ID`` (its create revision
   is its place) and watches *only its predecessor* — the waiter just ahead, or the lease key for
-  the head — as etcd's and ZooKeeper's lock recipes do. Only a DELETE wakes it. The watch starts
-  at the current revision (etcd's "synced" group, no 100 ms catch-up loop) and one read at the
-  revision etcd confirmed it at covers the gap since the predecessor was seen. A grant compares
-  "no queued key older than mine", so nobody jumps the queue; a caller without a ticket needs an
-  empty queue. A waiter that gives up deletes its key; a dead waiter's key dies with its
-  process's queue lease (:data:`QUEUE_TTL`).
+  the head — as etcd's and ZooKeeper's lock recipes do. The watch starts at the current revision
+  (etcd's "synced" group, no 100 ms catch-up loop) and one read at the revision etcd confirmed it
+  at covers the gap since the predecessor was seen. A grant compares "no queued key older than
+  mine", so nobody jumps the queue; a caller without a ticket needs an empty queue. A waiter that
+  gives up deletes its key; a dead waiter's key dies with its process's queue lease
+  (:data:`QUEUE_TTL`).
+- **A release hands the lease to the head of the line** in its own transaction, so a handoff
+  costs one quorum write: epoch + 1 in the head's name (its owner secret, holder, ttl and value,
+  which its queue key carries), attached to the etcd lease the waiter created when it queued and
+  that its process keeps alive while it waits; the head's queue key is deleted and both records
+  (released, granted) are written in that transaction. The head learns of its grant from the
+  PUT of the lease key that its watch delivers — with its own owner secret — and returns from
+  ``try_grant`` without a request. The releaser knows the head from a :class:`QueueView` (a
+  watch on the line, kept by processes that queue for a resource or take it repeatedly) and
+  compares only that the head's key is unchanged; with no head known it deletes the lease key
+  and the head takes the lease itself (the DELETE wakes it). The new epoch is durable (Raft)
+  before the head can see it. A head that left its grant untaken (``leave``) releases it, which
+  hands it on; a head that died or was stopped keeps it until its etcd lease expires, at most
+  TTL (+0.5 s) after its process last kept it alive, like a holder that dies.
 - **Records in the same transaction** as the change they describe (grant, release, proclaim,
   restore, a detected expiry), under ``P/rec/SEQ`` with the counter ``P/meta/seq`` compared and
   raised in that transaction. An expiry is noticed by the next grant, :meth:`records` or
@@ -60,20 +73,36 @@ leases per TTL, and each pooled lease carries **at most one** ``P/lease/NAME`` k
   its TTL after the grant, and the holder's ``expires_in`` is computed from the send time of that
   lease's last keep-alive;
 - a grant whose reply was lost leaves its etcd lease out of the pool and unrenewed (it expires
-  within its TTL) unless a retry with the same request_id finds the grant and adopts it.
+  within its TTL) unless a retry with the same request_id finds the grant and adopts it;
+- a waiter takes a pooled lease when it queues and names it in its queue key (reserved: the
+  keeper keeps it alive while the waiter waits, nothing else may use it); a release that hands
+  over attaches the lease key to it, and the waiter's ``expires_in`` counts from the send time
+  of its last keep-alive. A waiter that leaves without a grant gives it back to the pool; one
+  whose leave could not be completed stops keeping it alive (a grant that reached it expires).
 
-Race timeline (release → handoff)::
+Race timelines (more in ``docs/etcd.md``)::
 
-    holder A                          waiter B (head: watches P/lease/R and P/res/R)
-    txn: lease MOD = mine, seq, res
-      → delete P/lease/R, res=released,
-        record 'released', seq+1
-    committed (Raft majority) ────────▶ watch: DELETE P/lease/R
-                                      txn: lease absent, no queue key older than B's, res/seq
-                                        MOD as cached → put P/lease/R (epoch+1), delete B's key,
-                                        record 'granted' → Granted
-                                                                   (C, watching B's queue key,
-                                                                    is woken by that delete)
+    holder A                          waiter B (head: watches P/lease/R)    waiter C (behind B)
+    txn: lease MOD = mine, res MOD,
+         seq MOD, B's key MOD
+      → put P/lease/R = (epoch+1, B's
+        owner…) on B's etcd lease,
+        delete B's key, res = held by B,
+        records released + granted
+    committed (Raft majority) ──────▶ PUT P/lease/R, owner = B's secret
+                                      → try_grant returns Granted, no I/O
+                                                                          DELETE of B's key:
+                                                                          reads, watches P/lease/R
+
+    B's acquire gave up (Busy) just as A's release committed:
+                                      leave(): txn "my key exists" fails;
+                                      P/lease/R holds B's secret → release it
+                                      (which hands it to C)
+
+    B's process was SIGKILLed/SIGSTOPped before A's release: its key (queue lease, 2 s) and
+    its etcd lease (TTL) are still there → A hands over to B; nobody keeps B's etcd lease alive
+    → etcd deletes P/lease/R within TTL + 0.5 s → C (now head, watching it) takes the lease;
+    the grant records B's epoch as expired. B, continued, sees its grant ended and queues again.
 
 Failure behaviour: no endpoint reachable, no leader, or too many requests (nothing was applied)
 → :class:`~fenced.Unavailable`; a mutating request sent whose reply was lost or timed out →
@@ -97,7 +126,6 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -110,6 +138,7 @@ from fenced.coordinator.backend import (
     Granted,
     GrantRequest,
     Ticket,
+    owned_ticket,
 )
 from fenced.coordinator.backends.etcd_client import (
     KV,
@@ -125,12 +154,14 @@ from fenced.coordinator.backends.etcd_keys import (
     DEFAULT_PREFIX,
     Keys,
     LeaseValue,
+    QueueValue,
     ResourceState,
     dumps,
     prefix_end,
     record_from,
     record_value,
 )
+from fenced.coordinator.backends.etcd_queue import EtcdTicket, QueueView
 from fenced.core.errors import (
     ConfigurationError,
     LeaseLost,
@@ -172,7 +203,9 @@ _RETENTION_ROTATE = 3600.0
 _RESTORE_CHUNK = 50  # resources per advance transaction (etcd's --max-txn-ops is 128)
 _SETTLE_CHUNK = 40
 _PAGE = 500
-_STATE_GRACE = 0.02  # seconds the head waits for the state key's event of a release
+_VIEW_IDLE = 60.0  # stop watching a resource's queue after this long without a release
+_VIEWS_KEPT = 32  # queue views per process at most (each one a watch: a connection, a thread)
+_GRANTS_KEPT = 1024  # resources whose last grant time is kept (see _granted_again)
 Json = dict[str, Any]
 
 
@@ -260,27 +293,40 @@ _TARGET_FIELD = {
 }
 
 
+_KEYS_ENCODED: dict[bytes, str] = {}
+
+
+def _k(key: bytes) -> str:
+    """``b64(key)``, remembered: a resource's keys recur in every transaction."""
+    text = _KEYS_ENCODED.get(key)
+    if text is None:
+        if len(_KEYS_ENCODED) >= 4096:
+            _KEYS_ENCODED.clear()
+        text = _KEYS_ENCODED[key] = b64(key)
+    return text
+
+
 def _cmp(
     key: bytes, target: str, value: int, result: str = "EQUAL", range_end: bytes | None = None
 ) -> Json:
-    compare: Json = {"key": b64(key), "target": target, "result": result}
+    compare: Json = {"key": _k(key), "target": target, "result": result}
     compare[_TARGET_FIELD[target]] = str(value)
     if range_end is not None:
-        compare["range_end"] = b64(range_end)
+        compare["range_end"] = _k(range_end)
     return compare
 
 
 def _put(key: bytes, value: bytes, lease: int = 0) -> Json:
-    request: Json = {"key": b64(key), "value": b64(value)}
+    request: Json = {"key": _k(key), "value": b64(value)}
     if lease:
         request["lease"] = str(lease)
     return {"request_put": request}
 
 
 def _get(key: bytes, range_end: bytes | None = None, **options: Any) -> Json:
-    request: Json = {"key": b64(key)}
+    request: Json = {"key": _k(key)}
     if range_end is not None:
-        request["range_end"] = b64(range_end)
+        request["range_end"] = _k(range_end)
     for name, value in options.items():
         request[name] = (
             str(value) if isinstance(value, int) and not isinstance(value, bool) else value
@@ -289,9 +335,9 @@ def _get(key: bytes, range_end: bytes | None = None, **options: Any) -> Json:
 
 
 def _delete(key: bytes, range_end: bytes | None = None) -> Json:
-    request: Json = {"key": b64(key)}
+    request: Json = {"key": _k(key)}
     if range_end is not None:
-        request["range_end"] = b64(range_end)
+        request["range_end"] = _k(range_end)
     return {"request_delete_range": request}
 
 
@@ -314,6 +360,33 @@ def _int_value(kv: KV | None) -> tuple[int, int]:
         raise ConfigurationError(f"unreadable counter in etcd: {kv.value[:50]!r}") from error
 
 
+def _owner(lease_kv: KV) -> str:
+    """The owner secret of a lease key's grant."""
+    return LeaseValue.decode(lease_kv.value).owner
+
+
+def _handoff(queued: KV) -> bool:
+    """Can a release hand the lease to the waiter of this queue key?"""
+    try:
+        return QueueValue.decode(queued.value).handoff
+    except (ConfigurationError, TypeError, ValueError):
+        return False  # not a value of ours: that waiter takes the lease itself
+
+
+@dataclass(frozen=True)
+class _Release:
+    """One attempt of a release: its transaction, and the state and counter it writes."""
+
+    compare: list[Json]
+    success: list[Json]
+    reads: list[Json]  # after a failure: lease, res, meta, queue head (, the head's request_id)
+    state: ResourceState
+    seq: int
+    record: bytes  # the key of its RELEASED record
+    handed: QueueValue | None = None  # the waiter it hands the lease to
+    head: bytes = b""  # that waiter's queue key
+
+
 # -- pooled etcd leases ----------------------------------------------------------------------
 
 
@@ -328,137 +401,12 @@ class _PooledLease:
     lock: threading.Lock = field(default_factory=threading.Lock)
     grant: tuple[str, int, str] | None = None  # (resource, epoch, owner) while it carries one
     lease_rev: int = 0  # mod revision of the lease key it carries
-    value: bytes = b""
+    holder: str = ""  # the holder label of that grant
     in_use: bool = False  # taken for a grant attempt, or carrying a grant
     tainted: bool = False  # a grant with it may have happened unseen: never reuse, never renew
+    reserved: bool = False  # a waiter's: its queue key names it, the keeper keeps it alive
     refreshed: float = 0.0
     idle_since: float = 0.0
-
-
-# -- tickets ------------------------------------------------------------------------------------
-
-
-class EtcdTicket:
-    """A waiter's place: ``P/queue/NAME:ID``, its create revision, and its predecessor watch."""
-
-    def __init__(self, resource: str, ticket_id: str, key: bytes) -> None:
-        self._resource = resource
-        self.id = ticket_id
-        self.key = key
-        self.rev = 0
-        self.pred: bytes | None = None
-        self.checked_at = 0.0
-        self.changed = threading.Event()
-        self.watches: list[WatchStream] = []
-        self.blocked: Blocked | None = None
-        self.done = False
-
-    @property
-    def resource(self) -> str:
-        return self._resource
-
-    def follow(
-        self,
-        transport: Transport,
-        pred: bytes | None,
-        seen_at: int,
-        state: tuple[bytes, Callable[[KV], None]] | None = None,
-    ) -> None:
-        """Watch ``pred`` for its DELETE from ``seen_at + 1`` (None: nothing to wait for).
-
-        ``state``: for the head of the queue (``pred`` is the lease key), also watch the
-        resource's state key and hand every new value to the callback: the release that wakes
-        the head wrote it, so the head's grant transaction then compares current revisions.
-        """
-        self.stop()
-        self.changed.clear()
-        self.pred = pred
-        self.checked_at = time.monotonic()
-        if pred is None:
-            self.changed.set()
-            return
-        changed = self.changed
-
-        def state_caught_up(revision: int) -> None:
-            """The head: give the state watch a moment to deliver ``revision`` too."""
-            if state is None:
-                return
-            give_up = time.monotonic() + _STATE_GRACE
-            while time.monotonic() < give_up:
-                watches = self.watches
-                if len(watches) > 1 and watches[1].revision > revision:
-                    return
-                time.sleep(0.0005)
-
-        def on_events(events: list[Event], revision: int) -> None:
-            if any(event.kind == "DELETE" for event in events):
-                state_caught_up(revision)
-                changed.set()
-
-        def on_trouble(reason: str) -> None:
-            changed.set()
-
-        def catch_up(confirmed: int) -> bool:
-            """Did ``pred`` survive up to revision ``confirmed`` (the watch covers the rest)?"""
-            reply = transport.call(
-                "kv/range",
-                {"key": b64(pred), "revision": str(confirmed), "count_only": True},
-                mutating=False,
-            )
-            if int(reply.get("count", 0)) > 0:
-                return True
-            state_caught_up(confirmed)
-            return False
-
-        self.watches = [
-            WatchStream(
-                transport,
-                pred,
-                None,
-                seen_at + 1,
-                on_events,
-                on_trouble,
-                name="waiter",
-                catch_up=catch_up,
-            )
-        ]
-        if state is not None:
-            state_key, learn = state
-
-            def on_state(events: list[Event], revision: int) -> None:
-                for event in events:  # learn only: the lease key's DELETE is what wakes
-                    if event.kind == "PUT":
-                        learn(event.kv)
-
-            def learn_at(confirmed: int) -> bool:
-                reply = transport.call(
-                    "kv/range", {"key": b64(state_key), "revision": str(confirmed)}, mutating=False
-                )
-                for kv in reply.get("kvs", []):
-                    learn(KV.from_json(kv))
-                return True
-
-            self.watches.append(
-                WatchStream(
-                    transport,
-                    state_key,
-                    None,
-                    seen_at + 1,
-                    on_state,
-                    on_trouble,
-                    name="waiter",
-                    catch_up=learn_at,
-                )
-            )
-
-    @property
-    def watching(self) -> bool:
-        return bool(self.watches) and all(watch.alive for watch in self.watches)
-
-    def stop(self) -> None:
-        watches, self.watches = self.watches, []
-        for watch in watches:
-            watch.stop()
 
 
 # -- the backend ------------------------------------------------------------------------------
@@ -488,7 +436,10 @@ class EtcdBackend:
         self._leases: dict[int, _PooledLease] = {}
         self._queue_lease: _PooledLease | None = None
         self._retention: _PooledLease | None = None
-        self._orphans: set[bytes] = set()
+        self._orphans: dict[bytes, EtcdTicket] = {}  # waiters whose leave() failed: retried
+        self._views: dict[str, QueueView] = {}
+        self._granted: dict[str, float] = {}
+        self._retiring: list[EtcdTicket] = []  # granted waiters whose watch the keeper stops
         self._cluster_id = ""
         self._closed = False
         self._wake = threading.Condition(self._lock)
@@ -627,7 +578,7 @@ class EtcdBackend:
         with self._lock:
             pooled.grant = None
             pooled.lease_rev = 0
-            pooled.value = b""
+            pooled.holder = ""
             pooled.in_use = False
             pooled.idle_since = time.monotonic()
 
@@ -679,7 +630,8 @@ class EtcdBackend:
         return 0.0 if left < 0 else min(ttl, left + 0.5)
 
     def _keep(self) -> None:
-        """Keeper thread: keeps idle pooled leases and the queue lease alive, drops dead ones."""
+        """Keeper thread: keeps idle pooled leases, waiters' leases and the queue lease alive,
+        drops dead ones, retries failed leaves, stops idle queue views."""
         if len(self._transport.endpoints) > 1:
             with contextlib.suppress(Exception):
                 self._transport.prefer_leader()
@@ -691,8 +643,12 @@ class EtcdBackend:
                 due: list[_PooledLease] = []
                 revoke: list[_PooledLease] = []
                 for pooled in list(self._leases.values()):
+                    refresh = now - pooled.refreshed >= pooled.ttl * _IDLE_REFRESH
                     if pooled.in_use:
-                        if pooled.tainted or pooled.grant is None:
+                        if pooled.reserved and not pooled.tainted:
+                            if refresh:
+                                due.append(pooled)
+                        elif pooled.tainted or pooled.grant is None:
                             if pooled.expires < now - 1.0 and pooled.tainted:
                                 del self._leases[pooled.id]
                         elif pooled.expires < now - 1.0:
@@ -701,22 +657,36 @@ class EtcdBackend:
                     if now - pooled.idle_since > _IDLE_DROP:
                         del self._leases[pooled.id]
                         revoke.append(pooled)
-                    elif now - pooled.refreshed >= pooled.ttl * _IDLE_REFRESH:
+                    elif refresh:
                         due.append(pooled)
                 queue = self._queue_lease
                 if queue is not None and now - queue.refreshed >= QUEUE_TTL / 4:
                     due.append(queue)
-                orphans = set(self._orphans)
+                orphans = list(self._orphans.values())
+                idle = [
+                    name
+                    for name, view in self._views.items()
+                    if view.broken or now - view.used > _VIEW_IDLE
+                ]
+                stopped = [self._views.pop(name) for name in idle]
+                retiring, self._retiring = self._retiring, []
+            for ticket in retiring:
+                ticket.stop()
+            for view in stopped:
+                view.stop()
             for pooled in due:
                 self._refresh(pooled)
             for pooled in revoke:
                 with contextlib.suppress(Exception):
                     self._call("lease/revoke", {"ID": str(pooled.id)}, mutating=True, what="")
-            for key in orphans:
-                with contextlib.suppress(Exception):
-                    self._call("kv/deleterange", {"key": b64(key)}, mutating=True, what="")
+            for ticket in orphans:
+                try:
+                    self._leave_once(ticket)
+                except Exception as error:
+                    log.debug("leaving the queue of %s failed again: %s", ticket.resource, error)
+                else:
                     with self._lock:
-                        self._orphans.discard(key)
+                        self._orphans.pop(ticket.key, None)
             with self._lock:
                 if self._closed:
                     return
@@ -759,6 +729,14 @@ class EtcdBackend:
             if seq is not False:
                 self._seq = _int_value(seq if isinstance(seq, KV) else None)
 
+    def _meta(self) -> Json:
+        """One read of ``P/meta/``: the minimum epoch and the record counter (and the id)."""
+        return _get(self._keys.meta_prefix, prefix_end(self._keys.meta_prefix))
+
+    def _remember_meta(self, response: Json) -> None:
+        found = {kv.key: kv for kv in _kvs(response)}
+        self._remember(minimum=found.get(self._keys.minimum), seq=found.get(self._keys.seq))
+
     def _records_ops(
         self, seq: int, items: list[tuple[RecordKind, str, int, str | None, dict[str, object]]]
     ) -> tuple[list[Json], int]:
@@ -779,32 +757,38 @@ class EtcdBackend:
 
     # -- grants ---------------------------------------------------------------------------
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
-        if ticket is not None and not isinstance(ticket, EtcdTicket):
-            raise ConfigurationError(f"not a ticket of this backend: {ticket!r}")
-        if ticket is not None:
-            cached = self._still_blocked(ticket)
-            if cached is not None:
-                return cached
+        own = owned_ticket(self, ticket, request.resource, EtcdTicket)
+        if own is not None:
+            found = self._ticket_state(own)
+            if found is not None:
+                return found
         for _ in range(_MAX_ATTEMPTS):
-            result = self._grant_once(request, ticket)
+            result = self._grant_once(request, own)
             if result is not None:
                 return result
         raise Unavailable(f"etcd: {request.resource} changed too often to grant (contention)")
 
-    def _still_blocked(self, ticket: EtcdTicket) -> Blocked | None:
-        """Blocked without a write while someone is provably ahead; None: try to take it.
+    def _ticket_state(self, ticket: EtcdTicket) -> Granted | Blocked | None:
+        """Where a waiter stands, without a write if possible; None: try to take the lease.
 
-        The head (watching the lease key) tries at once when woken. A waiter behind others,
-        woken because the one ahead was served or left, re-reads (a read, not a write) and
-        watches its new predecessor; so does any waiter every :data:`RECHECK` seconds or after
-        its watch broke.
+        A waiter that a release handed the lease to takes it from the watch event (no request).
+        The head woken by the lease key's DELETE tries to take it at once. A waiter behind
+        others, woken because the one ahead was served or left, re-reads (a read, not a write)
+        and watches its new predecessor; so does any waiter every :data:`RECHECK` seconds or
+        after its watch broke, and the read finds a lease handed to it that the watch missed.
         """
+        handed = ticket.handed
+        if handed is not None:
+            granted = self._take_handed(ticket, handed)
+            if granted is not None:
+                return granted
+            ticket.handed = None
         if ticket.pred is None or ticket.blocked is None:
             return None
         keys = self._keys
         name = ticket.resource
         woken = ticket.changed.is_set()
-        if woken and ticket.pred == keys.lease(name):
+        if woken and ticket.deleted and ticket.pred == keys.lease(name):
             return None
         if not woken and ticket.watching and time.monotonic() - ticket.checked_at < RECHECK:
             return ticket.blocked
@@ -823,25 +807,75 @@ class EtcdBackend:
                 ),
                 _get(ticket.key, keys_only=True),
                 _get(keys.res(name)),
-                _get(keys.minimum),
-                _get(keys.seq),
+                self._meta(),
             ],
             "checking the queue",
         )
-        lease_kv, pred_kv, mine, res_kv, min_kv, seq_kv = (_first(r) for r in responses)
-        self._remember(res=(name, res_kv), minimum=min_kv, seq=seq_kv)
+        lease_kv, pred_kv, mine, res_kv = (_first(r) for r in responses[:4])
+        self._remember(res=(name, res_kv))
+        self._remember_meta(responses[4])
+        if lease_kv is not None and _owner(lease_kv) == ticket.request.owner:
+            return self._take_handed(ticket, lease_kv)  # None: that grant ended; try again
         if mine is None:
             return None  # our key is gone: the grant attempt queues us again
         pred = pred_kv.key if pred_kv is not None else (lease_kv.key if lease_kv else None)
         if pred is None:
             return None
         if woken or pred != ticket.pred or not ticket.watching:
-            with self._lock:
-                last = max(self._res.get(name, (0, ResourceState()))[1].epoch, self._minimum[1])
-            ticket.blocked = self._blocked(lease_kv, last, RECHECK, precise=False)
+            ticket.blocked = self._blocked(lease_kv, self._last(name), RECHECK, precise=False)
             self._follow(ticket, pred, revision)
         ticket.checked_at = time.monotonic()
         return ticket.blocked
+
+    def _take_handed(self, ticket: EtcdTicket, kv: KV) -> Granted | None:
+        """Take the lease a release handed to this waiter (``kv``: the lease key it put).
+
+        The grant is attached to the waiter's own etcd lease, kept alive by this process while
+        it waited; with less than half its TTL left (this process was stopped) it is kept alive
+        once more first. None if that grant has ended already.
+        """
+        lease = LeaseValue.decode(kv.value)
+        name = ticket.resource
+        with self._lock:
+            pooled = self._leases.get(kv.lease)
+        if pooled is None or pooled.tainted:
+            return None
+        with pooled.lock:
+            if pooled.expires - time.monotonic() < pooled.ttl * 0.5:
+                granted, sent = self._keepalive(pooled.id)
+                if granted <= 0:
+                    self._drop(pooled)
+                    return None
+                with self._lock:
+                    pooled.ttl, pooled.expires, pooled.refreshed = granted, sent + granted, sent
+            with self._lock:
+                pooled.reserved = False
+                pooled.in_use = True
+                pooled.grant = (name, lease.epoch, lease.owner)
+                pooled.lease_rev = kv.mod_revision
+                pooled.holder = lease.holder
+                if lease.seq:  # the grant's transaction wrote the state and the counter too
+                    if kv.mod_revision > self._res.get(name, (0, ResourceState()))[0]:
+                        state = ResourceState(lease.epoch, "held", lease.holder, lease.seq)
+                        self._res[name] = (kv.mod_revision, state)
+                    if kv.mod_revision > self._seq[0]:
+                        self._seq = (kv.mod_revision, lease.seq)
+                expires_in = min(lease.ttl, pooled.expires - time.monotonic())
+        self._retire(ticket)
+        return Granted(lease.epoch, lease.owner, lease.holder, lease.ttl, expires_in)
+
+    def _retire(self, ticket: EtcdTicket) -> None:
+        """The waiter was granted: the keeper stops its watch (off the caller's path: closing a
+        connection costs up to half a millisecond)."""
+        ticket.done = True
+        with self._lock:
+            self._retiring.append(ticket)
+            self._wake.notify_all()
+
+    def _last(self, name: str) -> int:
+        """The last epoch of ``name`` as cached (or the minimum epoch, if higher)."""
+        with self._lock:
+            return max(self._res.get(name, (0, ResourceState()))[1].epoch, self._minimum[1])
 
     def _grant_once(
         self, request: GrantRequest, ticket: EtcdTicket | None
@@ -866,9 +900,9 @@ class EtcdBackend:
             detail["value"] = request.value
         items.append((RecordKind.GRANTED, name, epoch, request.holder, detail))
         record_ops, new_seq = self._records_ops(seq, items)
-        pooled = self._take_lease(request.ttl)
+        pooled = self._ticket_lease(ticket) if ticket is not None else self._take_lease(request.ttl)
         value = LeaseValue(
-            epoch, request.owner, request.holder, request.ttl, request.value
+            epoch, request.owner, request.holder, request.ttl, request.value, new_seq
         ).encode()
         compare = [
             _cmp(lease_key, "CREATE", 0),
@@ -881,7 +915,7 @@ class EtcdBackend:
             _put(res_key, ResourceState(epoch, "held", request.holder, new_seq).encode()),
             *record_ops,
         ]
-        failure = [_get(lease_key), _get(res_key), _get(keys.minimum), _get(keys.seq)]
+        failure = [_get(lease_key), _get(res_key), self._meta()]
         if ticket is not None:
             compare += [
                 _cmp(ticket.key, "CREATE", ticket.rev),
@@ -902,9 +936,6 @@ class EtcdBackend:
             ]
         else:
             compare.append(_cmp(queue, "CREATE", 0, "EQUAL", prefix_end(queue)))
-            failure.append(
-                _get(queue, prefix_end(queue), sort_order="ASCEND", sort_target="CREATE", limit=1)
-            )
         if request.request_id is not None:
             compare.append(_cmp(keys.request(request.request_id), "CREATE", 0))
             success.append(
@@ -925,10 +956,12 @@ class EtcdBackend:
             if error.code == 5:  # the pooled etcd lease expired meanwhile (e.g. SIGSTOP)
                 self._drop(pooled)
                 return None
-            self._give_back(pooled)
+            if ticket is None:
+                self._give_back(pooled)
             raise Unavailable(f"etcd: grant of {name}: {error}") from error
         except BaseException:
-            self._give_back(pooled)
+            if ticket is None:
+                self._give_back(pooled)
             raise
         if ok:
             with self._lock:
@@ -936,44 +969,58 @@ class EtcdBackend:
                 self._seq = (revision, new_seq)
                 pooled.grant = (name, epoch, request.owner)
                 pooled.lease_rev = revision
-                pooled.value = value
+                pooled.holder = request.holder
+                pooled.reserved = False
                 expires_in = min(request.ttl, pooled.expires - time.monotonic())
             if ticket is not None:
-                ticket.done = True
-                ticket.stop()
+                self._retire(ticket)
+            self._granted_again(name)
             return Granted(epoch, request.owner, request.holder, request.ttl, expires_in)
-        self._give_back(pooled)
-        return self._not_granted(request, ticket, responses, revision)
+        if ticket is None:
+            self._give_back(pooled)
+        return self._not_granted(request, ticket, responses, revision, (res_rev, min_rev, seq_rev))
 
     def _not_granted(
-        self, request: GrantRequest, ticket: EtcdTicket | None, responses: list[Json], revision: int
+        self,
+        request: GrantRequest,
+        ticket: EtcdTicket | None,
+        responses: list[Json],
+        revision: int,
+        compared: tuple[int, int, int],
     ) -> Granted | Blocked | None:
+        """What a failed grant's failure branch says (``compared``: the revisions of the state,
+        the minimum and the counter that the attempt compared)."""
         name = request.resource
         lease_kv, res_kv = _first(responses[0]), _first(responses[1])
-        self._remember(res=(name, res_kv), minimum=_first(responses[2]), seq=_first(responses[3]))
+        self._remember(res=(name, res_kv))
+        self._remember_meta(responses[2])
+        if ticket is not None and lease_kv is not None and _owner(lease_kv) == request.owner:
+            granted = self._take_handed(ticket, lease_kv)  # a release handed it to us
+            if granted is not None:
+                return granted
         if request.request_id is not None:
             earlier = _first(responses[-1])
             if earlier is not None:
                 return self._earlier_grant(earlier, name, lease_kv)
-        with self._lock:
-            last = max(self._res[name][1].epoch, self._minimum[1])
         if ticket is not None:
-            if _first(responses[4]) is None:  # our queue key is gone (its lease expired)
-                self._requeue(ticket, request)
+            if _first(responses[3]) is None:  # our queue key is gone (handed, or it expired)
+                self._requeue(ticket)
                 return None
-            pred_kv = _first(responses[5])
+            pred_kv = _first(responses[4])
             pred = pred_kv.key if pred_kv is not None else (lease_kv.key if lease_kv else None)
             if pred is None:
                 return None  # stale cache only: try again
-            blocked = self._blocked(lease_kv, last, RECHECK, precise=False)
+            blocked = self._blocked(lease_kv, self._last(name), RECHECK, precise=False)
             ticket.blocked = blocked
             self._follow(ticket, pred, revision)
             return blocked
         if lease_kv is not None:
-            return self._blocked(lease_kv, last, None)
-        if _first(responses[4]) is not None:
-            return Blocked(None, last, 0.0, None)
-        return None
+            return self._blocked(lease_kv, self._last(name), None)
+        with self._lock:
+            fresh = (self._res[name][0], self._minimum[0], self._seq[0])
+        if fresh == compared:  # every other compare held: the queue is not empty
+            return Blocked(None, self._last(name), 0.0, None)
+        return None  # a stale cache: try again
 
     def _blocked(
         self, lease_kv: KV | None, last: int, retry_in: float | None, *, precise: bool = True
@@ -999,38 +1046,72 @@ class EtcdBackend:
             raise LeaseLost(LossReason.REJECTED, "the lease granted for this request_id has ended")
         with self._lock:
             pooled = self._leases.get(lease_kv.lease)
-            if pooled is not None and pooled.tainted:  # our own lost grant: adopt it
-                pooled.tainted = False
+            if pooled is not None and (pooled.tainted or pooled.reserved):  # ours: adopt it
+                pooled.tainted = pooled.reserved = False
                 pooled.in_use = True
                 pooled.grant = (resource, epoch, owner)
                 pooled.lease_rev = lease_kv.mod_revision
-                pooled.value = lease_kv.value
+                pooled.holder = lease.holder
         remaining = self._remaining(lease_kv, lease.ttl)
         return Granted(epoch, owner, lease.holder, lease.ttl, remaining)
 
     # -- the queue ------------------------------------------------------------------------
     def enqueue(self, request: GrantRequest) -> Ticket:
+        """Queue with the etcd lease a release will attach the lease key to (see the module
+        docstring), and watch this resource's line so that this process can hand over too."""
         name = request.resource
-        ticket_id = secrets.token_hex(8)
-        ticket = EtcdTicket(name, ticket_id, self._keys.ticket(name, ticket_id))
-        self._put_ticket(ticket, request)
+        pooled = self._take_lease(request.ttl)
+        with self._lock:
+            pooled.reserved = True
+        ticket = EtcdTicket(self, request, self._keys.ticket(name, secrets.token_hex(8)), pooled.id)
+        try:
+            self._put_ticket(ticket)
+        except OutcomeUnknown:
+            raise  # the keeper leaves in our place (see _put_ticket)
+        except BaseException:
+            self._give_back(pooled)
+            raise
+        self._watch_queue(name)
         return ticket
 
-    def _requeue(self, ticket: EtcdTicket, request: GrantRequest) -> None:
-        ticket.stop()
-        self._put_ticket(ticket, request)
+    def _ticket_lease(self, ticket: EtcdTicket) -> _PooledLease:
+        """The etcd lease a waiter's own grant is attached to: the one its queue key names, or
+        a fresh one if that expired (this process was stopped for longer than its TTL: a
+        release that tries to hand over to the stale one fails, nothing else can carry it)."""
+        with self._lock:
+            pooled = self._leases.get(ticket.lease_id)
+            if pooled is not None and not pooled.tainted:
+                return pooled
+        pooled = self._take_lease(ticket.request.ttl)
+        with self._lock:
+            pooled.reserved = True
+        ticket.lease_id = pooled.id
+        return pooled
 
-    def _put_ticket(self, ticket: EtcdTicket, request: GrantRequest) -> None:
+    def _requeue(self, ticket: EtcdTicket) -> None:
+        ticket.stop()
+        self._put_ticket(ticket)
+
+    def _put_ticket(self, ticket: EtcdTicket) -> None:
         keys = self._keys
-        queue = keys.queue(ticket.resource)
-        holder = dumps({"holder": request.holder})
+        name = ticket.resource
+        queue = keys.queue(name)
+        request = ticket.request
+        value = QueueValue(
+            request.holder,
+            request.owner,
+            request.ttl,
+            ticket.lease_id,
+            request.value,
+            request.request_id,
+        ).encode()
         for _ in range(3):
             lease_id = self._queue_lease_id()
             try:
                 ok, responses, revision = self._txn(
                     [_cmp(ticket.key, "CREATE", 0)],
                     [
-                        _put(ticket.key, holder, lease_id),
+                        _put(ticket.key, value, lease_id),
                         _get(
                             queue,
                             prefix_end(queue),
@@ -1039,14 +1120,15 @@ class EtcdBackend:
                             limit=2,
                             keys_only=True,
                         ),
-                        _get(keys.lease(ticket.resource)),
+                        _get(keys.lease(name)),
                     ],
                     [_get(ticket.key)],
-                    what=f"queueing for {ticket.resource}",
+                    what=f"queueing for {name}",
                 )
             except OutcomeUnknown:
+                ticket.rev = 0  # unknown: the keeper deletes the key if it exists
                 with self._lock:
-                    self._orphans.add(ticket.key)  # the keeper deletes it
+                    self._orphans[ticket.key] = ticket
                 raise
             except EtcdRejected as error:
                 if error.code == 5:  # the queue lease expired: take a new one
@@ -1055,66 +1137,120 @@ class EtcdBackend:
                     continue
                 raise Unavailable(f"etcd: queueing: {error}") from error
             if not ok:  # cannot happen (fresh random id); take another id
-                ticket.id = secrets.token_hex(8)
-                ticket.key = keys.ticket(ticket.resource, ticket.id)
+                ticket.key = keys.ticket(name, secrets.token_hex(8))
                 continue
             ticket.rev = revision
             queued = _kvs(responses[1])
             lease_kv = _first(responses[2])
             pred = queued[1].key if len(queued) > 1 else (lease_kv.key if lease_kv else None)
-            with self._lock:
-                last = max(
-                    self._res.get(ticket.resource, (0, ResourceState()))[1].epoch, self._minimum[1]
-                )
             if lease_kv is not None:
                 lease = LeaseValue.decode(lease_kv.value)
                 ticket.blocked = Blocked(lease.holder, lease.epoch, lease.ttl, RECHECK)
             else:
-                ticket.blocked = Blocked(None, last, 0.0, RECHECK)
+                ticket.blocked = Blocked(None, self._last(name), 0.0, RECHECK)
             self._follow(ticket, pred, revision)
             return
-        raise Unavailable(f"etcd: could not queue for {ticket.resource}")
+        raise Unavailable(f"etcd: could not queue for {name}")
 
     def _follow(self, ticket: EtcdTicket, pred: bytes | None, seen_at: int) -> None:
-        name = ticket.resource
-        lease_key = self._keys.lease(name)
+        head = pred == self._keys.lease(ticket.resource)
+        ticket.follow(self._transport, pred, seen_at, head)
 
-        def learn(kv: KV) -> None:
-            state = ResourceState.decode(kv.value)
-            with self._lock:
-                if kv.mod_revision > self._res.get(name, (0, state))[0]:
-                    self._res[name] = (kv.mod_revision, state)
-                if state.seq and kv.mod_revision > self._seq[0]:
-                    self._seq = (kv.mod_revision, state.seq)
+    def _watch_queue(self, resource: str) -> None:
+        """Keep a :class:`QueueView` of ``resource``'s waiters (its releases hand over)."""
+        with self._lock:
+            view = self._views.get(resource)
+            if view is not None and not view.broken:
+                view.used = time.monotonic()
+                return
+            if self._closed:
+                return
+            evicted = None
+            if len(self._views) >= _VIEWS_KEPT:
+                oldest = min(self._views, key=lambda name: self._views[name].used)
+                evicted = self._views.pop(oldest)
+            self._views[resource] = QueueView(self._transport, self._keys.queue(resource))
+        for stale in (view, evicted):
+            if stale is not None:
+                stale.stop()
 
-        head = pred == lease_key
-        ticket.follow(
-            self._transport, pred, seen_at, (self._keys.res(name), learn) if head else None
-        )
+    def _granted_again(self, resource: str) -> None:
+        """A process that takes a resource again within :data:`_VIEW_IDLE` watches its line (one
+        watch, no cost per grant), so that its releases can hand over: a resource taken once
+        costs nothing. (Waiters watch the line of the resource they queue for.)"""
+        now = time.monotonic()
+        with self._lock:
+            last = self._granted.get(resource)
+            if len(self._granted) >= _GRANTS_KEPT:
+                self._granted.clear()
+            self._granted[resource] = now
+        if last is not None and now - last < _VIEW_IDLE:
+            self._watch_queue(resource)
+
+    def _queue_head(self, resource: str) -> KV | None:
+        with self._lock:
+            view = self._views.get(resource)
+        return view.head() if view is not None else None
 
     def wait(self, ticket: Ticket, timeout: float) -> None:
-        if not isinstance(ticket, EtcdTicket):
-            raise ConfigurationError(f"not a ticket of this backend: {ticket!r}")
-        ticket.changed.wait(max(timeout, 0.0))
+        own = owned_ticket(self, ticket, ticket.resource, EtcdTicket)
+        assert own is not None
+        own.changed.wait(max(timeout, 0.0))
 
     def leave(self, ticket: Ticket) -> None:
-        if not isinstance(ticket, EtcdTicket):
-            raise ConfigurationError(f"not a ticket of this backend: {ticket!r}")
-        ticket.stop()
-        if ticket.done or not ticket.rev:
+        """Leave the queue; a lease that a release handed to this waiter meanwhile is released
+        (handed on to the next waiter). On failure the keeper retries, and the waiter's etcd
+        lease is no longer kept alive: a grant that reached it expires within its TTL."""
+        own = owned_ticket(self, ticket, ticket.resource, EtcdTicket)
+        assert own is not None
+        own.stop()
+        if own.done:
             return
-        ticket.done = True
-        try:
-            self._txn(
-                [_cmp(ticket.key, "CREATE", ticket.rev)],
-                [_delete(ticket.key)],
-                [],
-                what="leaving the queue",
-            )
-        except Exception as error:  # the keeper retries; the key dies with the queue lease
-            log.debug("leaving the queue of %s failed: %s", ticket.resource, error)
+        own.done = True
+        if not own.rev:  # never queued
             with self._lock:
-                self._orphans.add(ticket.key)
+                pooled = self._leases.get(own.lease_id)
+            if pooled is not None and own.key not in self._orphans:
+                self._give_back(pooled)
+            return
+        try:
+            self._leave_once(own)
+        except Exception as error:
+            log.debug("leaving the queue of %s failed: %s", own.resource, error)
+            with self._lock:
+                self._orphans[own.key] = own
+
+    def _leave_once(self, ticket: EtcdTicket) -> None:
+        """Delete the waiter's key, or release the lease a release handed to it instead."""
+        name = ticket.resource
+        with self._lock:
+            pooled = self._leases.get(ticket.lease_id)
+            if pooled is not None:
+                pooled.reserved = False  # no more keep-alives: a grant to it will expire
+        queued = (
+            _cmp(ticket.key, "CREATE", ticket.rev)
+            if ticket.rev
+            else _cmp(ticket.key, "CREATE", 0, "GREATER")
+        )
+        ok, responses, _ = self._txn(
+            [queued],
+            [_delete(ticket.key)],
+            [_get(self._keys.lease(name))],
+            what="leaving the queue",
+        )
+        lease_kv = None if ok else _first(responses[0])
+        if lease_kv is None or _owner(lease_kv) != ticket.request.owner:
+            if pooled is not None:
+                self._give_back(pooled)  # it carries nothing, and no release can hand it more
+            return
+        lease = LeaseValue.decode(lease_kv.value)
+        if pooled is not None and pooled.id == lease_kv.lease:
+            with self._lock:
+                pooled.in_use = True
+                pooled.grant = (name, lease.epoch, lease.owner)
+                pooled.lease_rev = lease_kv.mod_revision
+                pooled.holder = lease.holder
+        self.release(name, lease.epoch, lease.owner)
 
     # -- lease operations -----------------------------------------------------------------
     def _lease_kv(self, resource: str) -> KV | None:
@@ -1157,9 +1293,12 @@ class EtcdBackend:
     def _release_locked(
         self, resource: str, epoch: int, owner: str, pooled: _PooledLease | None
     ) -> bool | None:
-        """True: released now; False: not this owner's lease (None: and ``pooled`` is free)."""
-        keys = self._keys
-        lease_key, res_key = keys.lease(resource), keys.res(resource)
+        """True: released now; False: not this owner's lease (None: and ``pooled`` is free).
+
+        Hands the lease to the head of the line in the same transaction when this process
+        knows the head (its :class:`QueueView`, or the failure branch of an attempt that found
+        a waiter); otherwise deletes the lease key and the head takes the lease itself.
+        """
         lease_rev = pooled.lease_rev if pooled is not None else 0
         holder = ""
         if not lease_rev:
@@ -1169,52 +1308,129 @@ class EtcdBackend:
                 return None if pooled is not None else False
             lease_rev, holder = kv.mod_revision, lease.holder
         elif pooled is not None:
-            holder = LeaseValue.decode(pooled.value).holder
+            holder = pooled.holder
+        head = self._queue_head(resource)
+        passed: set[bytes] = set()  # waiters that cannot be handed the lease
         for _ in range(_MAX_ATTEMPTS):
-            with self._lock:
-                res_rev, state = self._res.get(resource, (0, ResourceState()))
-                seq_rev, seq = self._seq
-            record_ops, new_seq = self._records_ops(
-                seq, [(RecordKind.RELEASED, resource, epoch, holder, {})]
-            )
-            new_state = ResourceState(max(state.epoch, epoch), "released", holder, new_seq)
-            reads = [_get(lease_key), _get(res_key), _get(keys.seq)]
+            if head is not None and (head.key in passed or not _handoff(head)):
+                head = None
+            plan = self._release_plan(resource, epoch, holder, lease_rev, head)
+            unknown: OutcomeUnknown | None = None
             try:
-                ok, responses, revision = self._txn(
-                    [
-                        _cmp(lease_key, "MOD", lease_rev),
-                        _cmp(res_key, "MOD", res_rev),
-                        _cmp(keys.seq, "MOD", seq_rev),
-                    ],
-                    [_delete(lease_key), _put(res_key, new_state.encode()), *record_ops],
-                    reads,
-                    what=f"release of {resource}",
+                ok, _, revision = self._txn(
+                    plan.compare, plan.success, [], what=f"release of {resource}"
                 )
-            except OutcomeUnknown as lost:
-                # The release is safe to repeat: find out whether it happened, else retry.
-                try:
-                    responses, revision = self._read(reads, f"checking a release of {resource}")
-                except Unavailable:
-                    raise lost from None
-                ok, unknown = False, True
-            else:
-                unknown = False
+            except EtcdRejected as error:
+                if error.code != 5 or head is None:
+                    raise Unavailable(f"etcd: release of {resource}: {error}") from error
+                passed.add(head.key)  # the waiter's etcd lease expired: it takes the lease itself
+                continue
+            except OutcomeUnknown as lost:  # a release is safe to repeat: did it happen?
+                ok, unknown = False, lost
             if ok:
                 with self._lock:
-                    self._res[resource] = (revision, new_state)
-                    self._seq = (revision, new_seq)
+                    self._res[resource] = (revision, plan.state)
+                    self._seq = (revision, plan.seq)
                 return True
-            kv, res_kv = _first(responses[0]), _first(responses[1])
-            self._remember(res=(resource, res_kv), seq=_first(responses[2]))
+            try:  # (no failure branch: a release that fails is rare, reads are cheaper)
+                responses, _ = self._read(
+                    [*plan.reads, _get(plan.record)], f"reading {resource} to release it"
+                )
+            except Unavailable:
+                if unknown is not None:
+                    raise unknown from None
+                raise
+            kv = self._remember_release(resource, responses)
+            record = _first(responses[-1])
+            if unknown is not None and record is not None:
+                found = record_from(record.value)
+                if (found.kind, found.resource, found.epoch) == (
+                    RecordKind.RELEASED,
+                    resource,
+                    epoch,
+                ):
+                    return True  # our lost release did it
+            handed = plan.handed
+            if handed is not None and handed.request_id and _first(responses[4]) is not None:
+                passed.add(plan.head)  # that request_id was granted before: it finds that grant
             lease = LeaseValue.decode(kv.value) if kv is not None else None
             if kv is None or lease is None or (lease.epoch, lease.owner) != (epoch, owner):
-                if unknown and res_kv is not None:
-                    after = ResourceState.decode(res_kv.value)
-                    if (after.epoch, after.state) == (epoch, "released"):
-                        return True  # our lost release did it
                 return None if pooled is not None else False
             lease_rev, holder = kv.mod_revision, lease.holder
+            head = _first(responses[3])
         raise Unavailable(f"etcd: {resource} changed too often to release (contention)")
+
+    def _remember_release(self, resource: str, responses: list[Json]) -> KV | None:
+        """Cache what a failed release read (see :class:`_Release`); the lease key."""
+        self._remember(res=(resource, _first(responses[1])))
+        self._remember_meta(responses[2])
+        return _first(responses[0])
+
+    def _release_plan(
+        self, resource: str, epoch: int, holder: str, lease_rev: int, head: KV | None
+    ) -> _Release:
+        """The transaction that releases ``epoch`` (and hands the lease to ``head``, if given)."""
+        keys = self._keys
+        lease_key, res_key, queue = keys.lease(resource), keys.res(resource), keys.queue(resource)
+        with self._lock:
+            res_rev, state = self._res.get(resource, (0, ResourceState()))
+            minimum = self._minimum[1]
+            seq_rev, seq = self._seq
+        compare = [
+            _cmp(lease_key, "MOD", lease_rev),
+            _cmp(res_key, "MOD", res_rev),
+            _cmp(keys.seq, "MOD", seq_rev),
+        ]
+        reads = [
+            _get(lease_key),
+            _get(res_key),
+            self._meta(),
+            _get(queue, prefix_end(queue), sort_order="ASCEND", sort_target="CREATE", limit=1),
+        ]
+        items: list[tuple[RecordKind, str, int, str | None, dict[str, object]]] = [
+            (RecordKind.RELEASED, resource, epoch, holder, {})
+        ]
+        if head is None:
+            record_ops, new_seq = self._records_ops(seq, items)
+            new_state = ResourceState(max(state.epoch, epoch), "released", holder, new_seq)
+            success = [_delete(lease_key), _put(res_key, new_state.encode()), *record_ops]
+            return _Release(compare, success, reads, new_state, new_seq, keys.record(seq + 1))
+        waiter = QueueValue.decode(head.value)
+        granted = max(state.epoch, epoch, minimum) + 1
+        if granted > MAX_EPOCH:
+            raise ConfigurationError(f"{resource}: epochs exhausted")
+        detail: dict[str, object] = {"after": "released"}
+        if waiter.value is not None:
+            detail["value"] = waiter.value
+        items.append((RecordKind.GRANTED, resource, granted, waiter.holder, detail))
+        record_ops, new_seq = self._records_ops(seq, items)
+        new_state = ResourceState(granted, "held", waiter.holder, new_seq)
+        value = LeaseValue(granted, waiter.owner, waiter.holder, waiter.ttl, waiter.value, new_seq)
+        # The head's key, unchanged. Nothing else is needed: create revisions only grow, so a
+        # key that was the oldest at some revision (the view's, or a read's) stays the oldest
+        # while it exists; and the minimum cannot have moved while our lease key is unchanged
+        # (advance deletes every lease key in the transaction that raises it).
+        compare.append(_cmp(head.key, "MOD", head.mod_revision))
+        success = [
+            _put(lease_key, value.encode(), waiter.lease),
+            _delete(head.key),
+            _put(res_key, new_state.encode()),
+            *record_ops,
+        ]
+        if waiter.request_id is not None:
+            request_key = keys.request(waiter.request_id)
+            compare.append(_cmp(request_key, "CREATE", 0))
+            success.append(
+                _put(
+                    request_key,
+                    dumps({"resource": resource, "epoch": granted, "owner": waiter.owner}),
+                    self._retention_lease_id(),
+                )
+            )
+            reads.append(_get(request_key))
+        return _Release(
+            compare, success, reads, new_state, new_seq, keys.record(seq + 1), waiter, head.key
+        )
 
     def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
         keys = self._keys
@@ -1232,7 +1448,7 @@ class EtcdBackend:
             record_ops, new_seq = self._records_ops(
                 seq, [(RecordKind.PROCLAIMED, resource, epoch, lease.holder, {"value": value})]
             )
-            new_value = LeaseValue(epoch, owner, lease.holder, lease.ttl, value).encode()
+            new_value = LeaseValue(epoch, owner, lease.holder, lease.ttl, value, new_seq).encode()
             ok, responses, revision = self._txn(
                 [_cmp(lease_key, "MOD", kv.mod_revision), _cmp(keys.seq, "MOD", seq_rev)],
                 [_put(lease_key, new_value, kv.lease), *record_ops],
@@ -1244,7 +1460,6 @@ class EtcdBackend:
                     self._seq = (revision, new_seq)
                     if pooled is not None and pooled.id == kv.lease:
                         pooled.lease_rev = revision
-                        pooled.value = new_value
                 return
             self._remember(seq=_first(responses[0]))
         raise Unavailable(f"etcd: {resource} changed too often to proclaim (contention)")
@@ -1579,6 +1794,13 @@ class EtcdBackend:
             if self._queue_lease is not None:
                 revoke.append(self._queue_lease.id)
             self._leases.clear()
+            views = list(self._views.values())
+            self._views.clear()
+            retiring, self._retiring = self._retiring, []
+        for view in views:
+            view.stop()
+        for ticket in retiring:
+            ticket.stop()
         for lease_id in revoke:
             with contextlib.suppress(Exception):
                 self._transport.call(

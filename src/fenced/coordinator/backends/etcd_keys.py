@@ -8,7 +8,8 @@ is a prefix of another resource's keys)::
     P/meta/seq                record sequence counter (decimal; absent = 0)
     P/res/NAME                durable per-resource state: last epoch and how its lease ended
     P/lease/NAME              the live lease (attached to an etcd lease: etcd deletes it at expiry)
-    P/queue/NAME:TICKET       a waiter (attached to its process's queue lease); order = create rev
+    P/queue/NAME:TICKET       a waiter (attached to its process's queue lease); order = create rev;
+                              its value says how to hand the lease to it (see QueueValue)
     P/req/REQUEST_ID          a grant made with a request_id (attached to a 24 h retention lease)
     P/rec/SEQ                 one record (SEQ zero-padded to 20 digits), oldest pruned
 
@@ -25,7 +26,15 @@ from typing import Any
 from fenced.core.errors import ConfigurationError
 from fenced.core.records import Record, RecordKind
 
-__all__ = ["DEFAULT_PREFIX", "Keys", "LeaseValue", "ResourceState", "record_from", "record_value"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "Keys",
+    "LeaseValue",
+    "QueueValue",
+    "ResourceState",
+    "record_from",
+    "record_value",
+]
 
 DEFAULT_PREFIX = "/fenced"
 SEQ_DIGITS = 20
@@ -53,6 +62,7 @@ class Keys:
             )
         self.prefix = prefix
         base = prefix.encode()
+        self.meta_prefix = base + b"/meta/"
         self.coordinator_id = base + b"/meta/id"
         self.minimum = base + b"/meta/minimum"
         self.seq = base + b"/meta/seq"
@@ -96,30 +106,37 @@ def _loads(raw: bytes, what: str) -> dict[str, Any]:
     return value
 
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def dumps(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    """Compact JSON (values are compared by revision, never byte for byte)."""
+    return _encode(value).encode()
+
+
+def _encode_fields(value: LeaseValue | QueueValue | ResourceState) -> bytes:
+    """A value object as a JSON object of its fields, named as in the class."""
+    return dumps({name: getattr(value, name) for name in value.__slots__})
 
 
 @dataclass(frozen=True, slots=True)
 class LeaseValue:
-    """The value of ``P/lease/NAME``. ``owner`` is the owner secret (never put in a record)."""
+    """The value of ``P/lease/NAME``. ``owner`` is the owner secret (never put in a record).
+
+    ``seq`` is the value of the record counter written by the same transaction (0: unknown), as
+    in :class:`ResourceState`: a waiter handed the lease by a release learns from the watch
+    event alone everything its own release will compare.
+    """
 
     epoch: int
     owner: str
     holder: str
     ttl: float
     value: str | None = None
+    seq: int = 0
 
     def encode(self) -> bytes:
-        return dumps(
-            {
-                "epoch": self.epoch,
-                "owner": self.owner,
-                "holder": self.holder,
-                "ttl": self.ttl,
-                "value": self.value,
-            }
-        )
+        return _encode_fields(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> LeaseValue:
@@ -131,6 +148,46 @@ class LeaseValue:
             str(data["holder"]),
             float(data["ttl"]),
             None if value is None else str(value),
+            int(data.get("seq", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueValue:
+    """The value of ``P/queue/NAME:ID``: a waiter, and what a release needs to hand it the lease.
+
+    ``lease`` is the etcd lease the waiter created for its grant when it queued (kept alive by
+    its process while it waits): a release that hands over puts ``P/lease/NAME`` attached to it,
+    so the grant dies with the waiter's process like any other grant. ``owner`` is the waiter's
+    owner secret (stored like the lease key stores it). A value without them (``handoff`` False)
+    is never handed the lease: its waiter takes the lease itself once the key is deleted.
+    """
+
+    holder: str
+    owner: str = ""
+    ttl: float = 0.0
+    lease: int = 0
+    value: str | None = None
+    request_id: str | None = None
+
+    @property
+    def handoff(self) -> bool:
+        return bool(self.owner) and self.lease != 0 and self.ttl > 0
+
+    def encode(self) -> bytes:
+        return _encode_fields(self)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> QueueValue:
+        data = _loads(raw, "waiter")
+        value, request_id = data.get("value"), data.get("request_id")
+        return cls(
+            str(data.get("holder", "")),
+            str(data.get("owner") or ""),
+            float(data.get("ttl", 0.0)),
+            int(data.get("lease", 0)),
+            None if value is None else str(value),
+            None if request_id is None else str(request_id),
         )
 
 
@@ -151,9 +208,7 @@ class ResourceState:
     seq: int = 0
 
     def encode(self) -> bytes:
-        return dumps(
-            {"epoch": self.epoch, "state": self.state, "holder": self.holder, "seq": self.seq}
-        )
+        return _encode_fields(self)
 
     @classmethod
     def decode(cls, raw: bytes) -> ResourceState:
