@@ -104,11 +104,11 @@ Costs
 The uncontended cycle is two statements: the grant (autocommit, FULL: one fsync of usually two
 1 KiB WAL frames, the resource row and the records of the previous release and of this grant)
 and the release (autocommit, NORMAL: one frame, no fsync). A handoff is one transaction of the
-releaser (FULL: one fsync) and a datagram. A caller that is probably not first
-in line (woken by its timer rather than by a datagram, or a newcomer where this process recently
-saw waiters) reads before it writes, so that blocked callers do not take the write lock the head
-needs. Waiting for the write lock retries with sleeps of 50 µs to 1 ms (:mod:`.sqlite_db`), not
-with SQLite's busy handler, which sleeps 1-100 ms.
+releaser (NORMAL: no fsync, within the reserved epochs) and a datagram. A caller that is
+probably not first in line (woken by its timer rather than by a datagram, or a newcomer where
+this process recently saw waiters) reads before it writes, so that blocked callers do not take
+the write lock the head needs. Waiting for the write lock retries with sleeps of 50 µs to 1 ms
+(:mod:`.sqlite_db`), not with SQLite's busy handler, which sleeps 1-100 ms.
 
 Failure behaviour: another process holding the write lock longer than the busy timeout →
 :class:`~fenced.Unavailable`; a write whose commit may or may not have happened →
@@ -237,10 +237,10 @@ WHERE resources.name = :name
                       AND max(resources.epoch, {_MINIMUM}) + 1 <= resources.reserved))
 RETURNING epoch, expires_at, owner
 """
+_QUEUE_LENGTH = f"(SELECT count(*) FROM waiters WHERE name = :name AND {_LIVE_WAITER})"
 # How far the epochs reserved for hand-offs reach (:ahead beyond the last epoch and the queue).
 _COVERAGE = f"""
-SELECT r.reserved_boot IS :boot AND r.reserved >= max(r.epoch, {_MINIMUM})
-           + (SELECT count(*) FROM waiters WHERE name = :name AND {_LIVE_WAITER}) + 1
+SELECT r.reserved_boot IS :boot AND r.reserved >= max(r.epoch, {_MINIMUM}) + {_QUEUE_LENGTH} + 1
 FROM resources AS r WHERE r.name = :name
 """
 # Reserve epochs for the queue (durably: run in a FULL transaction). A reservation of another
@@ -248,9 +248,7 @@ FROM resources AS r WHERE r.name = :name
 # then nothing is reserved and hand-offs are fsynced.
 _RESERVE = f"""
 UPDATE resources SET
-    reserved = max(reserved, max(epoch, {_MINIMUM})
-                   + (SELECT count(*) FROM waiters WHERE name = :name AND {_LIVE_WAITER})
-                   + :ahead),
+    reserved = max(reserved, max(epoch, {_MINIMUM}) + {_QUEUE_LENGTH} + :ahead),
     reserved_boot = :boot
 WHERE name = :name AND (reserved_boot IS :boot OR epoch >= reserved)
 """
@@ -691,22 +689,33 @@ class SQLiteBackend:
     def _hand_off(
         self, conn: sqlite3.Connection, resource: str, head: _Peer, *, durable: bool
     ) -> _Handed | None:
-        """Inside a transaction: grant free ``resource`` to waiter ``head`` in its name and drop
-        its row. Unless ``durable`` (the transaction commits at FULL), only an epoch reserved in
-        this boot. None if not granted: the epoch is not reserved, ``head`` is not first in line
-        any more (or the resource was taken meanwhile), or is gone (its socket is unbound: its
-        row is dropped; the caller wakes the next one, who grants itself).
+        """Inside a transaction: :meth:`_prepare` the head, then :meth:`_grant_head`."""
+        if not self._prepare(conn, head):
+            return None
+        return self._grant_head(conn, resource, head, durable=durable)
 
-        The head is sent :data:`_PREPARE` first: that both tells whether it is still there
-        and wakes it while this transaction commits (a sleeping process takes a few hundred
-        microseconds to run again), so that it is running when the grant's datagram arrives."""
+    def _prepare(self, conn: sqlite3.Connection, head: _Peer) -> bool:
+        """Send the head :data:`_PREPARE`: that both tells whether it is still there and wakes it
+        while this transaction commits (a sleeping process takes a few hundred microseconds to
+        run again), so that it is running when the grant's datagram arrives. False if it is gone
+        (its socket is unbound): its row is dropped; the caller wakes the next one, who grants
+        itself."""
         try:
             delivery = self._waker.wake(head.addr, head.netns, _PREPARE)
         except OSError:
             delivery = Delivery.UNREACHABLE
         if delivery is Delivery.DEAD:
             conn.execute("DELETE FROM waiters WHERE id = ? AND addr = ?", (head.row_id, head.addr))
-            return None
+            return False
+        return True
+
+    def _grant_head(
+        self, conn: sqlite3.Connection, resource: str, head: _Peer, *, durable: bool
+    ) -> _Handed | None:
+        """Inside a transaction: grant free ``resource`` to waiter ``head`` in its name and drop
+        its row. Unless ``durable`` (the transaction commits at FULL), only an epoch reserved in
+        this boot. None if not granted: the epoch is not reserved, or ``head`` is not first in
+        line any more (or the resource was taken meanwhile)."""
         _, params = self._params(name=resource, head=head.row_id, wall=time.time(), durable=durable)
         row = conn.execute(_HAND_OFF, params).fetchone()
         if row is None:
@@ -716,17 +725,20 @@ class SQLiteBackend:
 
     def _hand_off_alone(self, resource: str, head: _Peer) -> _Handed | None:
         """:meth:`_hand_off` in a transaction of its own (after a release that did not hand
-        over): without fsync if the epoch is reserved, else fsynced. Best effort: on failure the
-        head is woken and grants itself."""
+        over): without fsync if the epoch is reserved, else a second, fsynced transaction. Best
+        effort: on failure the head is woken and grants itself."""
+        doing = f"handing {resource} over"
         try:
-            for durable in (False, True):
-                with self._db.transaction(f"handing {resource} over", durable=durable) as conn:
-                    handed = self._hand_off(conn, resource, head, durable=durable)
-                if handed is not None:
-                    return handed
+            with self._db.transaction(doing, durable=False) as conn:
+                if not self._prepare(conn, head):
+                    return None
+                handed = self._grant_head(conn, resource, head, durable=False)
+            if handed is None:
+                with self._db.transaction(doing, durable=True) as conn:
+                    handed = self._grant_head(conn, resource, head, durable=True)
         except FencedError:
-            pass
-        return None
+            return None
+        return handed
 
     def _reserve(self, resource: str) -> None:
         """Make sure that the epochs of ``resource``'s queue are reserved durably (for
