@@ -416,8 +416,8 @@ class _BadServer(_LoopbackServer):
 
 
 def test_a_request_not_sent_whole_was_not_applied() -> None:
-    """httpcore swallows a write error and reports the failed read that follows: the request's
-    trace, not the exception class, tells that the body never got out whole."""
+    """The server resets the connection once the head arrived: ``request()`` raises (its
+    ``sendall`` could not hand the whole body to the kernel), so nothing was applied."""
     server = _BadServer("reset")
     transport = Transport([("127.0.0.1", server.port)], timeout=0.5, connect_timeout=0.2)
     body = {"key": b64("k"), "value": b64(b"x" * (16 << 20))}  # more than the socket buffers
@@ -463,6 +463,95 @@ class _CannedServer(_LoopbackServer):
             conn.sendall(reply)
             if b"close" in reply.split(b"\r\n\r\n")[0].lower():
                 return
+
+
+def _chunked(*chunks: bytes, head: bytes = b"") -> bytes:
+    body = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(c), c) for c in chunks)
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+        + head
+        + b"\r\n"
+        + body
+        + b"0\r\nX-Trailer: t\r\n\r\n"
+    )
+
+
+def _plain(body: bytes, version: bytes = b"HTTP/1.1", head: bytes = b"") -> bytes:
+    return b"%s 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (version, len(body), head, body)
+
+
+def test_the_client_reads_chunked_closing_and_http_1_0_replies() -> None:
+    """http.client de-chunks (extensions, trailers); a connection is reused only if the reply
+    keeps it open (not after ``Connection: close`` nor an HTTP/1.0 reply)."""
+    server = _CannedServer(
+        [
+            _chunked(b'{"result":{"a":', b"1}}"),
+            _plain(b'{"b":2}'),
+            _plain(b'{"c":3}', head=b"Connection: close\r\n"),
+            _plain(b'{"d":4}', b"HTTP/1.0"),
+            _plain(b'{"e":5}'),
+        ]
+    )
+    transport = Transport([("127.0.0.1", server.port)], timeout=2, connect_timeout=1)
+    try:
+        got = [transport.call("kv/range", {}, mutating=False) for _ in range(5)]
+        assert got == [{"a": 1}, {"b": 2}, {"c": 3}, {"d": 4}, {"e": 5}]
+        assert server.connections == 3
+    finally:
+        transport.close()
+        server.close()
+
+
+class _ClosingServer(_LoopbackServer):
+    """Answers one request per connection, then closes it without saying so."""
+
+    def handle(self, conn: socket.socket) -> None:
+        if self.request(conn, b"") is not None:
+            conn.sendall(_plain(b'{"ok":true}'))
+
+
+def test_a_pooled_connection_the_server_closed_is_not_reused() -> None:
+    """The next request must not go out on a connection the server closed while it was idle
+    (the reply would be lost: an unknown outcome for a request that never arrived)."""
+    server = _ClosingServer()
+    transport = Transport([("127.0.0.1", server.port)], timeout=2, connect_timeout=1)
+    try:
+        for _ in range(3):
+            assert transport.call("kv/put", {}, mutating=True) == {"ok": True}
+            time.sleep(0.05)  # the server's FIN arrives while the connection is idle
+        assert server.connections == 3
+    finally:
+        transport.close()
+        server.close()
+
+
+def test_a_malformed_reply_may_have_been_applied() -> None:
+    server = _CannedServer(
+        [b"garbage\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nnot json!"]
+    )
+    transport = Transport([("127.0.0.1", server.port)], timeout=0.5, connect_timeout=0.2)
+    try:
+        with pytest.raises(MaybeApplied):
+            transport.call("kv/put", {}, mutating=True)
+        with pytest.raises(MaybeApplied, match="unreadable reply"):
+            transport.call("kv/put", {}, mutating=True)
+    finally:
+        transport.close()
+        server.close()
+
+
+def test_a_stream_yields_its_lines_across_chunk_boundaries() -> None:
+    server = _CannedServer(
+        [_chunked(b'{"result":{"n":1}}\n{"res', b'ult":{"n":2}}\n', b'\n{"result":{"n":3}}\n')]
+    )
+    transport = Transport([("127.0.0.1", server.port)], timeout=2, connect_timeout=1)
+    try:
+        stream = transport.open_stream("watch", {}, 1.0)
+        assert [m["result"]["n"] for m in stream.messages()] == [1, 2, 3]
+        stream.close()
+    finally:
+        transport.close()
+        server.close()
 
 
 def test_a_compacted_start_revision_makes_the_waiter_re_read(

@@ -390,6 +390,10 @@ class _Release:
 # -- pooled etcd leases ----------------------------------------------------------------------
 
 
+_LESSOR_TICK = 0.5
+"""etcd's lessor looks for expired leases every 500 ms: a lease ends up to that late."""
+
+
 @dataclass(eq=False)
 class _PooledLease:
     """One etcd lease of this process; carries at most one ``P/lease/NAME`` key at a time."""
@@ -613,6 +617,18 @@ class EtcdBackend:
         with self._lock:
             self._retention = fresh
         return fresh.id
+
+    def lease_overrun(self, ttl: float) -> float:
+        """How much longer than ``ttl`` this cluster may keep a lease live after the send time
+        of its grant or last renewal (for ``fenced verify``'s checker): etcd grants
+        ``max(ceil(ttl), its minimum)`` whole seconds and expires leases on a 500 ms tick.
+
+        Takes an etcd lease of that TTL from the pool (granting one if none is idle) to learn
+        what etcd grants, and gives it back. Raises :class:`~fenced.Unavailable` like a grant.
+        """
+        pooled = self._take_lease(ttl)
+        self._give_back(pooled)
+        return max(0.0, pooled.ttl - ttl) + _LESSOR_TICK
 
     def _remaining(self, kv: KV, ttl: float) -> float:
         """A lease key's remaining time: exact for our own, etcd's whole seconds + 0.5 else."""

@@ -1,31 +1,28 @@
 """A synchronous client for etcd's v3 JSON gateway (``POST /v3/…``), for the etcd backend.
 
-HTTP is httpx's (``httpx.HTTPTransport``: HTTP/1.1 keep-alive pooling, per-request timeouts,
-streaming replies); what stays here is what etcd needs on top: endpoint failover within one time
-budget, etcd's error answers, and the one distinction a lock service cannot do without — whether
-a request that failed may have been applied. Why httpx and the gateway rather than a gRPC
-client, and why httpx's transport API rather than ``httpx.Client``: see ``docs/etcd.md``
-("Client").
+HTTP is Python's own ``http.client`` (CPython's maintained HTTP/1.1 client: request framing,
+status line and header parsing, ``Content-Length`` and chunked replies). What stays here is what
+etcd needs on top: a small pool of keep-alive connections per endpoint, endpoint failover within
+one time budget, etcd's error answers, and the one distinction a lock service cannot do without —
+whether a request that failed may have been applied. Why ``http.client`` and the gateway rather
+than httpx, urllib3 or a gRPC client: see ``docs/etcd.md`` ("Client").
 
 Failure classification (per request)::
 
     what happened                                         mutating request    read
     ----------------------------------------------------  ------------------  --------------
-    httpx.ConnectError, ConnectTimeout, PoolTimeout       next endpoint       next endpoint
-    httpx.WriteError, WriteTimeout                        next endpoint       next endpoint
-    any other httpx error before the body was sent whole  next endpoint       next endpoint
+    connecting failed or timed out                        next endpoint       next endpoint
+    sending failed (the request was not sent whole)       next endpoint       next endpoint
     etcd: no leader / too many requests / not capable     next endpoint       next endpoint
     etcd: lease not found, compacted, invalid argument    EtcdRejected        EtcdRejected
-    httpx.ReadError, ReadTimeout, RemoteProtocolError     MaybeApplied        next endpoint
-      (or any other error) after the body was sent whole
+    reading the reply failed, timed out, or it was cut    MaybeApplied        next endpoint
+      (after the request was sent whole)
     a reply that is not etcd's JSON                       MaybeApplied        next endpoint
 
-"Sent whole" is taken from httpcore's ``trace`` extension (``*.send_request_body.complete``:
-every byte of the request was handed to the kernel), not from the exception class: httpcore
-swallows a ``WriteError`` while sending and goes on to read a reply that the server may have
-sent before closing, so a request cut halfway surfaces as a ``ReadError`` or
-``RemoteProtocolError`` too. etcd's gateway decodes a request only once its whole JSON body has
-arrived (the last byte is the closing brace), so a request not sent whole was not applied.
+"Sent whole": ``HTTPConnection.request`` returned, i.e. ``socket.sendall`` handed every byte of
+the head and the body to the kernel; an error raised by it means the body did not get out whole.
+etcd's gateway decodes a request only once its whole JSON body has arrived (the last byte is the
+closing brace), so a request not sent whole was not applied.
 
 Every request carries ``Grpc-Metadata-hasleader: true`` (etcd's "require leader"): a member cut
 off from the majority refuses at once with "no leader" instead of letting a proposal hang until
@@ -33,37 +30,29 @@ its own request timeout. :class:`NotApplied` is raised when every endpoint refus
 time budget; callers translate it to :class:`~fenced.Unavailable`, :class:`MaybeApplied` to
 :class:`~fenced.OutcomeUnknown`.
 
-Connections: one ``httpx.HTTPTransport`` per :class:`Transport` for requests (keep-alive, pooled
-per endpoint, thread-safe; httpcore discards a pooled connection that became readable while idle
-— the server closed it or a member restarted — before reuse, so a stale connection does not turn
-a request that never reached etcd into an unknown outcome), and one for watches: each
-:class:`WatchStream` is one streaming ``/v3/watch`` reply on a connection of its own (etcd's
-gateway is HTTP/1.1 and cannot multiplex watches). The endpoints of the URL are connected to
-directly (no proxy from the environment).
+Connections: per endpoint, a pool of idle keep-alive ``http.client.HTTPConnection`` objects (at
+most :data:`_IDLE_KEPT`, one request at a time each; ``TCP_NODELAY``, set by ``http.client``). A
+pooled connection that became readable while idle — the server closed it, or a member restarted
+— is discarded before reuse (as httpcore and urllib3 do), so a stale connection does not turn a
+request that never reached etcd into an unknown outcome. Each watch (:class:`Stream`) is one
+streaming ``/v3/watch`` reply on a connection of its own (etcd's gateway is HTTP/1.1 and cannot
+multiplex watches). The endpoints of the URL are connected to directly (no proxy).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import logging
+import select
 import socket
-import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
-
-from fenced.core.errors import ConfigurationError
-
-try:
-    import httpx
-except ImportError as missing:  # connect()'s contract: a backend without its extra is refused
-    raise ConfigurationError(
-        f"the etcd backend needs httpx: pip install 'fenced[etcd]' ({missing})"
-    ) from missing
 
 __all__ = [
     "KV",
@@ -95,12 +84,14 @@ _NOT_APPLIED_MESSAGES = (
     "unhealthy cluster",
 )
 _HEADERS = {"Content-Type": "application/json", "Grpc-Metadata-hasleader": "true"}
-_SOCKET_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]  # headers, body: two writes
-_IDLE_KEPT = 16  # idle keep-alive connections kept for requests
-# Plain http:// only (TLS is not supported yet, see docs/etcd.md). httpx gives every transport an
-# SSL context; this one has no CA certificate, so it could never make a TLS connection that was
-# not verified, and it spares loading certifi's bundle for every client (~50 ms).
-_NO_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+_IDLE_KEPT = 16  # idle keep-alive connections kept per endpoint
+_READ_CHUNK = 65536
+# http.client writes a request's head and its body with two send()s: corked, they leave in one
+# segment (one wake-up of the member instead of two; Linux's TCP_CORK, elsewhere two segments)
+_CORK = getattr(socket, "TCP_CORK", None)
+# what http.client and the socket raise while connecting, sending or reading (HTTPException:
+# a malformed status line or header, an incomplete body, a closed connection)
+_HTTP_ERRORS = (OSError, http.client.HTTPException, ValueError)
 
 
 class EtcdError(Exception):
@@ -181,25 +172,18 @@ def _classify(code: int, message: str, mutating: bool) -> EtcdError:
     return NotApplied(message, code)
 
 
-def _describe(error: Exception) -> str:
+def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-def _http(limits: httpx.Limits) -> httpx.HTTPTransport:
-    return httpx.HTTPTransport(verify=_NO_TLS, limits=limits, socket_options=_SOCKET_OPTIONS)
-
-
-class _Progress:
-    """httpcore ``trace`` callback of one request: was its body sent whole?"""
-
-    __slots__ = ("sent",)
-
-    def __init__(self) -> None:
-        self.sent = False
-
-    def __call__(self, event: str, info: Mapping[str, Any]) -> None:
-        if event.endswith(".send_request_body.complete"):
-            self.sent = True
+def _readable(sock: socket.socket) -> bool:
+    """Has an idle connection something to read (data, or the peer's FIN or reset)?"""
+    try:
+        poller = select.poll()
+    except AttributeError:  # pragma: no cover - no poll() (Windows)
+        return bool(select.select([sock], [], [], 0)[0])
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class _Endpoint:
@@ -207,18 +191,15 @@ class _Endpoint:
         self.host = host
         self.port = port
         self.down_until = 0.0
-        self._base = f"http://{self}/v3/"
-        self._urls: dict[str, httpx.URL] = {}
-
-    def url(self, path: str) -> httpx.URL:
-        """``/v3/<path>`` on this endpoint, parsed once (httpx's URL parsing is not free)."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = httpx.URL(self._base + path)
-        return url
+        self.idle: list[http.client.HTTPConnection] = []  # under the transport's lock
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}" if ":" not in self.host else f"[{self.host}]:{self.port}"
+
+
+def _close(conn: http.client.HTTPConnection) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
 
 
 class Stream:
@@ -229,26 +210,43 @@ class Stream:
     :meth:`close`\\ s it.
     """
 
-    def __init__(self, response: httpx.Response, on_close: Callable[[Stream], None]) -> None:
+    def __init__(
+        self,
+        conn: http.client.HTTPConnection,
+        sock: socket.socket,
+        response: http.client.HTTPResponse,
+        on_close: Callable[[Stream], None],
+    ) -> None:
+        self._conn = conn
+        self._sock = sock
         self._response = response
         self._on_close = on_close
 
     def messages(self) -> Iterator[Json]:
-        """The newline-separated JSON objects of the reply (httpx errors when it is cut)."""
-        for line in self._response.iter_lines():
-            if line.strip():
-                message = json.loads(line)
-                yield message if isinstance(message, dict) else {}
+        """The newline-separated JSON objects of the reply (``OSError``, ``http.client``'s
+        errors or ``ValueError`` when it is cut)."""
+        pending = b""
+        while True:
+            data = self._response.read1(_READ_CHUNK)  # whatever arrived (de-chunked)
+            if not data:
+                return
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    message = json.loads(line)
+                    yield message if isinstance(message, dict) else {}
 
     def shutdown(self) -> None:
-        network = self._response.extensions.get("network_stream")
-        sock = network.get_extra_info("socket") if network is not None else None
-        if isinstance(sock, socket.socket):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self._response.close()
+        with contextlib.suppress(Exception):
+            self._response.close()
+        _close(self._conn)
+        with contextlib.suppress(OSError):
+            self._sock.close()
         self._on_close(self)
 
 
@@ -257,8 +255,8 @@ class Transport:
 
     ``timeout`` is the budget of one call, retries on other endpoints included;
     ``connect_timeout`` bounds one connection attempt. Thread-safe. After :meth:`close`, calls
-    raise :class:`NotApplied` at once, open streams end, and the connections are closed as soon
-    as no request is in flight (never under one: a socket closed while it connects would leak).
+    raise :class:`NotApplied` at once, open streams end, idle connections are closed, and a
+    connection in use is closed when its request ends.
     """
 
     def __init__(
@@ -272,10 +270,7 @@ class Transport:
         self._lock = threading.Lock()
         self._preferred = 0
         self._closed = False
-        self._busy = 0  # requests in flight on the connection pools
         self._open: set[Stream] = set()
-        self._http = _http(httpx.Limits(max_connections=None, max_keepalive_connections=_IDLE_KEPT))
-        self._streams = _http(httpx.Limits(max_connections=None, max_keepalive_connections=0))
 
     @property
     def endpoints(self) -> list[str]:
@@ -307,38 +302,56 @@ class Transport:
             if self._endpoints[self._preferred] is endpoint:
                 self._preferred = (self._preferred + 1) % len(self._endpoints)
 
-    # -- the connection pools -------------------------------------------------------------
-    def _enter(self) -> None:
-        with self._lock:
-            if self._closed:
-                raise NotApplied("the client is closed")
-            self._busy += 1
+    # -- connections ----------------------------------------------------------------------
+    def _connect(self, endpoint: _Endpoint, timeout: float) -> http.client.HTTPConnection:
+        """A new connection to ``endpoint`` (:class:`NotApplied` if it cannot be made)."""
+        conn = http.client.HTTPConnection(
+            endpoint.host, endpoint.port, timeout=min(timeout, self.connect_timeout)
+        )
+        try:
+            conn.connect()  # sets TCP_NODELAY
+        except _HTTP_ERRORS as error:
+            _close(conn)
+            raise NotApplied(f"cannot connect: {_describe(error)}") from error
+        return conn
 
-    def _leave(self) -> None:
-        with self._lock:
-            self._busy -= 1
-            last = self._closed and not self._busy
-        if last:
-            self._close_pools()
+    def _checkout(self, endpoint: _Endpoint, timeout: float) -> http.client.HTTPConnection:
+        """An idle pooled connection to ``endpoint`` that the server did not close, or a new one."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise NotApplied("the client is closed")
+                conn = endpoint.idle.pop() if endpoint.idle else None
+            if conn is None:
+                return self._connect(endpoint, timeout)
+            sock = conn.sock
+            if sock is not None and not _readable(sock):
+                return conn
+            _close(conn)  # closed by the server while idle (or unexpected bytes): never reuse
 
-    def _close_pools(self) -> None:
-        self._http.close()
-        self._streams.close()
-
-    def _forget(self, stream: Stream) -> None:
+    def _checkin(self, endpoint: _Endpoint, conn: http.client.HTTPConnection) -> None:
         with self._lock:
-            self._open.discard(stream)
+            if not self._closed and conn.sock is not None and len(endpoint.idle) < _IDLE_KEPT:
+                endpoint.idle.append(conn)
+                return
+        _close(conn)
 
     def close(self) -> None:
         """Refuse new calls, end open streams, close the connections (see the class docstring)."""
         with self._lock:
             self._closed = True
-            idle = not self._busy
             streams = list(self._open)
+            idle = [conn for endpoint in self._endpoints for conn in endpoint.idle]
+            for endpoint in self._endpoints:
+                endpoint.idle.clear()
         for stream in streams:
             stream.shutdown()
-        if idle:
-            self._close_pools()
+        for conn in idle:
+            _close(conn)
+
+    def _forget(self, stream: Stream) -> None:
+        with self._lock:
+            self._open.discard(stream)
 
     # -- requests -------------------------------------------------------------------------
     def call(self, path: str, body: Json, *, mutating: bool, timeout: float | None = None) -> Json:
@@ -365,50 +378,47 @@ class Transport:
             time.sleep(min(_RETRY_PAUSE[min(attempt, len(_RETRY_PAUSE) - 1)], remaining))
         raise NotApplied(f"etcd unavailable after {budget:g}s ({last})", last.code)
 
-    def _request(
-        self, endpoint: _Endpoint, path: str, data: bytes, timeout: float, **extensions: object
-    ) -> httpx.Request:
-        """A POST of ``data`` to ``/v3/<path>`` with its own limits (``timeout`` extension)."""
-        timeouts = httpx.Timeout(timeout, connect=min(timeout, self.connect_timeout))
-        return httpx.Request(
-            "POST",
-            endpoint.url(path),
-            headers=_HEADERS,
-            content=data,
-            extensions={"timeout": timeouts.as_dict(), **extensions},
-        )
-
     def _once(
         self, endpoint: _Endpoint, path: str, data: bytes, timeout: float, mutating: bool
     ) -> Json:
-        progress = _Progress()
-        request = self._request(endpoint, path, data, timeout, trace=progress)
-        self._enter()
+        conn = self._checkout(endpoint, timeout)
+        kept = False
         try:
-            response = self._http.handle_request(request)
+            sock = conn.sock
+            if sock is not None:
+                sock.settimeout(timeout)  # sending and reading this reply
             try:
-                raw = response.read()
-            finally:
-                response.close()
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as error:
-            raise NotApplied(f"cannot connect: {_describe(error)}") from error
-        except httpx.RequestError as error:
-            if not progress.sent:  # WriteError, WriteTimeout, or a read after a failed write
+                if _CORK is not None and sock is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
+                    conn.request("POST", "/v3/" + path, data, _HEADERS)
+                    sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)  # sends what is queued
+                else:
+                    conn.request("POST", "/v3/" + path, data, _HEADERS)
+            except _HTTP_ERRORS as error:  # not handed to the kernel whole: not applied
                 raise NotApplied(f"request not sent whole: {_describe(error)}") from error
-            if mutating:  # ReadError, ReadTimeout, RemoteProtocolError, … after sending
-                raise MaybeApplied(f"{endpoint}: reply lost: {_describe(error)}") from error
-            raise NotApplied(f"reply lost: {_describe(error)}") from error
+            try:
+                response = conn.getresponse()
+                raw = response.read()
+            except _HTTP_ERRORS as error:  # sent whole; reply lost, cut, late or malformed
+                if mutating:
+                    raise MaybeApplied(f"{endpoint}: reply lost: {_describe(error)}") from error
+                raise NotApplied(f"reply lost: {_describe(error)}") from error
+            status = response.status
+            kept = not response.will_close
         finally:
-            self._leave()
+            if kept:
+                self._checkin(endpoint, conn)
+            else:
+                _close(conn)
         try:
             payload = json.loads(raw) if raw else {}
         except ValueError as error:
             raise _classify(0, f"{endpoint}: unreadable reply: {raw[:200]!r}", mutating) from error
         if not isinstance(payload, dict):
             raise _classify(0, f"{endpoint}: unexpected reply: {raw[:200]!r}", mutating)
-        if response.status_code != 200 or "error" in payload:
+        if status != 200 or "error" in payload:
             code, message = _error_of(payload)
-            raise _classify(code, message or f"HTTP {response.status_code}", mutating)
+            raise _classify(code, message or f"HTTP {status}", mutating)
         self._prefer(endpoint)
         result = payload.get("result", payload)  # stream endpoints wrap their reply
         return result if isinstance(result, dict) else {}
@@ -436,9 +446,8 @@ class Transport:
         Tries the endpoints in turn until one answers 200 within ``timeout`` (connecting,
         sending, and the reply's head: etcd's gateway sends it with the first message), else
         raises :class:`NotApplied`. Once open, the stream has no read timeout: a quiet watch is
-        normal. (The read timeout is httpx's ``timeout`` request extension, which httpcore reads
-        when the body is first read; ``tests/test_etcd_coordinator.py`` pins that an idle watch
-        keeps its connection.)
+        normal (``tests/test_etcd_coordinator.py`` pins that an idle watch keeps its
+        connection).
         """
         data = json.dumps(body, separators=(",", ":")).encode()
         deadline = time.monotonic() + timeout
@@ -447,27 +456,33 @@ class Transport:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            request = self._request(endpoint, path, data, remaining)
-            self._enter()
+            if self._closed:
+                raise NotApplied("the client is closed")
             try:
-                response = self._streams.handle_request(request)  # its body is read as it comes
-            except httpx.RequestError as error:
-                last = f"{endpoint}: {_describe(error)}"
+                conn = self._connect(endpoint, remaining)
+            except NotApplied as error:
+                last = f"{endpoint}: {error}"
                 self._mark_down(endpoint)
                 continue
-            finally:
-                self._leave()
-            if response.status_code != 200:
-                try:
-                    last = f"{endpoint}: HTTP {response.status_code}: {response.read()[:200]!r}"
-                except httpx.RequestError as error:
-                    last = f"{endpoint}: HTTP {response.status_code}: {_describe(error)}"
-                finally:
-                    response.close()
+            sock = conn.sock
+            assert sock is not None  # connected
+            try:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                conn.request("POST", "/v3/" + path, data, _HEADERS)
+                response = conn.getresponse()  # the head comes with the first message
+                if response.status != 200:
+                    last = f"{endpoint}: HTTP {response.status}: {response.read(200)!r}"
+                    raise NotApplied(last)
+                sock.settimeout(None)
+            except (NotApplied, *_HTTP_ERRORS) as error:
+                if not isinstance(error, NotApplied):
+                    last = f"{endpoint}: {_describe(error)}"
+                _close(conn)
+                with contextlib.suppress(OSError):
+                    sock.close()
                 self._mark_down(endpoint)
                 continue
-            request.extensions["timeout"]["read"] = None
-            stream = Stream(response, self._forget)
+            stream = Stream(conn, sock, response, self._forget)
             with self._lock:
                 if not self._closed:
                     self._open.add(stream)
