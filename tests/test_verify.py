@@ -284,6 +284,38 @@ def test_compare_owner_release_of_an_expired_lease_is_refused() -> None:
     assert broken(h) == ["compare-owner", "diagnostics-match"]
 
 
+def test_compare_owner_allows_the_coordinators_documented_overrun() -> None:
+    """etcd keeps a lease up to ``overrun`` past its ttl (whole-second TTLs, a 500 ms expiry
+    tick): a release then still takes effect, and the meta event says how long it may."""
+    h = correct()
+    h.events = [e for e in h.events if not (e.get("op") == "release" and e["w"] == "A")]
+    h.events = [e for e in h.events if e["w"] != "B" and e["ev"] != "s.read"]
+    h.final("S", [["A.1", 1]], 1, {"epoch": 1, "object_id": "obj-A.3", "sha": "sha-a"})
+    h.release("A", 1, 1.6, released=True)  # 0.3 s after ttl from the last renewal's reply
+    h.records([1], [1])
+    assert broken(h) == ["compare-owner"]
+    h.events[0]["overrun"] = 0.5
+    assert broken(h) == []
+    h.release("A", 1, 1.9, released=True)  # past the overrun too
+    h.records([1], [1, 1])
+    assert broken(h) == ["compare-owner"]
+
+
+def test_diagnostics_match_counts_leases_handed_to_a_waiter_that_left() -> None:
+    """A release hands epoch 2 to C's place in the queue; C gives up (Busy) before it sees the
+    grant, and its leave releases epoch 2: the coordinator records a grant and a release that
+    no try_grant/release of the history made — once per place in the queue, no more."""
+    h = correct()
+    h.call("c", "C", "enqueue", 0.55, {"res": R, "ttl": 1.0}, {"ok": True, "applied": True})
+    h.call("c", "C", "leave", 0.62, {"res": R}, {"ok": True, "applied": True})
+    h.events = [e for e in h.events if e["w"] != "B" and e["ev"] != "s.read"]
+    h.final("S", [["A.1", 1]], 1, {"epoch": 1, "object_id": "obj-A.3", "sha": "sha-a"})
+    h.records([1, 2], [1, 2])
+    assert broken(h) == []
+    h.records([1, 2, 3], [1, 2, 3])  # a second unexplained lease: one place cannot explain it
+    assert broken(h) == ["diagnostics-match"]
+
+
 def test_op_exactly_once() -> None:
     h = correct()
     h.final("S", [["A.1", 1], ["A.1", 1], ["B.1", 2]], 3, POINTER)

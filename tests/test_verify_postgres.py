@@ -17,9 +17,8 @@ import pytest
 
 from fenced.fence.store import open_store
 from fenced.testing.postgres import PostgresServer
-from fenced.verify.cases import CASES, run_cases
-from fenced.verify.schedule import run_random
 from fenced.verify.target import Target
+from verify_networked import assert_verify_passes
 
 
 @pytest.mark.slow
@@ -36,16 +35,4 @@ def test_the_cases_pass_on_a_postgres_coordinator_and_stores(
 
     target = Target.create(coordinator, (strict, monotonic))
     assert target.stores == {"S": strict, "M": monotonic}
-    assert target.proxied  # a networked coordinator on loopback: one TCP proxy per worker
-    rows = run_cases(target)
-
-    assert [row.number for row in rows] == [case.number for case in CASES]
-    for row in rows:
-        assert row.violations == [], (row.number, row.violations)
-        expected = "unavailable" if row.number == "6" else "pass"
-        assert row.status == expected, (row.number, row.observed)
-        assert row.observed
-
-    summary = run_random(2, 61, target, duration=3.0)
-    assert summary.ok, [(r.schedule.seed, r.report.violations) for r in summary.failed]
-    assert summary.totals()["grants"] >= 2
+    assert_verify_passes(target, seed=61, schedules=2)

@@ -543,6 +543,7 @@ def run_case(
         case=case.number,
         resource=env.resource,
         ttl=env.ttl,
+        overrun=target.lease_overrun(env.ttl),
         stores={role: {"url": url, "mode": modes[role]} for role, url in env.stores.items()},
         coordinator=env.coordinator,
         mutants=env.mutants,

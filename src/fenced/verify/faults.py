@@ -218,8 +218,9 @@ class _Wire:
 class RecordingBackend:
     """A :class:`CoordinatorBackend` that records and faults ``try_grant``/``renew``/``release``.
 
-    ``report`` is recorded but never faulted (the checker matches reports with the coordinator's
-    records exactly). Queue operations, reads and watches pass through unrecorded.
+    ``report``, ``enqueue`` and ``leave`` are recorded but never faulted (the checker matches
+    reports with the coordinator's records exactly, and counts tickets for hand-offs). Waits,
+    reads and watches pass through unrecorded.
     """
 
     def __init__(self, inner: CoordinatorBackend, recorder: Recorder, plan: FaultPlan) -> None:
@@ -245,7 +246,12 @@ class RecordingBackend:
                 }
             return {"applied": False, "blocked": True, "epoch": result.epoch}
 
-        fields = {"res": request.resource, "ttl": request.ttl, "rid": request.request_id}
+        fields = {
+            "res": request.resource,
+            "ttl": request.ttl,
+            "rid": request.request_id,
+            "ticket": ticket is not None,
+        }
         return self._wire.call(
             "try_grant", fields, lambda: self.inner.try_grant(request, ticket), describe
         )
@@ -277,16 +283,32 @@ class RecordingBackend:
             faults=False,
         )
 
-    # -- pass-through ---------------------------------------------------------------------------
+    # Queue calls are recorded (never faulted): a release may hand the lease to a waiter that
+    # gives up before it sees the grant; its leave then releases that lease. The checker needs
+    # them to account for grants and releases no try_grant or release of the history made.
 
     def enqueue(self, request: GrantRequest) -> Ticket:
-        return self.inner.enqueue(request)
+        return self._wire.call(
+            "enqueue",
+            {"res": request.resource, "ttl": request.ttl},
+            lambda: self.inner.enqueue(request),
+            lambda _: {"applied": True},
+            faults=False,
+        )
+
+    def leave(self, ticket: Ticket) -> None:
+        self._wire.call(
+            "leave",
+            {"res": ticket.resource},
+            lambda: self.inner.leave(ticket),
+            lambda _: {"applied": True},
+            faults=False,
+        )
+
+    # -- pass-through ---------------------------------------------------------------------------
 
     def wait(self, ticket: Ticket, timeout: float) -> None:
         self.inner.wait(ticket, timeout)
-
-    def leave(self, ticket: Ticket) -> None:
-        self.inner.leave(ticket)
 
     def current(self, resource: str) -> LeaseInfo | None:
         return self.inner.current(resource)

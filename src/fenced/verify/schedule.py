@@ -291,6 +291,7 @@ def run_schedule(
         seed=schedule.seed,
         resource=resource,
         ttl=schedule.ttl,
+        overrun=target.lease_overrun(schedule.ttl),
         margin=schedule.margin,
         workers=schedule.workers,
         rates=schedule.rates,

@@ -126,6 +126,16 @@ class Target:
         stores = ", ".join(f"{r}={u}" for r, u in sorted(self.stores.items())) or "embedded"
         return f"coordinator {coordinator}; stores {stores}"
 
+    def lease_overrun(self, ttl: float) -> float:
+        """How much longer than ``ttl`` the coordinator may keep a lease live after the send
+        time of its grant or last renewal: its backend's ``lease_overrun(ttl)`` (etcd rounds
+        TTLs up), 0 for a backend without one (it expires leases exactly at ttl)."""
+        if self.coordinator is None:
+            return 0.0
+        with contextlib.closing(connect(self.coordinator)) as coordinator:
+            overrun = getattr(coordinator.backend, "lease_overrun", None)
+            return 0.0 if overrun is None else float(overrun(ttl))
+
     def coordinator_url(self, workdir: Path) -> str:
         return self.coordinator or f"sqlite://{workdir / 'coordinator.db'}"
 
