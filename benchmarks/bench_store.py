@@ -229,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="bench-store-", dir=args.dir))
     print(f"fenced store benchmark: Python {platform.python_version()}, "
-          f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs, in {directory}")  # fmt: skip
+          f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs, in {directory}, "
+          f"load {_load()}")  # fmt: skip
     try:
         (directory / "put").mkdir()
         (directory / "publish").mkdir()
@@ -242,6 +243,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    print(f"\nload at the end: {_load()}")
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages: the machine is shared, say how busy it was."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 if __name__ == "__main__":

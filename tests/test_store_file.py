@@ -366,3 +366,43 @@ def test_a_format_1_store_opens_and_migrates_at_its_first_commit(root: Path) -> 
         history = store.history(R)
         assert [r.seq for r in history] == list(range(1, len(history) + 1))
         assert [r.detail.get("version") for r in history[:4]] == [None, 2, None, 3]
+
+
+def test_large_publishes_hash_on_one_helper_thread_that_a_forked_child_replaces(
+    root: Path,
+) -> None:
+    """Chunks of 1 MiB are hashed on the process's helper thread (started once, kept); a child
+    forked while it exists starts its own, so a publish in the child neither hangs nor hashes
+    wrong, and threads publishing at once each get their own digest."""
+    data = [os.urandom(1024 * 1024 + n) for n in range(4)]  # two chunks each
+    with open_store(f"file://{root}", "monotonic") as store:
+        store.publish(token(1), data[0])
+        helpers = [t for t in threading.enumerate() if t.name == "fenced-helper"]
+        assert len(helpers) == 1
+        store.publish(token(1), data[1])
+        assert [t for t in threading.enumerate() if t.name == "fenced-helper"] == helpers
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            status = 1
+            try:
+                publication = store.publish(token(2), data[2])
+                good = publication.sha256 == hashlib.sha256(data[2]).hexdigest()
+                status = 0 if good and store.read(R) == data[2] else 2
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        results: dict[int, Publication] = {}
+
+        def publish(n: int) -> None:
+            results[n] = store.publish(token(3), data[n], name=f"n{n}")
+
+        threads = [threading.Thread(target=publish, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for n, publication in results.items():
+            assert publication.sha256 == hashlib.sha256(data[n]).hexdigest()
+            assert publication.size == len(data[n])
+            assert store.read(R, f"n{n}") == data[n]

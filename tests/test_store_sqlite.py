@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -13,8 +14,9 @@ import pytest
 import fenced.fence
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, Unavailable
+from fenced.core.records import RecordKind
 from fenced.fence import Store, open_store
-from fenced.fence.sqlite_store import SCHEMA_VERSION
+from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION, _detail_json
 from fenced.fence.values import Mode
 from fenced.testing.store_conformance import (
     MakeStore,
@@ -202,3 +204,150 @@ def test_expired_op_records_are_pruned_inside_write_transactions(
         assert conn.execute("SELECT count(*) FROM ops").fetchone() == (0,)
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize(
+    "detail",
+    [
+        {"op": "put", "key": 'a"b\u00e9\n/\\', "version": 3},
+        {"op": "fence", "previous": None},
+        {"op": "fence", "previous": 12345678901234567890},
+        {},
+        {"flag": True},
+        {"ratio": 1.5},
+        {"list": [1, "x"]},
+        {1: "int key"},
+    ],
+)
+def test_record_details_encode_exactly_as_json_dumps(detail: dict[Any, object]) -> None:
+    expected = json.dumps(detail, separators=(",", ":"), default=str)
+    assert _detail_json(detail) == expected
+
+
+def test_records_are_pruned_in_batches_and_history_keeps_the_limit(tmp_path: Path) -> None:
+    clock = ManualClock(wall=1000.0)
+    with open_store(f"sqlite://{tmp_path}/s.db", clock=clock, record_limit=10) as store:
+        store.fence(token(1))
+        for n in range(700):  # the Store prunes every 64th write
+            store.put(token(1), "k", b"%d" % n)
+        assert len(store.history(R)) == 10
+        conn = sqlite3.connect(tmp_path / "s.db")
+        (stored,) = conn.execute("SELECT count(*) FROM records").fetchone()
+        conn.close()
+        assert 10 <= stored <= 10 + 512 + 64
+
+
+def _version_2_store(path: Path, newest: str) -> int:
+    """A store at schema version 2 (records with AUTOINCREMENT); returns the highest seq it
+    handed out. ``newest``: "kept", "pruned" (the store's newest records were deleted, so
+    sqlite_sequence is above every row left), "all pruned" or "none" (no record was ever
+    written)."""
+    conn = sqlite3.connect(path)
+    for step in MIGRATIONS[:2]:
+        for statement in step:
+            conn.execute(statement)
+    conn.executemany(
+        "INSERT INTO meta(key, value) VALUES (?, ?)",
+        [("format", "fenced.sqlite-store"), ("schema_version", "2"), ("mode", "strict")],
+    )
+    conn.execute("INSERT INTO domains VALUES (?, ?, 4)", (R, token(4).coordinator_id))
+    conn.execute("INSERT INTO items VALUES (?, 'k', x'76', 4, 1)", (R,))
+    if newest != "none":
+        rows = [
+            (R, 1000.0, "installed", 4, '{"op":"fence","previous":null}'),
+            *[(R, 1000.0 + n, "accepted", 4, f'{{"op":"put","key":"k","version":{n}}}')
+              for n in (1, 2, 3)],
+            ("other", 1010.0, "installed", 1, '{"op":"fence","previous":null}'),
+            ("other", 1011.0, "rejected", 0, '{"op":"put","floor":1}'),
+        ]  # fmt: skip
+        conn.executemany(
+            "INSERT INTO records(resource, at, kind, epoch, detail) VALUES (?, ?, ?, ?, ?)", rows
+        )
+    if newest == "pruned":
+        conn.execute("DELETE FROM records WHERE resource = 'other'")
+    if newest == "all pruned":
+        conn.execute("DELETE FROM records")
+    (handed_out,) = conn.execute(
+        "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'records'), 0)"
+    ).fetchone()
+    conn.commit()
+    conn.close()
+    return int(handed_out)
+
+
+@pytest.mark.parametrize("newest", ["kept", "pruned", "all pruned", "none"])
+def test_a_version_2_store_keeps_its_records_and_never_reuses_a_seq(
+    tmp_path: Path, newest: str
+) -> None:
+    path = tmp_path / "v2.db"
+    handed_out = _version_2_store(path, newest)
+    conn = sqlite3.connect(path)
+    before = conn.execute("SELECT * FROM records ORDER BY seq").fetchall()
+    conn.close()
+    assert handed_out == {"kept": 6, "pruned": 6, "all pruned": 6, "none": 0}[newest]
+    assert len(before) == {"kept": 6, "pruned": 4, "all pruned": 0, "none": 0}[newest]
+
+    clock = ManualClock(wall=2000.0)
+    with open_store(f"sqlite://{path}", clock=clock) as store:
+        history = store.history(R)
+        assert [(r.seq, r.at, r.kind.value, r.epoch, r.detail) for r in history] == [
+            (seq, at, kind, epoch, json.loads(detail))
+            for seq, resource, at, kind, epoch, detail in before
+            if resource == R
+        ]
+        item = store.get(R, "k")
+        assert item is not None and (item.value, item.version) == (b"v", 1)
+        store.put(token(4), "k", b"w")
+        (new,) = store.history(R, after=history[-1].seq if history else 0)
+        assert new.kind is RecordKind.ACCEPTED
+        assert new.seq == handed_out + 1  # above every seq handed out, even pruned ones
+        if newest == "kept":
+            assert [r.seq for r in store.history("other")] == [5, 6]
+
+    conn = sqlite3.connect(path)
+    try:
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "3"
+        (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'records'").fetchone()
+        assert "AUTOINCREMENT" not in table.upper()
+        assert conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'records_by_resource'"
+        ).fetchone() == (1,)
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        after = conn.execute("SELECT * FROM records WHERE seq <= ? ORDER BY seq", (handed_out,))
+        placeholder = [(handed_out, "", 0.0, "seq-high-water", 0, "{}")]
+        assert after.fetchall() == before + (placeholder if "pruned" in newest else [])
+    finally:
+        conn.close()
+    with open_store(f"sqlite://{path}", clock=clock) as store:  # at version 3: nothing to do
+        assert [r.seq for r in store.history(R)][-1] == handed_out + 1
+
+
+def test_pruning_keeps_the_newest_record_so_no_seq_is_reused(tmp_path: Path) -> None:
+    # A new seq is max(seq) + 1: had pruning deleted the store's newest record (here every
+    # record of R has expired, and a no-op fence writes none), the next one would reuse it.
+    clock = ManualClock(wall=1000.0)
+    url = f"sqlite://{tmp_path}/s.db"
+    highest = 0
+    with open_store(url, clock=clock, record_retention=100, record_limit=3) as store:
+        for round_ in range(3):
+            store.fence(token(1))
+            store.fence(token(1, "other"))
+            for n in range(5):
+                store.put(token(1), "k", b"%d" % n)
+                store.put(token(1, "other"), "k", b"%d" % n)
+            store.put(token(1), "k", b"last")  # R holds the store's newest record
+            seqs = [r.seq for r in store.history(R) + store.history("other")]
+            assert min(seqs) > highest, round_  # nothing handed out twice
+            highest = max(seqs)
+            clock.advance(200)  # every record has expired
+            for _ in range(64):  # the Store prunes every 64th write: a no-op fence is one
+                store.fence(token(1))
+            assert store.history(R) == [], round_
+            conn = sqlite3.connect(tmp_path / "s.db")
+            kept = conn.execute("SELECT seq FROM records WHERE resource = ?", (R,)).fetchall()
+            conn.close()
+            assert kept == [(highest,)], round_  # all of R's pruned but the store's newest
+        store.put(token(1), "k", b"again")
+        (new,) = store.history(R)
+        assert new.seq == highest + 1

@@ -23,13 +23,15 @@ damaged or fails its CRC is ignored by everyone: the state before it stays curre
 Ordering, and why an acknowledged publish survives ``kill -9`` and power loss:
 
 1. **Stage** (outside the critical section): the bytes go to ``staging/<id>.part`` in one
-   write, the file is renamed to ``objects/<id>``, ``fdatasync``-ed (on journaling file systems
-   this also commits the rename) and ``objects/`` is ``fsync``-ed. When ``stage`` returns, the
-   complete object and its name are durable. A process killed before the rename leaves a
-   ``.part``; one killed after it leaves a complete object no pointer names (the rename comes
-   after the last write, so the page cache holds it all). A power failure before the syncs may
-   leave an incomplete object, but no pointer to it can exist yet: pointers are written in step
-   2, after the syncs. ``gc`` removes all of these after the grace period.
+   write, the file is renamed to ``objects/<id>``, then it is ``fdatasync``-ed while
+   ``objects/`` is ``fsync``-ed on the process's helper thread (the two syncs are independent:
+   both need only the rename before them, so the device may take both flushes at once; on a
+   journaling file system the first one also commits the rename). ``stage`` waits for both:
+   when it returns, the complete object and its name are durable. A process killed before the
+   rename leaves a ``.part``; one killed after it leaves a complete object no pointer names (the
+   rename comes after the last write, so the page cache holds it all). A power failure before
+   the syncs may leave an incomplete object, but no pointer to it can exist yet: pointers are
+   written in step 2, after the syncs. ``gc`` removes all of these after the grace period.
 2. **Commit** (the critical section): ``flock`` the resource's lock file (up to
    ``busy_timeout``, then :class:`Unavailable`), read ``state.log`` and then ``state.json``,
    decide, append **one** line (the whole new state, ``gen + 1``) with a single ``write`` and
@@ -83,6 +85,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -103,6 +106,8 @@ from fenced.core.records import Record, RecordKind
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, resolve_mode
+from fenced.fence.source import Background
+from fenced.fence.translated import Translated
 from fenced.fence.values import Item, Mode, Publication
 
 __all__ = ["FORMAT_VERSION", "FileBackend", "open_file_backend"]
@@ -135,12 +140,12 @@ def _os_error(error: OSError, what: str) -> FencedError:
     return Unavailable(f"{what}: {error}; nothing was changed, retry")
 
 
-@contextmanager
-def _translated(what: str) -> Iterator[None]:
-    try:
-        yield
-    except OSError as error:
-        raise _os_error(error, what) from error
+class _translated(Translated):
+    """``with _translated(what):`` turns an OSError into the fenced error for doing ``what``."""
+
+    __slots__ = ()
+    catches = OSError
+    translate = staticmethod(_os_error)
 
 
 def _fsync_dir(path: str | Path) -> None:
@@ -211,6 +216,7 @@ def _size(path: str) -> int:
         return 0
 
 
+@functools.lru_cache(maxsize=4096)
 def _hash(resource: str) -> str:
     return hashlib.sha256(resource.encode()).hexdigest()
 
@@ -285,14 +291,22 @@ class _State:
 
     def successor(self) -> _State:
         """A copy to change in a transaction: the same data, no entries of its own yet."""
-        return dataclasses.replace(
-            self,
-            items=dict(self.items),
-            pointers=dict(self.pointers),
-            superseded=list(self.superseded),
-            records=[],
-            ops={},
-            version=STATE_VERSION,
+        return _State(
+            self.resource,
+            self.head,
+            dict(self.items),
+            dict(self.pointers),
+            list(self.superseded),
+            self.seq,
+            self.gen,
+            [],
+            {},
+            self.compact_at,
+            self.oldest,
+            self.ops_compact_at,
+            self.ops_oldest,
+            self.journal_mark,
+            STATE_VERSION,
         )
 
     def to_json(self) -> bytes:
@@ -872,8 +886,13 @@ class FileBackend:
 
     # -- commits -----------------------------------------------------------------------------
 
-    def _commit(self, tx: _FileTransaction) -> None:
-        """Commit ``tx.state`` as the next generation (see 2. and 3. in the module docstring)."""
+    def _commit(self, tx: _FileTransaction, *, sync: bool = True) -> None:
+        """Commit ``tx.state`` as the next generation (see 2. and 3. in the module docstring).
+
+        ``sync=False`` (gc's own commits, which only forget superseded objects it removed):
+        the line is not ``fdatasync``-ed; the next synced line or checkpoint makes it durable,
+        and a power failure before that loses it harmlessly (the next gc forgets them again).
+        """
         rdir, loaded, state = tx.rdir, tx.loaded, tx.state
         self._ensure(rdir)
         tx.sync_seq()
@@ -890,7 +909,8 @@ class FileBackend:
         try:
             _write_all(fd, data)  # failing before its newline, the line never counts
             try:
-                os.fdatasync(fd)
+                if sync or not loaded.log_exists:
+                    os.fdatasync(fd)
                 if not loaded.log_exists:
                     _fsync_dir(rdir)
             except OSError as error:
@@ -1110,12 +1130,16 @@ class FileBackend:
                 with _translated(what):
                     os.utime(fd, (now, now))  # gc measures an unpublished object's idle time
                     os.replace(part, final)  # complete: a crash from here leaves debris for gc
-                    os.fdatasync(fd)  # the bytes and the size; on journaling file systems
-                    # also the rename, which makes the directory's sync below nearly free
+                    # The two syncs are independent (both only need the rename before them,
+                    # and both must end before the commit): the name's sync runs on the helper
+                    # thread meanwhile, so the device can take both cache flushes at once.
+                    named = Background(functools.partial(_fsync_dir, f"{rdir}/objects"))
+                    try:
+                        os.fdatasync(fd)  # the bytes and the size
+                    finally:
+                        named.wait()  # the name is durable (or this raises)
             finally:
                 os.close(fd)
-            with _translated(what):
-                _fsync_dir(f"{rdir}/objects")
         except BaseException:
             for path in (part, final):
                 with contextlib.suppress(FileNotFoundError):
@@ -1178,7 +1202,7 @@ class FileBackend:
             if kept != state.superseded:
                 tx = _FileTransaction(rdir, loaded, state.resource)
                 tx.state.superseded = kept
-                self._commit(tx)
+                self._commit(tx, sync=False)
         return len(victims)
 
     def close(self) -> None:
@@ -1211,7 +1235,10 @@ class _FileTransaction:
     def append_record(self, record: Record) -> None:
         self.sync_seq()
         self.state.seq += 1
-        self.state.records.append(dataclasses.replace(record, seq=self.state.seq))
+        r = record
+        self.state.records.append(
+            Record(self.state.seq, r.at, r.kind, r.resource, r.epoch, r.holder, r.detail)
+        )
         self.dirty = True
 
     def prune_records(self, before: float, keep: int) -> None:

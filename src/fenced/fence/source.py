@@ -6,16 +6,17 @@ at most :data:`CHUNK_SIZE` bytes and the digest is complete once the iterator is
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO
 
 from fenced.core.errors import ConfigurationError
 
-__all__ = ["CHUNK_SIZE", "PublishData", "Source"]
+__all__ = ["CHUNK_SIZE", "Background", "PublishData", "Source"]
 
 CHUNK_SIZE = 1024 * 1024
 
@@ -26,9 +27,10 @@ PublishData = bytes | bytearray | memoryview | os.PathLike[str] | IO[bytes]
 class Source:
     """Chunks of the data of one publish; :attr:`sha256` and :attr:`size` once exhausted.
 
-    Large chunks are hashed on a helper thread, in order, so that hashing overlaps the backend's
-    writes and its ``fsync`` (hashlib and fsync both release the GIL); at most
-    :data:`_QUEUED` chunks wait for it, so memory stays bounded.
+    Large chunks are hashed on a helper thread (one per process, see :func:`_worker`), in order,
+    so that hashing overlaps the backend's writes and its ``fsync`` (hashlib and fsync both
+    release the GIL); at most :data:`_QUEUED` chunks of a source wait for it, so memory stays
+    bounded.
 
     Raises :class:`ConfigurationError` at construction for data of another type (a ``str`` is
     refused: pass ``pathlib.Path(name)`` for a file or ``text.encode()`` for text). Opening or
@@ -72,20 +74,16 @@ class Source:
             raise RuntimeError("the data was not read to its end")
 
     def __iter__(self) -> Iterator[bytes]:
-        try:
-            for chunk in self._chunks():
-                if self._hasher is None and len(chunk) >= _THREADED:
-                    self._hasher = _Hasher(self._hash)
-                if self._hasher is None:
-                    self._hash.update(chunk)
-                else:
-                    self._hasher.feed(chunk)
-                self._size += len(chunk)
-                yield chunk
-            self._done = True
-        finally:
-            if self._hasher is not None:
-                self._hasher.close()  # no more chunks, whether done or abandoned
+        for chunk in self._chunks():
+            if self._hasher is None and len(chunk) >= _THREADED:
+                self._hasher = _Hasher(self._hash)
+            if self._hasher is None:
+                self._hash.update(chunk)
+            else:
+                self._hasher.feed(chunk)  # hashed while the backend writes it
+            self._size += len(chunk)
+            yield chunk
+        self._done = True
 
     def _chunks(self) -> Iterator[bytes]:
         data = self._data
@@ -108,32 +106,110 @@ _QUEUED = 4
 
 
 class _Hasher:
-    """Feeds chunks, in order, to a hash object on a thread of its own."""
+    """Feeds one source's chunks, in order, to its hash object on the process's helper thread.
+
+    At most :data:`_QUEUED` chunks of a source wait to be hashed (``feed`` blocks meanwhile), so
+    memory stays bounded.
+    """
 
     def __init__(self, target: hashlib._Hash) -> None:
         self._target = target
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=_QUEUED)
-        self._thread = threading.Thread(target=self._run, name="fenced-sha256", daemon=True)
-        self._thread.start()
-        self._closed = False
-
-    def _run(self) -> None:
-        while (chunk := self._queue.get()) is not None:
-            self._target.update(chunk)
+        self._slots = threading.Semaphore(_QUEUED)
+        self._error: BaseException | None = None
+        self._jobs = _worker()
 
     def feed(self, chunk: bytes) -> None:
-        self._queue.put(chunk)
+        self._slots.acquire()
+        self._jobs.put(functools.partial(self._update, chunk))
 
-    def close(self) -> None:
-        """No more chunks: the thread ends once it has hashed those fed so far."""
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
+    def _update(self, chunk: bytes) -> None:
+        try:
+            self._target.update(chunk)  # releases the GIL: overlaps the backend's writes
+        except BaseException as error:  # reported by finish(); the helper thread lives on
+            self._error = error
+        finally:
+            self._slots.release()
 
     def finish(self) -> None:
         """Wait until every chunk fed so far is hashed."""
-        self.close()
-        self._thread.join()
+        for _ in range(_QUEUED):
+            self._slots.acquire()
+        for _ in range(_QUEUED):
+            self._slots.release()
+        if self._error is not None:
+            raise RuntimeError(f"hashing the data failed: {self._error}") from self._error
+
+
+class Background:
+    """``call()`` running on the process's helper thread, after the jobs queued before it.
+
+    For a blocking system call (an ``fsync``) that can overlap one of the caller's own:
+    :meth:`wait` returns once it has finished, or raises what it raised.
+    """
+
+    def __init__(self, call: Callable[[], object]) -> None:
+        self._call = call
+        self._error: BaseException | None = None
+        self._done = threading.Lock()
+        self._done.acquire()
+        _worker().put(self._run)
+
+    def _run(self) -> None:
+        try:
+            self._call()
+        except BaseException as error:  # raised by wait(); the helper thread lives on
+            self._error = error
+        finally:
+            self._done.release()
+
+    def wait(self) -> None:
+        """Wait until the call has finished; raise its exception, if any."""
+        with self._done:
+            pass
+        if self._error is not None:
+            raise self._error
+
+
+_jobs: queue.SimpleQueue[Callable[[], None]] | None = None
+_starting = threading.Lock()
+
+
+def _worker() -> queue.SimpleQueue[Callable[[], None]]:
+    """The job queue of this process's helper thread, started by the first job.
+
+    One daemon thread per process, kept for the process's life: starting a thread per publish
+    costs more than the overlap saves on a busy machine (``Thread.start`` waits until the new
+    thread runs). Jobs run in the order they were queued, so each source's chunks are hashed in
+    order. Every job catches its own exceptions. A forked child forgets its parent's thread (it
+    does not exist there), queue and lock (which that thread may have held at the fork), and
+    starts its own when it needs one.
+    """
+    global _jobs  # noqa: PLW0603 - one helper thread per process
+    jobs = _jobs
+    if jobs is None:
+        with _starting:
+            jobs = _jobs
+            if jobs is None:
+                jobs = queue.SimpleQueue()
+                threading.Thread(
+                    target=_run_jobs, args=(jobs,), name="fenced-helper", daemon=True
+                ).start()
+                _jobs = jobs
+    return jobs
+
+
+def _run_jobs(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
+    while True:
+        jobs.get()()
+
+
+def _forget_worker() -> None:
+    global _jobs, _starting  # noqa: PLW0603 - reset in a forked child
+    _jobs = None
+    _starting = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_worker)
 
 
 def _read_stream(stream: IO[bytes]) -> Iterator[bytes]:

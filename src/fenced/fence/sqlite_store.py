@@ -17,7 +17,9 @@
   mutations are inserted in the mutation's own transaction; a rejection is inserted by a small
   transaction of its own committed at ``synchronous=NORMAL`` (no fsync: the next durable commit
   syncs it; a power failure may lose it, a process crash cannot). ``seq`` is one sequence for the
-  whole store (AUTOINCREMENT: never reused after pruning).
+  whole store, never reused after pruning: it is the rowid (``max(seq) + 1`` for a new row) and
+  pruning never deletes the store's newest record (no ``AUTOINCREMENT``, whose
+  ``sqlite_sequence`` row would be one more page in every commit).
 * **Schema**: versioned in the ``meta`` table (``format``, ``schema_version``, ``mode``), with a
   list of migrations from the first version on. A database that is not a fenced store, a newer
   schema, a corrupt or unwritable file is a :class:`ConfigurationError`.
@@ -31,8 +33,9 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
+from json.encoder import encode_basestring_ascii as quote
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from fenced.core.errors import (
@@ -46,6 +49,7 @@ from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.chunks import ChunkReader
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, resolve_mode
+from fenced.fence.translated import Translated
 from fenced.fence.values import Item, Mode, Publication
 
 if TYPE_CHECKING:
@@ -79,13 +83,91 @@ _SCHEMA_2 = (
     " at REAL NOT NULL, kind TEXT NOT NULL, epoch INTEGER NOT NULL, detail TEXT NOT NULL)",
     "CREATE INDEX records_by_resource ON records(resource, seq)",
 )
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_1, _SCHEMA_2)
-"""``MIGRATIONS[n]`` brings a database from schema version n to n + 1 (0: empty database)."""
+_SCHEMA_3 = (
+    # ``records`` without AUTOINCREMENT: a put commits one page fewer (no ``sqlite_sequence``).
+    # A new seq is max(seq) + 1, and pruning never deletes the store's newest record, so no seq
+    # is ever handed out twice. Rebuilt in the migration's transaction: SQLite cannot drop
+    # AUTOINCREMENT from a table in place.
+    "CREATE TABLE records_v3(seq INTEGER PRIMARY KEY, resource TEXT NOT NULL,"
+    " at REAL NOT NULL, kind TEXT NOT NULL, epoch INTEGER NOT NULL, detail TEXT NOT NULL)",
+    "INSERT INTO records_v3(seq, resource, at, kind, epoch, detail)"
+    " SELECT seq, resource, at, kind, epoch, detail FROM records",
+    # If the newest records were pruned before (version 2 pruned any), sqlite_sequence holds a
+    # seq above every row left: keep it as a placeholder row whose resource ('') no resource
+    # can have, so that new seqs continue above it. Reads and pruning select one resource: none
+    # ever sees it.
+    "INSERT INTO records_v3(seq, resource, at, kind, epoch, detail)"
+    " SELECT seq, '', 0, 'seq-high-water', 0, '{}' FROM sqlite_sequence"
+    " WHERE name = 'records' AND seq > (SELECT coalesce(max(seq), 0) FROM records)",
+    "DROP TABLE records",  # with its index and its sqlite_sequence row
+    "ALTER TABLE records_v3 RENAME TO records",
+    "CREATE INDEX records_by_resource ON records(resource, seq)",
+)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_1, _SCHEMA_2, _SCHEMA_3)
+"""``MIGRATIONS[n]`` brings a database from schema version n to n + 1 (0: empty database).
+Append a step to change the schema; never edit a released one."""
 SCHEMA_VERSION = len(MIGRATIONS)
+
+_PRUNE_SLACK = 512
+"""Records a resource may hold beyond ``record_limit`` before they are pruned (in a batch);
+``history`` returns at most ``record_limit`` whatever is stored."""
+_SEQ_RANGE = (
+    "SELECT (SELECT min(seq) FROM records WHERE resource = :r),"
+    " (SELECT max(seq) FROM records WHERE resource = :r)"
+)
+# Both prunes spare the store's newest record (``seq < max(seq)``, one b-tree descent): a new
+# seq is max(seq) + 1, so deleting the newest record would let the next one reuse its seq.
+_PRUNE_BY_COUNT = (
+    "DELETE FROM records WHERE resource = :r AND seq <= (SELECT seq FROM records"
+    " WHERE resource = :r ORDER BY seq DESC LIMIT 1 OFFSET :keep)"
+    " AND seq < (SELECT max(seq) FROM records)"
+)
+_PRUNE_BY_AGE = (
+    "DELETE FROM records WHERE resource = :r AND seq < coalesce((SELECT seq FROM records"
+    " WHERE resource = :r AND at >= :before ORDER BY seq LIMIT 1), 9223372036854775807)"
+    " AND seq < (SELECT max(seq) FROM records)"
+)
+_DETAIL = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
+def _detail_json(detail: Mapping[str, object]) -> str:
+    """``json.dumps(detail, separators=(",", ":"), default=str)``, faster for the usual detail.
+
+    A record's detail maps names to str, int or None (encoded here, with json's own string
+    escaping); anything else goes to the general encoder. Every mutation writes one.
+    """
+    parts = []
+    for name, value in detail.items():
+        if type(name) is not str:
+            return _DETAIL.encode(dict(detail))
+        if value is None:
+            encoded = "null"
+        elif type(value) is str:
+            encoded = quote(value)
+        elif type(value) is int:
+            encoded = int.__repr__(value)
+        else:
+            return _DETAIL.encode(dict(detail))
+        parts.append(f"{quote(name)}:{encoded}")
+    return "{" + ",".join(parts) + "}"
+
 
 _BUSY = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _CORRUPT = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
 _UNUSABLE = {sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM}
+
+
+_forks = 0
+"""How many times this process's ancestry forked since this module was imported: a connection
+opened at another count belongs to an ancestor."""
+
+
+def _forked() -> None:
+    global _forks  # noqa: PLW0603 - counts forks, in the child
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def translate_error(error: sqlite3.Error, what: str) -> FencedError:
@@ -102,12 +184,37 @@ def translate_error(error: sqlite3.Error, what: str) -> FencedError:
     return Unavailable(f"{what}: {error}")
 
 
-@contextmanager
-def _translated(what: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.Error as error:
-        raise translate_error(error, what) from error
+class _translated(Translated):
+    """``with _translated(what):`` turns a sqlite3 error into the fenced error for ``what``."""
+
+    __slots__ = ()
+    catches = sqlite3.Error
+    translate = staticmethod(translate_error)
+
+
+class _Writing:
+    """The context manager of one ``BEGIN IMMEDIATE`` transaction (see ``transaction``)."""
+
+    __slots__ = ("_conn", "_resource")
+
+    def __init__(self, conn: sqlite3.Connection, resource: str) -> None:
+        self._conn = conn
+        self._resource = resource
+
+    def __enter__(self) -> _SqliteTransaction:
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as error:
+            raise translate_error(error, f"writing {self._resource!r}") from error
+        return _SqliteTransaction(self._conn, self._resource)
+
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        if error is not None:
+            _rollback(self._conn)
+            if isinstance(error, sqlite3.Error):
+                raise translate_error(error, f"writing {self._resource!r}") from error
+            return
+        _commit(self._conn, f"committing a write to {self._resource!r}")
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -163,9 +270,9 @@ class SqliteBackend:
         """This thread's connection (a new one in a forked child: never share across fork)."""
         local = self._local
         conn: sqlite3.Connection | None = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid():
+        if conn is None or local.forks != _forks:  # cheaper than os.getpid(), a system call
             conn = self._connect()
-            local.conn, local.pid = conn, os.getpid()
+            local.conn, local.forks = conn, _forks
             with self._lock:
                 self._connections.append((os.getpid(), conn))
         return conn
@@ -229,17 +336,9 @@ class SqliteBackend:
 
     # -- the critical section --------------------------------------------------------------
 
-    @contextmanager
-    def transaction(self, resource: str) -> Iterator[_SqliteTransaction]:
-        conn = self._conn()
-        with _translated(f"writing {resource!r}"):
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield _SqliteTransaction(conn, resource)
-            except BaseException:
-                _rollback(conn)
-                raise
-        _commit(conn, f"committing a write to {resource!r}")
+    def transaction(self, resource: str) -> AbstractContextManager[_SqliteTransaction]:
+        """``BEGIN IMMEDIATE``; commits when the block ends, rolls back if it raises."""
+        return _Writing(self._conn(), resource)
 
     # -- records ---------------------------------------------------------------------------
 
@@ -456,7 +555,7 @@ def _insert_record(conn: sqlite3.Connection, record: Record) -> None:
             record.at,
             record.kind.value,
             record.epoch,
-            json.dumps(dict(record.detail), separators=(",", ":"), default=str),
+            _detail_json(record.detail),
         ),
     )
 
@@ -488,11 +587,32 @@ class _SqliteTransaction:
     def __init__(self, conn: sqlite3.Connection, resource: str) -> None:
         self._conn = conn
         self._resource = resource
+        self._head: Head | None = None
+        self._versions: dict[str, int | None] = {}
+
+    def prefetch(self, key: str) -> None:
+        """Read the head and ``key``'s version in one statement (a put needs both).
+
+        An optional method: ``Store.put`` calls it when a transaction has it. What it read is
+        answered by :meth:`head` and :meth:`version_of`, and kept current by this
+        transaction's own writes (nobody else can write: it holds the write lock).
+        """
+        coordinator, floor, version = self._conn.execute(
+            "SELECT d.coordinator_id, d.floor, (SELECT version FROM items"
+            " WHERE resource = ?1 AND key = ?2) FROM (SELECT 1) LEFT JOIN domains AS d"
+            " ON d.resource = ?1",
+            (self._resource, key),
+        ).fetchone()
+        self._head = Head() if coordinator is None else Head(coordinator, floor)
+        self._versions[key] = None if version is None else int(version)
 
     def head(self) -> Head:
-        return _head(self._conn, self._resource)
+        if self._head is None:
+            self._head = _head(self._conn, self._resource)
+        return self._head
 
     def set_head(self, head: Head) -> None:
+        self._head = head
         self._conn.execute(
             "INSERT INTO domains(resource, coordinator_id, floor) VALUES (?, ?, ?)"
             " ON CONFLICT(resource) DO UPDATE SET"
@@ -523,25 +643,41 @@ class _SqliteTransaction:
         _insert_record(self._conn, record)
 
     def prune_records(self, before: float, keep: int) -> None:
-        self._conn.execute(
-            "DELETE FROM records WHERE resource = :r AND (at < :before OR seq <= coalesce("
-            "(SELECT seq FROM records WHERE resource = :r ORDER BY seq DESC LIMIT 1 OFFSET :keep),"
-            " 0))",
-            {"r": self._resource, "before": before, "keep": keep},
-        )
+        """Two range deletes on ``records_by_resource`` (one ``OR`` would scan every record).
+
+        By count, only once the resource may hold over ``keep`` + :data:`_PRUNE_SLACK` records
+        (its range of ``seq`` says so without counting): finding the ``keep``-th newest walks
+        that many index entries, so it is done in batches. By age, the oldest records up to
+        the first one dated ``before`` or later go: a record that is older than a newer one
+        before it (the clock went back) waits until that one expires too. Neither deletes the
+        store's newest record, whatever its resource (its seq must stay the highest: see
+        :data:`_SCHEMA_3`). All are deferrals the protocol allows; ``history`` applies both
+        limits exactly whatever is stored.
+        """
+        params = {"r": self._resource, "before": before, "keep": keep}
+        low, high = self._conn.execute(_SEQ_RANGE, params).fetchone()
+        if low is not None and high - low + 1 > keep + _PRUNE_SLACK:  # else at most that many
+            self._conn.execute(_PRUNE_BY_COUNT, params)  # walks `keep` index entries
+        self._conn.execute(_PRUNE_BY_AGE, params)
 
     def version_of(self, key: str) -> int | None:
+        if key in self._versions:
+            return self._versions[key]
         row = self._conn.execute(
             "SELECT version FROM items WHERE resource = ? AND key = ?", (self._resource, key)
         ).fetchone()
         return None if row is None else int(row[0])
 
     def put_item(self, item: Item) -> None:
+        # an upsert changes the row in place; REPLACE would delete it and insert a new row,
+        # rewriting the primary key's index entry too
         self._conn.execute(
-            "INSERT OR REPLACE INTO items(resource, key, value, epoch, version)"
-            " VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO items(resource, key, value, epoch, version) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT(resource, key) DO UPDATE SET"
+            " value = excluded.value, epoch = excluded.epoch, version = excluded.version",
             (item.resource, item.key, item.value, item.epoch, item.version),
         )
+        self._versions[item.key] = item.version
 
     def pointer(self, name: str) -> Publication | None:
         return _pointer(self._conn, self._resource, name)

@@ -245,6 +245,9 @@ class Store:
         what = _Mutation("put", {"key": key})
         try:
             with self._write(token.resource) as tx:
+                prefetch = getattr(tx, "prefetch", None)
+                if prefetch is not None:  # the head and the key's version in one read (SQLite)
+                    prefetch(key)
 
                 def change() -> Version:
                     number = rules.next_version(token.resource, key, tx.version_of(key), if_version)
