@@ -873,6 +873,35 @@ def _advance_raising_epochs(advance: str) -> str:
     )
 
 
+def _try_grant_pruning_cheaply(try_grant: str) -> str:
+    """``try_grant`` whose record pruning first looks at the oldest record only (one index
+    probe) and deletes among the oldest 1000 only if that one is past the retention: the
+    version-3 prune read the 1000 oldest records on every pruning grant even when none was due
+    (about 11 ms on a table of 10,000 records, on 1 grant in 200)."""
+    cutoff = (
+        "v_now - (SELECT m.value::float8 FROM {s}.meta m\n"
+        "                                      WHERE m.key = 'records_retention') "
+        "* interval '1 second'"
+    )
+    return _edited(
+        try_grant,
+        (
+            (
+                "DELETE FROM {s}.records x WHERE x.seq IN (\n"
+                "                    SELECT o.seq FROM {s}.records o ORDER BY o.seq LIMIT 1000)\n"
+                f"                  AND x.at < {cutoff};",
+                "IF (SELECT f.at FROM {s}.records f ORDER BY f.seq LIMIT 1)\n"
+                f"                    < {cutoff} THEN\n"
+                "                DELETE FROM {s}.records x WHERE x.seq IN (\n"
+                "                    SELECT o.seq FROM {s}.records o ORDER BY o.seq LIMIT 1000)\n"
+                f"                  AND x.at < {cutoff};\n"
+                "                END IF;",
+                1,
+            ),
+        ),
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -899,6 +928,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             _advance_raising_epochs(_shipped("advance")),
             "UPDATE {s}.resources r SET epoch = greatest(r.epoch, (SELECT m.value::bigint"
             " FROM {s}.meta m WHERE m.key = 'minimum_epoch')) WHERE r.epoch > 0",
+        ),
+    ),
+    Migration(
+        4,
+        "pruning records reads the oldest record first (no scan of 1000 records when none is due)",
+        (
+            _try_grant_pruning_cheaply(
+                _try_grant_with_handoff(_granted_with_value(_shipped("try_grant")))
+            ),
         ),
     ),
 )
