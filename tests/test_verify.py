@@ -316,6 +316,21 @@ def test_diagnostics_match_counts_leases_handed_to_a_waiter_that_left() -> None:
     assert broken(h) == ["diagnostics-match"]
 
 
+def test_a_lease_granted_for_less_than_its_ttl_is_held_to_what_was_granted() -> None:
+    """A grant whose reply says ``expires_in`` < ttl (a lease handed over by a release was
+    running before its new holder asked; an etcd lease taken from the pool) lasts that long:
+    the next grant may come after it, and the holder's deadline must not pass it."""
+    h = History()
+    h.grant("A", 1, 0.0, expires_in=0.8)
+    h.lease("A", 1, 0.004, deadline=0.75)
+    h.grant("B", 2, 0.85)
+    h.lease("B", 2, 0.854, deadline=1.75)
+    h.records([1, 2], [])
+    assert broken(h) == []
+    h.lease("A", 1, 0.005, deadline=0.9)  # counts on more than the 0.8 s granted
+    assert broken(h) == ["holder-deadline"]
+
+
 def test_op_exactly_once() -> None:
     h = correct()
     h.final("S", [["A.1", 1], ["A.1", 1], ["B.1", 2]], 3, POINTER)

@@ -33,6 +33,7 @@ CLOCK_BOOTTIME, which runs at the rate of CLOCK_MONOTONIC (the host does not sus
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -80,6 +81,13 @@ REJECTIONS = frozenset({"StaleToken", "NotInstalled", "ForeignToken"})
 """Errors that say a store rejected stale (or foreign) authority."""
 _DEFINITE = REJECTIONS | {"Unavailable", "VersionConflict", "IdempotencyConflict", "Busy"}
 _EPS = 0.002
+
+
+def _granted_for(reply: Event | None, ttl: float) -> float:
+    """How long the coordinator said a grant or renewal lasts: ``ttl``, or less if its reply's
+    ``expires_in`` / ``remaining`` says so."""
+    told = None if reply is None else reply.get("expires_in", reply.get("remaining"))
+    return ttl if told is None else min(ttl, float(told))
 
 
 def _first_try(send: Event) -> bool:
@@ -194,7 +202,9 @@ class _Lease:
     epoch: int
     grant: _Grant
     definite: list[float] = field(default_factory=list)
-    """Send times of calls that certainly extended it (the grant, applied renewals)."""
+    """The earliest expiry each call that certainly extended it promised (the grant, applied
+    renewals): its send time + the time the coordinator granted (the ttl, or less when the
+    reply said so: a lease handed over by a release was running before its holder asked)."""
     maybe: list[_Call] = field(default_factory=list)
     """Calls that may have extended it (certainly or possibly applied)."""
     releases: list[_Call] = field(default_factory=list)
@@ -271,7 +281,7 @@ class _Checker:
             lease = self.leases.get(grant.epoch)
             if lease is None:
                 lease = self.leases[grant.epoch] = _Lease(grant.epoch, grant)
-                lease.definite.append(call.sent)
+                lease.definite.append(call.sent + _granted_for(call.reply, ttl))
                 lease.maybe.append(call)
         for call in self.calls:
             epoch = call.epoch
@@ -283,7 +293,7 @@ class _Checker:
             if call.op == "renew":
                 lease.maybe.append(call)
                 if call.applied:
-                    lease.definite.append(call.sent)
+                    lease.definite.append(call.sent + _granted_for(call.reply, lease.grant.ttl))
             else:
                 lease.releases.append(call)
 
@@ -330,7 +340,7 @@ class _Checker:
                 continue
             if any(previous.grant.call.sent <= e["t"] <= granted_by for e in self.restores):
                 continue
-            expiry = max(previous.definite) + previous.grant.ttl
+            expiry = max(previous.definite)
             if granted_by < expiry - _EPS:
                 self.report.add(
                     "exclusive-grant",
@@ -342,23 +352,27 @@ class _Checker:
 
     def check_holders(self) -> None:
         """holder-deadline and stop-at-deadline."""
-        bases: dict[tuple[str, int], list[float]] = defaultdict(list)
+        # Per (worker, epoch): (send time, send time + the time granted) of each possibly
+        # applied acquire/renew, by send time.
+        bases: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
         for grant in self.grants:
-            bases[(grant.call.w, grant.epoch)].append(grant.call.sent)
+            end = grant.call.sent + _granted_for(grant.call.reply, grant.ttl)
+            bases[(grant.call.w, grant.epoch)].append((grant.call.sent, end))
+        ttls = {lease.epoch: lease.grant.ttl for lease in self.leases.values()}
         for call in self.calls:
             if call.op == "renew" and call.applied is not False and call.epoch is not None:
-                bases[(call.w, call.epoch)].append(call.sent)
+                ttl = ttls.get(call.epoch, float(call.send.get("ttl") or self.ttl))
+                end = call.sent + _granted_for(call.reply, ttl)
+                bases[(call.w, call.epoch)].append((call.sent, end))
         for times in bases.values():
             times.sort()
-        ttls = {lease.epoch: lease.grant.ttl for lease in self.leases.values()}
         last_check: dict[str, Event] = {}
         for event in self.events:
             kind = event["ev"]
             if kind in ("lease", "check") and event.get("deadline") is not None:
                 worker, epoch = str(event["w"]), int(event["epoch"])
-                sends = bases.get((worker, epoch), [])
-                index = bisect.bisect_right(sends, float(event["t"])) - 1
-                ttl = ttls.get(epoch, float(event.get("ttl") or self.ttl))
+                based = bases.get((worker, epoch), [])
+                index = bisect.bisect_right(based, (float(event["t"]), math.inf)) - 1
                 deadline = float(event["deadline"])
                 if index < 0:
                     self.report.add(
@@ -366,12 +380,13 @@ class _Checker:
                         f"{worker} reports a deadline for epoch {epoch} without any grant",
                         event["t"],
                     )
-                elif deadline > sends[index] + ttl + _EPS:
+                elif deadline > based[index][1] + _EPS:
+                    sent, end = based[index]
                     self.report.add(
                         "holder-deadline",
                         f"{worker}'s local deadline for epoch {epoch} is "
-                        f"{deadline - sends[index] - ttl:.3f}s later than the last applied "
-                        f"request's send time + ttl ({ttl:g}s)",
+                        f"{deadline - end:.3f}s later than the last applied request's send "
+                        f"time + the time granted ({end - sent:g}s)",
                         event["t"],
                     )
                 if kind == "check":
