@@ -231,7 +231,7 @@ def test_speculative_writes_never_trust_what_this_process_saw_last(store_url: st
 
 
 def _statements(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Every statement the store's mutations send from now on (ordinary ones and store_apply)."""
+    """Every statement the store's mutations send from now on (ordinary ones, store_apply_all)."""
     sent: list[bytes] = []
     run, apply = postgres_store._PgTransaction._run, postgres_conn.execute
 
@@ -251,29 +251,29 @@ def _statements(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 def test_a_speculative_write_and_its_records_are_one_statement(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An accepted put (even one that installs its epoch) is one store_apply call that also
+    """An accepted put (even one that installs its epoch) is one store_apply_all call that also
     inserts its records, in order, in the same transaction; every 64th write prunes records."""
     options = StoreOptions(7 * 24 * 3600.0, 3600.0, 5.0, SystemClock(), record_limit=3)
     store = open_postgres_store(store_url, "monotonic", options)
     store.put(token(1), "k", b"1")  # learns the domain and k
     sent = _statements(monkeypatch)
     store.put(token(2), "k", b"2", op_id="op-2")  # installs 2: two records
-    assert len(sent) == 1 and b"store_apply_records" in sent[0]
+    assert len(sent) == 1 and b"store_apply_all" in sent[0]
     kinds = [
         (r.kind.value, r.epoch, r.detail.get("op_id")) for r in store.history(token(2).resource)
     ]
     assert kinds[-2:] == [("installed", 2, None), ("accepted", 2, "op-2")]
     assert store.put(token(2), "k", b"2", op_id="op-2").version == 2  # replayed, not applied
-    sent.clear()  # (a replay is found by the ordinary way, after store_apply raised)
+    sent.clear()  # (a replay is found by the ordinary way, after store_apply_all raised)
     for n in range(70):
         store.put(token(2), "k", str(n).encode())
-    assert all(b"store_apply_records" in query for query in sent)
+    assert all(b"store_apply_all" in query for query in sent)
     records = store.history(token(2).resource)  # the record_limit newest
     assert [r.detail["version"] for r in records] == [70, 71, 72]
     schema = store_url.split("schema=")[1]
     with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
         row = conn.execute(f'SELECT count(*) FROM "{schema}".store_records'.encode()).fetchone()
-    assert row is not None and row[0] < 20  # pruned to 3 at the 64th write, by store_apply
+    assert row is not None and row[0] < 20  # pruned to 3 at the 64th write, by store_apply_all
     store.close()
 
 
@@ -293,16 +293,130 @@ def test_a_version_2_database_is_upgraded_and_keeps_its_state(
             old.close()
     store = open_postgres_store(store_url, None, _options())
     assert store.mode == "strict"
-    schema = store_url.split("schema=")[1]
-    with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
-        row = conn.execute(
-            f"SELECT value FROM \"{schema}\".store_meta WHERE key = 'schema_version'".encode()
-        ).fetchone()
-    assert row == (str(postgres_store.SCHEMA_VERSION),) and postgres_store.SCHEMA_VERSION == 3
+    assert _schema_version(store_url) == postgres_store.SCHEMA_VERSION == 4
     store.put(token(1), "k", b"3")
     sent = _statements(monkeypatch)
     assert store.put(token(1), "k", b"4").version == 4
     assert len(sent) == 1
     versions = [r.detail.get("version") for r in store.history(token(1).resource)]
     assert versions == [None, 1, 2, 3, 4]  # the install, then every accepted put
+    store.close()
+
+
+def _schema_version(store_url: str) -> int:
+    schema = store_url.split("schema=")[1]
+    with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT value FROM \"{schema}\".store_meta WHERE key = 'schema_version'".encode()
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _function_source(store_url: str, name: str) -> str:
+    schema = store_url.split("schema=")[1]
+    with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = %s AND p.proname = %s",
+            (schema, name),
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_a_version_3_database_is_upgraded_and_keeps_its_state(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 4 adds store_apply_all and replaces store_apply_records (same signature, for
+    processes still running older code): the state, the op ids and the records stay."""
+    with monkeypatch.context() as patched:
+        patched.setattr(postgres_store, "MIGRATIONS", postgres_store.MIGRATIONS[:3])
+        writes: list[Callable[[PostgresStore], object]] = [
+            lambda old: old.fence(token(2)),
+            lambda old: old.put(token(2), "k", b"1"),
+            lambda old: old.put(token(2), "k", b"2", op_id="op-2"),
+        ]
+        results = []
+        for write in writes:  # one write per process: none is speculative (needs version 4)
+            old = open_postgres_store(store_url, "strict", _options())
+            results.append(write(old))
+            old.close()
+        first = results[-1]
+    assert "LOOP" in _function_source(store_url, "store_apply_records")
+    assert "p_op IS NOT NULL AND EXISTS" in _function_source(store_url, "store_apply")
+    store = open_postgres_store(store_url, None, _options())
+    assert store.mode == "strict"
+    assert _schema_version(store_url) == postgres_store.SCHEMA_VERSION == 4
+    assert "LOOP" not in _function_source(store_url, "store_apply_records")
+    assert "p_op IS NOT NULL AND EXISTS" in _function_source(store_url, "store_apply")  # kept
+    assert store.put(token(2), "k", b"2", op_id="op-2") == first  # the op id is still honoured
+    store.put(token(2), "k", b"3")  # learns the domain and k
+    sent = _statements(monkeypatch)
+    assert store.put(token(2), "k", b"4", op_id="op-4").version == 4
+    assert len(sent) == 1 and b"store_apply_all" in sent[0]  # speculative, version 4's
+    with pytest.raises(StaleToken):
+        store.put(token(1), "k", b"stale")
+    item = store.get(token(2).resource, "k")
+    assert item is not None and (item.value, item.version) == (b"4", 4)
+    records = store.history(token(2).resource)
+    assert [(r.kind.value, r.detail.get("version")) for r in records] == [
+        ("installed", None),
+        ("accepted", 1),
+        ("accepted", 2),
+        ("accepted", 3),
+        ("accepted", 4),
+        ("rejected", None),
+    ]
+    store.close()
+
+
+def test_records_are_pruned_only_when_due(store_url: str) -> None:
+    """store_apply_records deletes what is past the retention or beyond the limit, and
+    nothing else (version 4 looks at the oldest and newest record first)."""
+    store = open_postgres_store(store_url, "strict", _options())
+    schema = store_url.split("schema=")[1]
+    s = f'"{schema}"'
+    with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
+
+        def ats(resource: str) -> list[float]:
+            rows = conn.execute(
+                f"SELECT at FROM {s}.store_records WHERE resource = %s ORDER BY seq".encode(),
+                (resource,),
+            ).fetchall()
+            return [float(row[0]) for row in rows]
+
+        def add(resource: str, *at: float) -> None:
+            records = "[" + ",".join(f'[{a},"accepted",1,"{{}}"]' for a in at) + "]"
+            conn.execute(
+                f"SELECT {s}.store_apply_records(%s, %s, NULL, NULL)".encode(),
+                (resource, records),
+            )
+
+        def prune(resource: str, before: float, keep: int) -> None:
+            conn.execute(
+                f"SELECT {s}.store_apply_records(%s, NULL, %s, %s)".encode(),
+                (resource, before, keep),
+            )
+
+        add("a", 1, 2, 3)
+        add("b", 1, 2)
+        add("a", 4, 5)
+        assert ats("a") == [1, 2, 3, 4, 5]  # in order, several per call
+        prune("a", 1, 5)  # nothing due
+        assert ats("a") == [1, 2, 3, 4, 5] and ats("b") == [1, 2]
+        prune("a", 3, 5)  # past the retention
+        assert ats("a") == [3, 4, 5] and ats("b") == [1, 2]
+        prune("a", 0, 2)  # beyond the limit
+        assert ats("a") == [4, 5] and ats("b") == [1, 2]
+        prune("a", 0, 2)  # spans 3 sequence numbers with b's between: still only the limit
+        add("a", 6)
+        prune("a", 0, 2)
+        assert ats("a") == [5, 6]
+        prune("b", 10, 5)  # both past the retention
+        assert ats("b") == []
+        prune("b", 10, 5)  # no records at all
+        add("a", 7)
+        prune("a", 0, 0)  # a limit of 0 keeps none
+        assert ats("a") == []
     store.close()
