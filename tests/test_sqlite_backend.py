@@ -729,3 +729,36 @@ def test_records_are_bounded_by_the_limit_and_the_retention(tmp_path: Path) -> N
 def test_bad_record_bounds_are_configuration_errors(tmp_path: Path, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         SQLiteBackend(tmp_path / "fenced.db", **kwargs)
+
+
+_OPENER = """
+import os, sys, time
+import fenced
+go = sys.argv[2]
+while not os.path.exists(go):
+    time.sleep(0.0005)
+coord = fenced.connect("sqlite://" + sys.argv[1])
+print(coord.coordinator_id)
+"""
+
+
+def test_processes_that_open_a_new_database_at_once_all_get_it(tmp_path: Path) -> None:
+    """Switching a new file to WAL needs its exclusive lock, and SQLite answers "database is
+    locked" at once (no busy handler) while another process opens the same new file: every
+    opener must wait its turn instead, and all must see the same coordinator id."""
+    for attempt in range(4):
+        db_path, go = tmp_path / f"new{attempt}.db", tmp_path / f"go{attempt}"
+        openers = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPENER, str(db_path), str(go)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(6)
+        ]
+        time.sleep(0.5)  # every opener is polling for the go file
+        go.touch()
+        outputs = [opener.communicate(timeout=60) for opener in openers]
+        assert [opener.returncode for opener in openers] == [0] * 6, [e for _, e in outputs]
+        assert len({out.strip() for out, _ in outputs}) == 1

@@ -295,7 +295,7 @@ def connect(path: Path) -> sqlite3.Connection:
         # Only a new file takes it (before its first write): 1 KiB pages make each WAL frame a
         # quarter of the default, and a grant writes three (measured +5-7 % cycles/s).
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-        (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        mode = _switching_to_wal(conn)
         if str(mode).lower() != "wal":
             raise ConfigurationError(
                 f"{path}: SQLite refused WAL mode (journal_mode={mode}); fenced needs a local "
@@ -312,6 +312,27 @@ def connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _switching_to_wal(conn: sqlite3.Connection) -> str:
+    """``PRAGMA journal_mode=WAL``; returns the journal mode now in force.
+
+    Switching a file to WAL needs its exclusive lock, and SQLite answers SQLITE_BUSY at once,
+    without its busy handler, while another process opens the same new file (it could deadlock
+    otherwise): retried here, after sleeps of 1 ms doubling up to 50 ms, for at most
+    :data:`BUSY_TIMEOUT` seconds. A file already in WAL mode answers at once.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    pause = 0.001
+    while True:
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            return str(mode)
+        except sqlite3.OperationalError as error:
+            if not is_busy(error) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def open_database(
