@@ -18,7 +18,13 @@ import psycopg
 import pytest
 
 from fenced.core.clock import SystemClock
-from fenced.core.errors import ConfigurationError, StaleToken, Unavailable, VersionConflict
+from fenced.core.errors import (
+    ConfigurationError,
+    OutcomeUnknown,
+    StaleToken,
+    Unavailable,
+    VersionConflict,
+)
 from fenced.fence import Store, postgres_conn, postgres_store
 from fenced.fence import open_store as fenced_open_store
 from fenced.fence.backend import StoreOptions
@@ -130,6 +136,31 @@ def test_a_writer_blocked_longer_than_the_busy_timeout_is_unavailable(store_url:
     store.close()
 
 
+def test_a_speculative_write_without_a_reply_in_time_is_outcome_unknown(store_url: str) -> None:
+    """The watchdog cuts the connection of store_apply_all (sent through libpq directly) when
+    no reply came within ``?timeout=``: the write may have been applied."""
+    store = open_postgres_store(store_url + "&timeout=0.3", "monotonic", _options())
+    store.put(token(1), "k", b"v")
+    store.put(token(1), "k", b"v")  # the next put is speculative
+    schema = store_url.split("schema=")[1]
+    holder = psycopg.connect(store_url.split("?", maxsplit=1)[0])
+    holder.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+        (f"fenced.store.{schema}:exports/daily",),
+    )
+    try:
+        started = time.monotonic()
+        with pytest.raises(OutcomeUnknown, match=r"no reply within 0\.3s"):
+            store.put(token(1), "k", b"w")
+        assert time.monotonic() - started < 3
+    finally:
+        holder.rollback()
+        holder.close()
+    # the server applies it once the lock is free (it does not notice the cut while waiting)
+    assert store.put(token(1), "k", b"w").version in (3, 4)
+    store.close()
+
+
 def test_concurrent_writers_of_one_domain_serialise(store: PostgresStore) -> None:
     store.fence(token(1))
     errors: list[BaseException] = []
@@ -234,6 +265,7 @@ def _statements(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Every statement the store's mutations send from now on (ordinary ones, store_apply_all)."""
     sent: list[bytes] = []
     run, apply = postgres_store._PgTransaction._run, postgres_conn.execute
+    direct = postgres_conn.Statement.run
 
     def counting_run(tx: Any, statements: list[tuple[bytes, tuple[object, ...]]]) -> Any:
         sent.extend(query for query, _ in statements)
@@ -243,8 +275,15 @@ def _statements(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
         sent.append(query)
         return apply(pool, conn, query, params)
 
+    def counting_direct(
+        statement: postgres_conn.Statement, pool: Any, conn: Any, params: Any
+    ) -> Any:
+        sent.append(statement.query)  # store_apply_all, through libpq directly
+        return direct(statement, pool, conn, params)
+
     monkeypatch.setattr(postgres_store._PgTransaction, "_run", counting_run)
     monkeypatch.setattr(postgres_store, "execute", counting_execute)
+    monkeypatch.setattr(postgres_conn.Statement, "run", counting_direct)
     return sent
 
 
@@ -274,6 +313,86 @@ def test_a_speculative_write_and_its_records_are_one_statement(
     with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
         row = conn.execute(f'SELECT count(*) FROM "{schema}".store_records'.encode()).fetchone()
     assert row is not None and row[0] < 20  # pruned to 3 at the 64th write, by store_apply_all
+    store.close()
+
+
+def test_the_speculative_write_is_prepared_once_and_survives_a_lost_prepared_statement(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """store_apply_all goes through libpq directly, prepared once per connection; a pooler that
+    lost it (26000) gets it again unprepared, and prepared statements are off from then on."""
+    store = open_postgres_store(store_url, "strict", _options())
+    store.fence(token(1))
+    for _ in range(3):
+        store.put(token(1), "k", b"v")
+    backend = store._backend
+    with backend._pool.connection(1.0) as conn:
+        row = conn.execute(
+            b"SELECT count(*) FROM pg_prepared_statements WHERE name = %s",
+            (backend._apply.name.decode(),),
+        ).fetchone()
+        assert row is not None and row[0] == 1
+        conn.execute(b"DEALLOCATE " + backend._apply.name)  # what a pooler does
+    sent = _statements(monkeypatch)
+    assert store.put(token(1), "k", b"w").version == 4
+    assert len(sent) == 1 and backend._pool.prepare is False
+    assert store.put(token(1), "k", b"x").version == 5
+    assert store.get(token(1).resource, "k") is not None
+    store.close()
+
+
+def test_a_spare_connection_the_server_ended_is_replaced_before_it_is_lent(
+    store_url: str,
+) -> None:
+    store = open_postgres_store(store_url, "strict", _options())
+    store.fence(token(1))
+    store.put(token(1), "k", b"v")
+    pool = store._backend._pool
+    assert len(pool._spare) == 1  # kept at hand, not returned to psycopg_pool
+    pid = pool._spare[0].info.backend_pid
+    with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    time.sleep(0.2)
+    assert store.put(token(1), "k", b"w").version == 2  # nothing was sent on the dead one
+    assert pool._spare and pool._spare[0].info.backend_pid != pid
+    store.close()
+
+
+def test_threads_waiting_for_a_pool_of_one_connection_are_served(store_url: str) -> None:
+    """A returned connection goes to a thread waiting for the pool, never to the spares."""
+    store = open_postgres_store(store_url + "&pool_size=1", "strict", _options())
+    store.fence(token(1))
+    failures: list[BaseException] = []
+
+    def writer(key: str) -> None:
+        try:
+            for n in range(15):
+                store.put(token(1), key, str(n).encode())
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=writer, args=(f"k{i}",)) for i in range(4)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not failures and not any(thread.is_alive() for thread in threads)
+    assert time.monotonic() - started < 20
+    items = [store.get(token(1).resource, f"k{i}") for i in range(4)]
+    assert [None if item is None else item.version for item in items] == [15] * 4
+    store.close()
+
+
+def test_speculative_writes_without_prepared_statements(store_url: str) -> None:
+    store = open_postgres_store(store_url + "&prepare=off", "strict", _options())
+    store.fence(token(1))
+    for n in range(1, 4):
+        assert store.put(token(1), "k", str(n).encode()).version == n
+    assert [r.detail.get("version") for r in store.history(token(1).resource)] == [None, 1, 2, 3]
+    with store._backend._pool.connection(1.0) as conn:
+        row = conn.execute(b"SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert row is not None and row[0] == 0
     store.close()
 
 

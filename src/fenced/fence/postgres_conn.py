@@ -20,21 +20,24 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import logging
+import math
 import os
 import re
 import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import errors, pq, sql
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
@@ -50,6 +53,7 @@ __all__ = [
     "Migration",
     "ParsedURL",
     "Pool",
+    "Statement",
     "deadlines",
     "execute",
     "migrate",
@@ -347,10 +351,12 @@ def deadlines() -> Deadlines:
 
 def _idle(conn: psycopg.Connection[Any]) -> bool:
     """True if ``conn`` is open, not broken and outside a transaction."""
+    # conn.closed (a broken one is closed too) and conn.info.transaction_status, without
+    # building a ConnectionInfo
+    pgconn = conn.pgconn
     return (
-        not conn.closed
-        and not conn.broken
-        and conn.info.transaction_status == pq.TransactionStatus.IDLE
+        pgconn.status != pq.ConnStatus.BAD
+        and pgconn.transaction_status == pq.TransactionStatus.IDLE
     )
 
 
@@ -390,8 +396,12 @@ def _transient(error: psycopg.Error) -> bool:
     return any(text in message for text in _TRANSIENT_CONNECT) and not _is_config_message(message)
 
 
-_inherited: list[ConnectionPool[Any]] = []
-"""Pools inherited through ``fork()``: kept referenced so that a child never finalises them."""
+_inherited: list[Any] = []
+"""Pools (and spare connections) inherited through ``fork()``: kept referenced so that a child
+never finalises them."""
+
+_SPARES = 4
+"""Idle connections a :class:`Pool` keeps at hand instead of returning them to psycopg_pool."""
 
 
 class Pool:
@@ -440,6 +450,11 @@ class Pool:
         self._lock = threading.Lock()
         self._inner: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._lent = 0
+        # Up to _SPARES idle connections kept out of psycopg_pool (its getconn + putconn cost
+        # about 10 µs a call on a slow machine), last returned first lent; only while nobody
+        # waits for the pool (_waiting), which would otherwise wait for them in vain.
+        self._spare: list[psycopg.Connection[tuple[Any, ...]]] = []
+        self._waiting = 0
         self._pid = os.getpid()
         self._closed = False
 
@@ -448,8 +463,10 @@ class Pool:
         if self._pid != os.getpid():  # never use or close connections of the parent
             if self._inner is not None:
                 _inherited.append(self._inner)
+            _inherited.extend(self._spare)
             self._lock = threading.Lock()
             self._inner, self._lent, self._pid = None, 0, os.getpid()
+            self._spare, self._waiting = [], 0
         with self._lock:
             if self._closed:
                 raise ConfigurationError(f"the connection pool of {self.display} is closed")
@@ -509,7 +526,14 @@ class Pool:
         transaction, broken or closed is closed, never rolled back or reused.
         """
         pool = self._live()
-        conn, pooled = self._borrow(pool, budget)
+        conn = self._take_spare(pool)
+        pooled = True
+        if conn is None:
+            try:
+                conn, pooled = self._borrow(pool, budget)
+            finally:
+                with self._lock:
+                    self._waiting -= 1
         if not pooled:
             try:
                 yield conn
@@ -521,11 +545,40 @@ class Pool:
         try:
             yield conn
         finally:
-            if not _idle(conn):
+            idle = _idle(conn)
+            if not idle:
                 _close_quietly(conn)
             with self._lock:
                 self._lent -= 1
-            pool.putconn(conn)
+                keep = (
+                    idle
+                    and not self._waiting
+                    and len(self._spare) < _SPARES
+                    and self._inner is pool
+                    and getattr(conn, "_expire_at", math.inf) > time.monotonic()
+                )
+                if keep:
+                    self._spare.append(conn)
+            if not keep:
+                pool.putconn(conn)
+
+    def _take_spare(
+        self, pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]]
+    ) -> psycopg.Connection[tuple[Any, ...]] | None:
+        """A spare connection checked as psycopg_pool would (:meth:`_check`), or None — and
+        then this caller counts as waiting for the pool until it has a connection."""
+        while True:
+            with self._lock:
+                if not self._spare:
+                    self._waiting += 1
+                    return None
+                conn = self._spare.pop()
+            try:
+                self._check(conn)
+            except psycopg.Error:
+                pool.putconn(conn)  # closed by the check: the pool replaces it
+                continue
+            return conn
 
     def _borrow(
         self, pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]], budget: float
@@ -591,6 +644,10 @@ class Pool:
         inner = self._inner
         if inner is not None and not inner.closed and self._pid == os.getpid():
             inner.drain()
+            with self._lock:
+                spare, self._spare = self._spare, []
+            for conn in spare:  # older than the drain: the pool closes and replaces them
+                inner.putconn(conn)
 
     def close(self) -> None:
         """Close idle connections and stop the pool's threads; lent connections are closed when
@@ -598,11 +655,15 @@ class Pool:
         with self._lock:
             self._closed = True
             inner, self._inner = self._inner, None
+            spare, self._spare = self._spare, []
         if inner is None:
             return
         if self._pid != os.getpid():
             _inherited.append(inner)
+            _inherited.extend(spare)
             return
+        for conn in spare:
+            inner.putconn(conn)
         inner.close(timeout=1.0)
 
 
@@ -624,6 +685,80 @@ def execute(
         if not pool.lost_prepared_statement(error, conn):
             raise
         return conn.execute(query, params, prepare=False).fetchall()
+
+
+_OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+
+
+class Statement:
+    """One hot statement run through libpq directly (psycopg's cursor machinery costs tens of
+    microseconds a call): prepared once per connection, then one Bind/Execute.
+
+    Parameters (``None``, ``str``, ``int``, ``float``) are sent as text, ``bytes`` as binary (for
+    ``bytea``); their types are those the server infers from the statement. The result is not
+    read (a function returning ``void``). Any other parameter, or one psycopg would refuse (a
+    ``str`` with a NUL), sends the call through psycopg instead; a connection that does not prepare
+    (``?prepare=off``, a pooler that lost a prepared statement, see :meth:`Pool.lost_prepared_
+    statement`) takes psycopg's path or an unnamed statement: the same errors as :func:`execute`.
+    Blocking libpq calls release the GIL; the :class:`Deadlines` watchdog cuts them as any other.
+    """
+
+    def __init__(self, query: bytes, fallback: bytes) -> None:
+        # named after a hash of its text, as the coordinator's: a server session shared by a
+        # pooler never runs another statement under this name
+        self.name = b"fenced_" + hashlib.sha256(query).hexdigest()[:24].encode()
+        self.query = query  # with $1, $2, …
+        self.fallback = fallback  # the same with %s, for psycopg
+        self._on: weakref.WeakKeyDictionary[psycopg.Connection[Any], str] = (
+            weakref.WeakKeyDictionary()
+        )  # connection -> its client encoding, for those where it is prepared
+
+    def run(
+        self, pool: Pool, conn: psycopg.Connection[tuple[Any, ...]], params: Sequence[object]
+    ) -> None:
+        encoding = self._on.get(conn)
+        prepared = encoding is not None
+        if encoding is None:
+            encoding = conn.info.encoding
+        values: list[bytes | None] = []
+        formats: list[int] = []
+        for value in params:
+            if value is None:
+                values.append(None)
+                formats.append(0)
+            elif type(value) is str:
+                if "\x00" in value:  # psycopg's error
+                    execute(pool, conn, self.fallback, params)
+                    return
+                values.append(value.encode(encoding))
+                formats.append(0)
+            elif type(value) is int or type(value) is float:  # str(): PostgreSQL's syntax, exact
+                values.append(str(value).encode())
+                formats.append(0)
+            elif isinstance(value, bytes | bytearray | memoryview):
+                values.append(bytes(value))
+                formats.append(1)
+            else:  # anything else as psycopg sends it (its errors too)
+                execute(pool, conn, self.fallback, params)
+                return
+        pgconn = conn.pgconn
+        if pool.prepare:
+            try:
+                if not prepared:
+                    _check(pgconn.prepare(self.name, self.query), encoding)
+                    self._on[conn] = encoding
+                _check(pgconn.exec_prepared(self.name, values, formats), encoding)  # type: ignore[arg-type]
+                return
+            except psycopg.Error as error:
+                if not pool.lost_prepared_statement(error, conn):
+                    raise
+                self._on.pop(conn, None)
+        _check(pgconn.exec_params(self.query, values, None, formats), encoding)
+
+
+def _check(result: pq.abc.PGresult, encoding: str) -> None:
+    if result.status not in _OK:
+        raise errors.error_from_result(result, encoding=encoding)
 
 
 @contextlib.contextmanager

@@ -51,9 +51,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _json_str  # json.dumps's, for str
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import psycopg
@@ -78,6 +80,7 @@ from fenced.fence.postgres_conn import (
     DEFAULT_POOL_SIZE,
     Migration,
     Pool,
+    Statement,
     deadlines,
     execute,
     guarded,
@@ -460,6 +463,24 @@ class _Hint(threading.local):
     speculate: bool = False
 
 
+class _Hinting:
+    """``with``: set this thread's :class:`_Hint`, cleared on exit (cheaper than a generator)."""
+
+    __slots__ = ("_hint", "_key", "_pointer", "_speculate")
+
+    def __init__(self, hint: _Hint, key: str | None, pointer: str | None, speculate: bool) -> None:
+        self._hint, self._key, self._pointer, self._speculate = hint, key, pointer, speculate
+
+    def __enter__(self) -> None:
+        hint = self._hint
+        hint.key, hint.pointer, hint.speculate = self._key, self._pointer, self._speculate
+
+    def __exit__(self, *exc: object) -> None:
+        hint = self._hint
+        hint.key = hint.pointer = None
+        hint.speculate = False
+
+
 @dataclass(frozen=True, slots=True)
 class _Known:
     """The committed state of one domain as this process saw it last (a hint, never trusted)."""
@@ -499,6 +520,7 @@ class PostgresBackend:
         self._timeout = parsed.option_float("timeout", DEFAULT_OP_TIMEOUT, minimum=0.01)
         self._connect_budget = min(parsed.connect_timeout, self._timeout)
         self._lock_timeout_ms = max(int(options.busy_timeout * 1000), 1)
+        self._lock_timeout = f"{self._lock_timeout_ms}ms"  # the lock_timeout setting
         self._pool = Pool(
             parsed.conninfo,
             display=parsed.display,
@@ -511,6 +533,9 @@ class PostgresBackend:
         self._known_lock = threading.Lock()
         s = sql.Identifier(self.schema).as_string(None)
         self._s = s
+        self._queries: dict[str, bytes] = {}  # _sql's, built once
+        # the speculative write, sent through libpq directly (see Statement)
+        self._apply = Statement(self._sql(_APPLY_N), self._sql(_APPLY))
         try:
             self.mode: Mode = self._initialise(mode)
         except BaseException:
@@ -521,7 +546,12 @@ class PostgresBackend:
         return f"PostgresStoreBackend({self.url!r})"
 
     def _sql(self, text: str) -> bytes:
-        return text.replace("{s}", self._s).encode()
+        query = self._queries.get(text)
+        if query is None:
+            query = text.replace("{s}", self._s).encode()
+            if len(self._queries) < 256:  # a few dozen texts (see _PgTransaction._check)
+                self._queries[text] = query
+        return query
 
     def _initialise(self, requested: Mode | None) -> Mode:
         try:
@@ -558,18 +588,11 @@ class PostgresBackend:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
     def hinting(
         self, *, key: str | None = None, pointer: str | None = None, speculate: bool = False
-    ) -> Iterator[None]:
+    ) -> _Hinting:
         """Announce what the next mutation of this thread reads, and whether to speculate."""
-        hint = self._hint
-        hint.key, hint.pointer, hint.speculate = key, pointer, speculate
-        try:
-            yield
-        finally:
-            hint.key = hint.pointer = None
-            hint.speculate = False
+        return _Hinting(self._hint, key, pointer, speculate)
 
     def speculating(self) -> bool:
         """Whether this thread's current mutation is a speculative attempt."""
@@ -615,36 +638,38 @@ class PostgresBackend:
             known = self._known.get(resource) if hint.speculate else None
         if hint.speculate and known is None:
             raise _SpeculationFailed(resource)
-        with (
-            self._pool.connection(self._connect_budget) as conn,
-            guarded(conn, self._timeout) as fired,
-        ):
+        with self._pool.connection(self._connect_budget) as conn:
+            watchdog = deadlines()  # as guarded(), without one more generator per call
+            armed_key, armed = watchdog.arm(conn.fileno(), self._timeout)
             tx = _PgTransaction(self, conn, resource, hint.key, hint.pointer, known)
             try:
-                yield tx
-            except psycopg.Error as error:
-                tx.abort()
-                self._remember(resource, None)
-                if tx.speculative and getattr(error, "sqlstate", None) in ("22012", "FN100"):
-                    raise _SpeculationFailed(resource) from error
-                raise self._failed(error, conn, f"writing {resource!r}", fired()) from error
-            except Rejected:
-                tx.abort()  # nothing was written; what was read under the lock stays true
-                self._remember(resource, tx.seen())
-                raise
-            except BaseException:  # a conflict, or the caller's own error
-                tx.abort()
-                raise
-            try:
-                tx.commit()
-            except psycopg.Error as error:
-                tx.abort()
-                self._remember(resource, None)
-                if tx.speculative and getattr(error, "sqlstate", None) in ("22012", "FN100"):
-                    raise _SpeculationFailed(resource) from error
-                raise self._failed(
-                    error, conn, f"committing a write to {resource!r}", fired(), sent=True
-                ) from error
+                try:
+                    yield tx
+                except psycopg.Error as error:
+                    tx.abort()
+                    self._remember(resource, None)
+                    if tx.speculative and getattr(error, "sqlstate", None) in ("22012", "FN100"):
+                        raise _SpeculationFailed(resource) from error
+                    raise self._failed(error, conn, f"writing {resource!r}", armed.fired) from error
+                except Rejected:
+                    tx.abort()  # nothing was written; what was read under the lock stays true
+                    self._remember(resource, tx.seen())
+                    raise
+                except BaseException:  # a conflict, or the caller's own error
+                    tx.abort()
+                    raise
+                try:
+                    tx.commit()
+                except psycopg.Error as error:
+                    tx.abort()
+                    self._remember(resource, None)
+                    if tx.speculative and getattr(error, "sqlstate", None) in ("22012", "FN100"):
+                        raise _SpeculationFailed(resource) from error
+                    raise self._failed(
+                        error, conn, f"committing a write to {resource!r}", armed.fired, sent=True
+                    ) from error
+            finally:
+                watchdog.disarm(armed_key, armed)
             self._remember(resource, tx.seen())
 
     def _failed(
@@ -871,6 +896,7 @@ _POINTER = (
     " WHERE resource = %s AND name = %s"
 )
 _APPLY = "SELECT {s}.store_apply_all(" + ", ".join(["%s"] * 22) + ")"
+_APPLY_N = "SELECT {s}.store_apply_all(" + ", ".join(f"${n}" for n in range(1, 23)) + ")"
 _HEAD = "SELECT coordinator_id, floor FROM {s}.store_domains WHERE resource = %s"
 _VERSION = "SELECT version FROM {s}.store_items WHERE resource = %s AND key = %s"
 _LOCK = (
@@ -895,8 +921,55 @@ def _publication(resource: str, name: str, row: tuple[Any, ...]) -> Publication:
     )
 
 
+# json.dumps(…, separators=(",", ":")[, default=str]) without building an encoder per call
+_JSON = json.JSONEncoder(separators=(",", ":"))
+_DETAIL_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
+def _json_scalar(value: object) -> str | None:
+    """``value`` as json.dumps writes it, for str, int and None; None for anything else."""
+    if type(value) is str:
+        return _json_str(value)
+    if type(value) is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    return None
+
+
+def _json_object(detail: Mapping[str, object]) -> str:
+    """json.dumps(dict(detail), separators=(",", ":"), default=str), built by hand for the
+    usual details (str keys, str/int/None values): the encoder costs several µs a call."""
+    parts = []
+    for name, value in detail.items():
+        text = _json_scalar(value)
+        if type(name) is not str or text is None:
+            return _DETAIL_JSON.encode(dict(detail))
+        parts.append(f"{_json_str(name)}:{text}")
+    return "{" + ",".join(parts) + "}"
+
+
+def _records_json(records: Sequence[tuple[object, ...]]) -> str:
+    """The records of :func:`_record_params` as store_apply_all's JSON array of [at, kind,
+    epoch, detail] (what _JSON.encode writes, built by hand)."""
+    parts = []
+    for _, at, kind, epoch, detail in records:
+        if (
+            type(at) is not float
+            or not math.isfinite(at)
+            or type(kind) is not str
+            or type(epoch) is not int
+            or type(detail) is not str
+        ):
+            return _JSON.encode([params[1:] for params in records])
+        parts.append(
+            f"[{float.__repr__(at)},{_json_str(kind)},{int.__repr__(epoch)},{_json_str(detail)}]"
+        )
+    return "[" + ",".join(parts) + "]"
+
+
 def _record_params(record: Record) -> tuple[object, ...]:
-    detail = json.dumps(dict(record.detail), separators=(",", ":"), default=str)
+    detail = _json_object(record.detail)
     return (record.resource, record.at, record.kind.value, record.epoch, detail)
 
 
@@ -939,7 +1012,7 @@ class _PgTransaction:
     ) -> None:
         self._b = backend
         self._conn = conn
-        self._cur: psycopg.ClientCursor[tuple[Any, ...]] = psycopg.ClientCursor(conn)
+        self._cursor: psycopg.ClientCursor[tuple[Any, ...]] | None = None  # when first needed
         self._resource = resource
         self._key_hint = key_hint
         self._pointer_hint = pointer_hint
@@ -1004,10 +1077,12 @@ class _PgTransaction:
         if any(isinstance(p, bytes) and len(p) > _BIG for _, ps in statements for p in ps):
             out: list[list[Any]] = []
             for query, params in statements:
-                cur = self._conn.execute(query, params, prepare=False)
-                out.append(cur.fetchall() if cur.pgresult and cur.pgresult.ntuples else [])
+                one = self._conn.execute(query, params, prepare=False)
+                out.append(one.fetchall() if one.pgresult and one.pgresult.ntuples else [])
             return out
-        cur = self._cur
+        cur = self._cursor
+        if cur is None:
+            cur = self._cursor = psycopg.ClientCursor(self._conn)
         cur.execute(b"; ".join(q for q, _ in statements), [p for _, ps in statements for p in ps])
         results: list[list[Any]] = []
         while True:
@@ -1113,14 +1188,13 @@ class _PgTransaction:
         _, records_before, records_keep = self._typed.get("prune_records", (None,) * 3)
         # _record_params: (resource, at, kind, epoch, detail), always of this resource; JSON
         # because psycopg dumps arrays slowly (more than the rest of the statement together)
-        records = json.dumps([params[1:] for params in self._records], separators=(",", ":"))
-        execute(
+        records = _records_json(self._records)
+        b._apply.run(
             b._pool,
             self._conn,
-            b._sql(_APPLY),
             (
                 self._resource, f"fenced.store.{b.schema}:{self._resource}",
-                f"{b._lock_timeout_ms}ms", head.coordinator_id, head.floor, key, version,
+                b._lock_timeout, head.coordinator_id, head.floor, key, version,
                 self._expect_op, *new_head, *item, *op, *prune,
                 records if self._records else None, records_before, records_keep,
             ),
