@@ -85,7 +85,18 @@ def hold(args: argparse.Namespace, out: Recorder) -> None:
 
 
 def acquire(args: argparse.Namespace, out: Recorder) -> None:
-    coord = fenced.connect(args.url)
+    # Started while the cluster may be electing a leader (the old one was just cut off): like
+    # an application, retry connecting within the wait instead of dying of the first error.
+    give_up = time.monotonic() + args.wait
+    while True:
+        try:
+            coord = fenced.connect(args.url)
+            break
+        except (fenced.Unavailable, fenced.OutcomeUnknown) as error:
+            if time.monotonic() >= give_up:
+                out.emit("failed", error=f"{type(error).__name__}: {error}")
+                return
+            time.sleep(0.1)
     out.emit("ready")
     try:
         lease = coord.acquire(args.resource, ttl=args.ttl, wait=args.wait, holder=args.holder)

@@ -1348,14 +1348,14 @@ class EtcdBackend:
                     self._res[resource] = (revision, plan.state)
                     self._seq = (revision, plan.seq)
                 return True
-            try:  # (no failure branch: a release that fails is rare, reads are cheaper)
-                responses, _ = self._read(
-                    [*plan.reads, _get(plan.record)], f"reading {resource} to release it"
-                )
-            except Unavailable:
-                if unknown is not None:
-                    raise unknown from None
-                raise
+            # (no failure branch: a release that fails is rare, reads are cheaper)
+            settle = 0.0 if unknown is None else self._settle_for(pooled)
+            responses = self._read_settling(
+                [*plan.reads, _get(plan.record)], f"reading {resource} to release it", settle
+            )
+            if responses is None:  # only after a lost reply (settle > 0): still unknown
+                assert unknown is not None
+                raise unknown
             kv = self._remember_release(resource, responses)
             record = _first(responses[-1])
             if unknown is not None and record is not None:
@@ -1375,6 +1375,29 @@ class EtcdBackend:
             lease_rev, holder = kv.mod_revision, lease.holder
             head = _first(responses[3])
         raise Unavailable(f"etcd: {resource} changed too often to release (contention)")
+
+    def _settle_for(self, pooled: _PooledLease | None) -> float:
+        """How long a release whose outcome is unknown keeps trying to learn it: a lost reply
+        usually means a member died, and the cluster answers again once it has a new leader.
+        Not longer than the lease would live anyway (its etcd TTL), nor 3 request timeouts."""
+        lease_ttl = float(pooled.ttl) if pooled is not None else 1.0
+        return min(lease_ttl, 3 * self._transport.timeout)
+
+    def _read_settling(self, ops: list[Json], what: str, settle: float) -> list[Json] | None:
+        """:meth:`_read`, tried again on ``Unavailable`` for up to ``settle`` seconds; None if
+        it never answered (the last error is logged)."""
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                responses, _ = self._read(ops, what)
+                return responses
+            except Unavailable as error:
+                if time.monotonic() >= deadline:
+                    if settle == 0.0:
+                        raise
+                    log.debug("%s: %s", what, error)
+                    return None
+            time.sleep(0.05)
 
     def _remember_release(self, resource: str, responses: list[Json]) -> KV | None:
         """Cache what a failed release read (see :class:`_Release`); the lease key."""
