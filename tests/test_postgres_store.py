@@ -8,6 +8,7 @@ under a path), so the suite runs :class:`FencingConformance`, :class:`KeysConfor
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -115,9 +116,9 @@ def test_a_large_publication_is_streamed_in_chunks(store: PostgresStore, tmp_pat
     assert len(chunks) == 6
 
 
-def test_a_writer_blocked_longer_than_the_busy_timeout_is_unavailable(store_url: str) -> None:
-    store = open_postgres_store(store_url, "monotonic", _options(busy_timeout=0.2))
-    store.put(token(1), "k", b"v")
+@contextlib.contextmanager
+def _domain_locked(store_url: str) -> Iterator[None]:
+    """Another session holds the store's lock of the domain ``exports/daily`` meanwhile."""
     schema = store_url.split("schema=")[1]
     holder = psycopg.connect(store_url.split("?", maxsplit=1)[0])
     holder.execute(
@@ -125,13 +126,20 @@ def test_a_writer_blocked_longer_than_the_busy_timeout_is_unavailable(store_url:
         (f"fenced.store.{schema}:exports/daily",),
     )
     try:
+        yield
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+def test_a_writer_blocked_longer_than_the_busy_timeout_is_unavailable(store_url: str) -> None:
+    store = open_postgres_store(store_url, "monotonic", _options(busy_timeout=0.2))
+    store.put(token(1), "k", b"v")
+    with _domain_locked(store_url):
         started = time.monotonic()
         with pytest.raises(Unavailable, match="busy timeout"):
             store.put(token(1), "k", b"w")
         assert time.monotonic() - started < 3
-    finally:
-        holder.rollback()
-        holder.close()
     assert store.put(token(1), "k", b"w").version == 2
     store.close()
 
@@ -142,20 +150,11 @@ def test_a_speculative_write_without_a_reply_in_time_is_outcome_unknown(store_ur
     store = open_postgres_store(store_url + "&timeout=0.3", "monotonic", _options())
     store.put(token(1), "k", b"v")
     store.put(token(1), "k", b"v")  # the next put is speculative
-    schema = store_url.split("schema=")[1]
-    holder = psycopg.connect(store_url.split("?", maxsplit=1)[0])
-    holder.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-        (f"fenced.store.{schema}:exports/daily",),
-    )
-    try:
+    with _domain_locked(store_url):
         started = time.monotonic()
         with pytest.raises(OutcomeUnknown, match=r"no reply within 0\.3s"):
             store.put(token(1), "k", b"w")
         assert time.monotonic() - started < 3
-    finally:
-        holder.rollback()
-        holder.close()
     # the server applies it once the lock is free (it does not notice the cut while waiting)
     assert store.put(token(1), "k", b"w").version in (3, 4)
     store.close()
