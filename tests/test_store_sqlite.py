@@ -14,9 +14,9 @@ import pytest
 import fenced.fence
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, Unavailable
-from fenced.core.records import RecordKind
+from fenced.core.records import RecordKind, detail_json
 from fenced.fence import Store, open_store
-from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION, _detail_json
+from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION
 from fenced.fence.values import Mode
 from fenced.testing.store_conformance import (
     MakeStore,
@@ -221,7 +221,7 @@ def test_expired_op_records_are_pruned_inside_write_transactions(
 )
 def test_record_details_encode_exactly_as_json_dumps(detail: dict[Any, object]) -> None:
     expected = json.dumps(detail, separators=(",", ":"), default=str)
-    assert _detail_json(detail) == expected
+    assert detail_json(detail) == expected
 
 
 def test_records_are_pruned_in_batches_and_history_keeps_the_limit(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ import contextlib
 import json
 import math
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str  # json.dumps's, for str
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
@@ -70,7 +70,7 @@ from fenced.core.errors import (
     Unavailable,
     VersionConflict,
 )
-from fenced.core.records import Record, RecordKind
+from fenced.core.records import Record, RecordKind, detail_json
 from fenced.core.token import FencingToken
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.chunks import ChunkReader
@@ -923,30 +923,6 @@ def _publication(resource: str, name: str, row: tuple[Any, ...]) -> Publication:
 
 # json.dumps(…, separators=(",", ":")[, default=str]) without building an encoder per call
 _JSON = json.JSONEncoder(separators=(",", ":"))
-_DETAIL_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
-
-
-def _json_scalar(value: object) -> str | None:
-    """``value`` as json.dumps writes it, for str, int and None; None for anything else."""
-    if type(value) is str:
-        return _json_str(value)
-    if type(value) is int:
-        return int.__repr__(value)
-    if value is None:
-        return "null"
-    return None
-
-
-def _json_object(detail: Mapping[str, object]) -> str:
-    """json.dumps(dict(detail), separators=(",", ":"), default=str), built by hand for the
-    usual details (str keys, str/int/None values): the encoder costs several µs a call."""
-    parts = []
-    for name, value in detail.items():
-        text = _json_scalar(value)
-        if type(name) is not str or text is None:
-            return _DETAIL_JSON.encode(dict(detail))
-        parts.append(f"{_json_str(name)}:{text}")
-    return "{" + ",".join(parts) + "}"
 
 
 def _records_json(records: Sequence[tuple[object, ...]]) -> str:
@@ -969,7 +945,7 @@ def _records_json(records: Sequence[tuple[object, ...]]) -> str:
 
 
 def _record_params(record: Record) -> tuple[object, ...]:
-    detail = _json_object(record.detail)
+    detail = detail_json(record.detail)
     return (record.resource, record.at, record.kind.value, record.epoch, detail)
 
 

@@ -33,9 +33,8 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from json.encoder import encode_basestring_ascii as quote
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from fenced.core.errors import (
@@ -44,7 +43,7 @@ from fenced.core.errors import (
     OutcomeUnknown,
     Unavailable,
 )
-from fenced.core.records import Record, RecordKind
+from fenced.core.records import Record, RecordKind, detail_json
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.chunks import ChunkReader
 from fenced.fence.ops import OpRecord
@@ -127,31 +126,6 @@ _PRUNE_BY_AGE = (
     " WHERE resource = :r AND at >= :before ORDER BY seq LIMIT 1), 9223372036854775807)"
     " AND seq < (SELECT max(seq) FROM records)"
 )
-_DETAIL = json.JSONEncoder(separators=(",", ":"), default=str)
-
-
-def _detail_json(detail: Mapping[str, object]) -> str:
-    """``json.dumps(detail, separators=(",", ":"), default=str)``, faster for the usual detail.
-
-    A record's detail maps names to str, int or None (encoded here, with json's own string
-    escaping); anything else goes to the general encoder. Every mutation writes one.
-    """
-    parts = []
-    for name, value in detail.items():
-        if type(name) is not str:
-            return _DETAIL.encode(dict(detail))
-        if value is None:
-            encoded = "null"
-        elif type(value) is str:
-            encoded = quote(value)
-        elif type(value) is int:
-            encoded = int.__repr__(value)
-        else:
-            return _DETAIL.encode(dict(detail))
-        parts.append(f"{quote(name)}:{encoded}")
-    return "{" + ",".join(parts) + "}"
-
-
 _BUSY = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _CORRUPT = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
 _UNUSABLE = {sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM}
@@ -555,7 +529,7 @@ def _insert_record(conn: sqlite3.Connection, record: Record) -> None:
             record.at,
             record.kind.value,
             record.epoch,
-            _detail_json(record.detail),
+            detail_json(record.detail),
         ),
     )
 
