@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.backends import sqlite_db, sqlite_schema
+from fenced.coordinator.backends import sqlite_schema
 from fenced.coordinator.backends.sqlite import QUEUE_KEEPALIVE, SQLiteBackend, SQLiteTicket
 from fenced.coordinator.client import Coordinator
 from fenced.core.clock import ManualClock
@@ -233,7 +233,7 @@ def test_the_wal_is_kept_allocated_and_its_zero_tail_survives_a_crash(db_path: P
 def test_a_write_lock_held_past_the_busy_timeout_is_unavailable(
     backend: SQLiteBackend, db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_db, "BUSY_TIMEOUT", 0.2)
+    monkeypatch.setattr(sqlite_schema, "BUSY_TIMEOUT", 0.2)
     other = sqlite3.connect(db_path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     try:

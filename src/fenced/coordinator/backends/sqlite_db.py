@@ -43,17 +43,15 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fenced.coordinator.backends.sqlite_schema import (
-    BUSY_TIMEOUT,
     connect,
-    is_busy,
     open_database,
+    retrying,
     translate,
 )
 from fenced.core.errors import ConfigurationError
@@ -65,8 +63,6 @@ T = TypeVar("T")
 # Connections inherited through fork(): kept referenced so that the child never finalises them.
 _inherited: list[sqlite3.Connection] = []
 _fork_generation = 0
-_FIRST_PAUSE = 50e-6
-_MAX_PAUSE = 1e-3
 _WAL_HEADER = 32
 _WAL_FRAME_HEADER = 24
 _WAL_FRAMES = 1100  # SQLite checkpoints (and restarts the WAL) after 1000 pages, plus slack
@@ -133,10 +129,10 @@ class Database:
             try:
                 if durable:
                     self._preallocate_wal(conn)
-                    return _retrying(_run, conn, sql, params)
+                    return retrying(_run, conn, sql, params)
                 conn.execute("PRAGMA synchronous=NORMAL")
                 try:
-                    return _retrying(_run, conn, sql, params)
+                    return retrying(_run, conn, sql, params)
                 finally:
                     conn.execute("PRAGMA synchronous=FULL")
             except sqlite3.Error as error:
@@ -158,7 +154,7 @@ class Database:
                 else:
                     conn.execute("PRAGMA synchronous=NORMAL")
                 try:
-                    _retrying(conn.execute, "BEGIN IMMEDIATE")
+                    retrying(conn.execute, "BEGIN IMMEDIATE")
                     try:
                         yield conn
                     except BaseException:
@@ -186,7 +182,7 @@ class Database:
         target = _WAL_HEADER + _WAL_FRAMES * (int(page_size) + _WAL_FRAME_HEADER)
         wal = f"{self.path}-wal"
         try:
-            _retrying(conn.execute, "BEGIN IMMEDIATE")  # the WAL's write lock: nobody appends
+            retrying(conn.execute, "BEGIN IMMEDIATE")  # the WAL's write lock: nobody appends
         except sqlite3.Error:
             return
         try:
@@ -216,34 +212,13 @@ class Database:
 
 
 def _without_busy_handler(conn: sqlite3.Connection) -> sqlite3.Connection:
-    """Make lock waits fail at once with SQLITE_BUSY: :func:`_retrying` waits instead."""
+    """Make lock waits fail at once with SQLITE_BUSY: :func:`retrying` waits instead."""
     conn.execute("PRAGMA busy_timeout=0")
     return conn
 
 
 def _run(conn: sqlite3.Connection, sql: str, params: dict[str, object]) -> list[Any]:
     return conn.execute(sql, params).fetchall()
-
-
-def _retrying(step: Callable[..., T], *args: Any) -> T:
-    """Run ``step(*args)`` (which changes nothing when it fails with SQLITE_BUSY) until it gets
-    the write lock: short sleeps, doubling from 50 µs to 1 ms, for at most BUSY_TIMEOUT seconds;
-    then the last SQLITE_BUSY error propagates."""
-    try:
-        return step(*args)
-    except sqlite3.OperationalError as error:
-        if not is_busy(error):
-            raise
-    deadline = time.monotonic() + BUSY_TIMEOUT
-    pause = _FIRST_PAUSE
-    while True:
-        time.sleep(pause)
-        try:
-            return step(*args)
-        except sqlite3.OperationalError as error:
-            if not is_busy(error) or time.monotonic() >= deadline:
-                raise
-        pause = min(pause * 2, _MAX_PAUSE)
 
 
 def _rollback_quietly(conn: sqlite3.Connection) -> None:

@@ -18,12 +18,18 @@ from __future__ import annotations
 import secrets
 import sqlite3
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 from fenced.core.token import validate_coordinator_id
+
+T = TypeVar("T")
+_FIRST_PAUSE = 50e-6
+_MAX_PAUSE = 1e-3
 
 __all__ = [
     "APPLICATION_ID",
@@ -35,6 +41,7 @@ __all__ = [
     "connect",
     "is_busy",
     "open_database",
+    "retrying",
     "translate",
 ]
 
@@ -246,6 +253,27 @@ def is_busy(error: sqlite3.Error) -> bool:
     return _code(error) in (_BUSY, _LOCKED)
 
 
+def retrying(step: Callable[..., T], *args: Any) -> T:
+    """Run ``step(*args)`` (which changes nothing when it fails with SQLITE_BUSY) until it gets
+    the write lock: short sleeps, doubling from 50 µs to 1 ms, for at most BUSY_TIMEOUT seconds;
+    then the last SQLITE_BUSY error propagates."""
+    try:
+        return step(*args)
+    except sqlite3.OperationalError as error:
+        if not is_busy(error):
+            raise
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    pause = _FIRST_PAUSE
+    while True:
+        time.sleep(pause)
+        try:
+            return step(*args)
+        except sqlite3.OperationalError as error:
+            if not is_busy(error) or time.monotonic() >= deadline:
+                raise
+        pause = min(pause * 2, _MAX_PAUSE)
+
+
 def _code(error: sqlite3.Error) -> int:
     code = getattr(error, "sqlite_errorcode", None)
     return code & 0xFF if isinstance(code, int) else -1
@@ -295,7 +323,9 @@ def connect(path: Path) -> sqlite3.Connection:
         # Only a new file takes it (before its first write): 1 KiB pages make each WAL frame a
         # quarter of the default, and a grant writes three (measured +5-7 % cycles/s).
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-        mode = _switching_to_wal(conn)
+        # Switching a new file to WAL needs its exclusive lock, and SQLite answers SQLITE_BUSY
+        # at once, without its busy handler, while another process opens the same new file.
+        (mode,) = retrying(conn.execute, "PRAGMA journal_mode=WAL").fetchone()
         if str(mode).lower() != "wal":
             raise ConfigurationError(
                 f"{path}: SQLite refused WAL mode (journal_mode={mode}); fenced needs a local "
@@ -312,27 +342,6 @@ def connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
-
-
-def _switching_to_wal(conn: sqlite3.Connection) -> str:
-    """``PRAGMA journal_mode=WAL``; returns the journal mode now in force.
-
-    Switching a file to WAL needs its exclusive lock, and SQLite answers SQLITE_BUSY at once,
-    without its busy handler, while another process opens the same new file (it could deadlock
-    otherwise): retried here, after sleeps of 1 ms doubling up to 50 ms, for at most
-    :data:`BUSY_TIMEOUT` seconds. A file already in WAL mode answers at once.
-    """
-    deadline = time.monotonic() + BUSY_TIMEOUT
-    pause = 0.001
-    while True:
-        try:
-            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-            return str(mode)
-        except sqlite3.OperationalError as error:
-            if not is_busy(error) or time.monotonic() >= deadline:
-                raise
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
 
 
 def open_database(
