@@ -7,7 +7,9 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, IdempotencyConflict, StaleToken, Unavailable
 from fenced.fence import Store, open_store, ops
 from fenced.fence.file_store import CHECKPOINT_AT, JOURNAL, LOG, OPS, STATE
+from fenced.fence.source import drain, later
 from fenced.fence.values import Mode, Publication, Version
 from fenced.testing.store_conformance import (
     MakeStore,
@@ -191,6 +194,44 @@ def test_gc_removes_debris_of_interrupted_writes_after_the_grace(
     assert store.gc() == 1
     assert not orphan.exists() and not part.exists()
     assert store.latest(R) == current and store.read(R) == b"current"
+
+
+def test_gc_moves_victims_out_of_sight_and_a_killed_process_leaves_nothing_for_long(
+    make_file_store: MakeStore, root: Path
+) -> None:
+    """gc renames its victims to ``trash/`` and the reaper thread unlinks them; a reader that
+    opened one first reads it whole; what a process killed with SIGKILL before its reaper ran
+    left in ``trash/`` goes at the next gc of another process."""
+    store = make_file_store("monotonic")
+    first = store.publish(token(1), b"first")
+    rdir = _resource_dir(root)
+    with store.open(R) as reader:
+        store.publish(token(1), b"second")
+        assert store.gc(keep=1, grace=0) == 1
+        assert not (rdir / "objects" / first.object_id).exists()  # gone when gc returns
+        assert reader.read() == b"first"  # an opened object stays readable
+    assert drain(timeout=10)
+    assert list((root / "trash").iterdir()) == []  # the reaper freed it
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - killed before its reaper unlinks anything
+        try:
+            later(lambda: time.sleep(60))  # the reaper is busy: gc's unlinks wait behind this
+            store.publish(token(1), b"third")
+            store.gc(keep=1, grace=0)
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    left = [p.name for p in (root / "trash").iterdir()]
+    assert len(left) == 1  # the second publication's object, never unlinked
+    assert store.read(R) == b"third"
+    assert store.gc(keep=1, grace=0) == 0  # nothing new to collect, but the trash is emptied
+    assert drain(timeout=10)
+    assert list((root / "trash").iterdir()) == []
+    latest = store.latest(R)
+    assert latest is not None
+    assert [p.name for p in (rdir / "objects").iterdir()] == [latest.object_id]
 
 
 # -- the commit log, the checkpoint and the journals -------------------------------------------

@@ -6,6 +6,8 @@ at most :data:`CHUNK_SIZE` bytes and the digest is complete once the iterator is
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import hashlib
 import os
@@ -16,7 +18,17 @@ from typing import IO
 
 from fenced.core.errors import ConfigurationError
 
-__all__ = ["CHUNK_SIZE", "Background", "PublishData", "Source"]
+__all__ = [
+    "CHUNK_SIZE",
+    "DRAIN_AT_EXIT",
+    "HELPER",
+    "REAPER",
+    "Background",
+    "PublishData",
+    "Source",
+    "drain",
+    "later",
+]
 
 CHUNK_SIZE = 1024 * 1024
 
@@ -141,18 +153,20 @@ class _Hasher:
 
 
 class Background:
-    """``call()`` running on the process's helper thread, after the jobs queued before it.
+    """``call()`` running on a helper thread of the process, after the jobs queued before it.
 
     For a blocking system call (an ``fsync``) that can overlap one of the caller's own:
-    :meth:`wait` returns once it has finished, or raises what it raised.
+    :meth:`wait` returns once it has finished, or raises what it raised. ``lane`` picks the
+    thread: :data:`HELPER` (hashing and the syncs a publish waits for) or :data:`REAPER` (work
+    nobody waits for, such as freeing the blocks of removed objects, which must not delay them).
     """
 
-    def __init__(self, call: Callable[[], object]) -> None:
+    def __init__(self, call: Callable[[], object], *, lane: str = "helper") -> None:
         self._call = call
         self._error: BaseException | None = None
         self._done = threading.Lock()
         self._done.acquire()
-        _worker().put(self._run)
+        _worker(lane).put(self._run)
 
     def _run(self) -> None:
         try:
@@ -162,40 +176,72 @@ class Background:
         finally:
             self._done.release()
 
-    def wait(self) -> None:
-        """Wait until the call has finished; raise its exception, if any."""
-        with self._done:
-            pass
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the call has finished (False if ``timeout`` ran out); raise its exception."""
+        if not self._done.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._done.release()
         if self._error is not None:
             raise self._error
+        return True
 
 
-_jobs: queue.SimpleQueue[Callable[[], None]] | None = None
+HELPER = "helper"
+"""The lane of the jobs a caller waits for (hashing, the directory sync of a publish)."""
+REAPER = "reaper"
+"""The lane of work nobody waits for (unlinking objects gc has already moved out of sight)."""
+
+_lanes: dict[str, queue.SimpleQueue[Callable[[], None]]] = {}
 _starting = threading.Lock()
 
 
-def _worker() -> queue.SimpleQueue[Callable[[], None]]:
-    """The job queue of this process's helper thread, started by the first job.
+def _worker(lane: str = HELPER) -> queue.SimpleQueue[Callable[[], None]]:
+    """The job queue of this process's helper thread for ``lane``, started by its first job.
 
-    One daemon thread per process, kept for the process's life: starting a thread per publish
-    costs more than the overlap saves on a busy machine (``Thread.start`` waits until the new
-    thread runs). Jobs run in the order they were queued, so each source's chunks are hashed in
-    order. Every job catches its own exceptions. A forked child forgets its parent's thread (it
-    does not exist there), queue and lock (which that thread may have held at the fork), and
-    starts its own when it needs one.
+    One daemon thread per lane and process, kept for the process's life: starting a thread per
+    publish costs more than the overlap saves on a busy machine (``Thread.start`` waits until
+    the new thread runs). Jobs of a lane run in the order they were queued, so each source's
+    chunks are hashed in order. Every job catches its own exceptions. A forked child forgets
+    its parent's threads (they do not exist there), queues and lock (which a thread may have
+    held at the fork), and starts its own when it needs one.
     """
-    global _jobs  # noqa: PLW0603 - one helper thread per process
-    jobs = _jobs
+    jobs = _lanes.get(lane)
     if jobs is None:
         with _starting:
-            jobs = _jobs
+            jobs = _lanes.get(lane)
             if jobs is None:
                 jobs = queue.SimpleQueue()
                 threading.Thread(
-                    target=_run_jobs, args=(jobs,), name="fenced-helper", daemon=True
+                    target=_run_jobs, args=(jobs,), name=f"fenced-{lane}", daemon=True
                 ).start()
-                _jobs = jobs
+                _lanes[lane] = jobs
     return jobs
+
+
+def later(call: Callable[[], object], *, lane: str = REAPER) -> None:
+    """Run ``call()`` on ``lane``'s helper thread; nobody waits for it, its errors are dropped.
+
+    Jobs still queued when the interpreter exits are given :data:`DRAIN_AT_EXIT` seconds to
+    finish (see :func:`drain`); the rest is left undone, so a job must be one that a later run
+    can redo.
+    """
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            call()
+
+    _worker(lane).put(run)
+
+
+DRAIN_AT_EXIT = 5.0
+"""Seconds the interpreter's exit waits for the reaper's queued jobs."""
+
+
+def drain(lane: str = REAPER, timeout: float | None = None) -> bool:
+    """Wait until the jobs queued on ``lane`` so far have run; False if ``timeout`` ran out."""
+    if lane not in _lanes:
+        return True
+    return Background(lambda: None, lane=lane).wait(timeout)
 
 
 def _run_jobs(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
@@ -204,12 +250,13 @@ def _run_jobs(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
 
 
 def _forget_worker() -> None:
-    global _jobs, _starting  # noqa: PLW0603 - reset in a forked child
-    _jobs = None
+    global _starting  # noqa: PLW0603 - reset in a forked child
+    _lanes.clear()
     _starting = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_worker)
+atexit.register(drain, REAPER, DRAIN_AT_EXIT)
 
 
 def _read_stream(stream: IO[bytes]) -> Iterator[bytes]:
