@@ -50,7 +50,7 @@ from fenced.core.lease import Lease, LeaseState
 from fenced.core.records import RecordKind
 from fenced.core.restore import restore_base
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres_conn import migrate
+from fenced.fence.postgres_conn import migrate, parse_url
 from fenced.fence.postgres_store import open_postgres_store
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.postgres import PgBouncer, PostgresServer
@@ -453,6 +453,29 @@ def test_url_errors_and_password_masking(
         connect(postgres_server.dsn("no_such_database"))
     coord = open_coord(postgres_server.url("postgres", schema=_schema()))
     assert coord.url.startswith("postgresql://postgres@127.0.0.1:")
+
+
+def test_libpq_options_with_spaces_reach_the_server(
+    open_coord: Callable[[str], Coordinator], postgres_server: PostgresServer
+) -> None:
+    """``options=-c name=value`` (a space inside) is passed to libpq as written: a "+" for the
+    space would reach the server as part of the setting's name."""
+    parsed = parse_url(
+        postgres_server.url("postgres", options="-c%20statement_timeout%3D4321"), ["schema"]
+    )
+    assert psycopg.conninfo.conninfo_to_dict(parsed.conninfo)["options"] == (
+        "-c statement_timeout=4321"
+    )
+    read_only = postgres_server.url(
+        "postgres", schema=_schema(), options="-c default_transaction_read_only=on"
+    )
+    with pytest.raises(Unavailable, match="read-only transaction"):  # the server applied it
+        connect(read_only)
+    coord = open_coord(
+        postgres_server.url("postgres", schema=_schema(), options="-c statement_timeout=4321")
+    )
+    lease = coord.acquire(R, ttl=5, wait=0)
+    assert coord.release(lease)
 
 
 def test_many_leases_in_one_process_share_a_small_pool(

@@ -192,7 +192,10 @@ def parse_url(url: str, fenced_keys: Sequence[str]) -> ParsedURL:
         libpq.append(("connect_timeout", str(int(DEFAULT_CONNECT_TIMEOUT))))
     if "application_name" not in keys:
         libpq.append(("application_name", "fenced"))
-    conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(libpq), ""))
+    # libpq percent-decodes a URI's query but does not read "+" as a space (as HTML forms do):
+    # quote_via=quote keeps a space in ``options=-c name=value`` a space.
+    query = urlencode(libpq, quote_via=quote)
+    conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, query, ""))
     try:
         psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.Error as error:
