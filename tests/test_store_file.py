@@ -232,6 +232,11 @@ def test_gc_moves_victims_out_of_sight_and_a_killed_process_leaves_nothing_for_l
     latest = store.latest(R)
     assert latest is not None
     assert [p.name for p in (rdir / "objects").iterdir()] == [latest.object_id]
+    (root / "trash" / "a-directory").mkdir()  # cannot be unlinked: must not stop the rest
+    (root / "trash" / "a-file").write_bytes(b"x")
+    store.gc(keep=1, grace=0)
+    assert drain(timeout=10)
+    assert [p.name for p in (root / "trash").iterdir()] == ["a-directory"]
 
 
 # -- the commit log, the checkpoint and the journals -------------------------------------------

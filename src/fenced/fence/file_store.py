@@ -166,10 +166,18 @@ def _fsync_dir(path: str | Path) -> None:
 
 
 def _unlink_all(paths: list[str]) -> None:
-    """Unlink each of ``paths`` that still exists (another process's gc may be at it too)."""
+    """Unlink each of ``paths`` that still exists (another process's gc may be at it too).
+
+    Best effort, one path at a time: a path that cannot be unlinked (not a file, no permission)
+    is left for the next gc and does not stop the others.
+    """
     for path in paths:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.debug("gc: could not unlink %s: %s", path, error)
 
 
 def _ensure_dir(path: Path) -> None:
