@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 import fenced.fence
+import fenced.fence.store as store_module
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, Unavailable
 from fenced.core.records import RecordKind, detail_json
-from fenced.fence import Store, open_store
+from fenced.fence import Store, open_store, sqlite_store
 from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION
 from fenced.fence.values import Mode
 from fenced.testing.store_conformance import (
@@ -351,3 +352,28 @@ def test_pruning_keeps_the_newest_record_so_no_seq_is_reused(tmp_path: Path) -> 
         store.put(token(1), "k", b"again")
         (new,) = store.history(R)
         assert new.seq == highest + 1
+
+
+def test_a_failing_prune_rolls_back_the_write_it_rides_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic prune runs inside the mutation's transaction: when it fails (here: the disk
+    refuses it), the mutation is rolled back and the error reaches the caller."""
+    store = open_store(f"sqlite://{tmp_path}/s.db", "monotonic")
+    store.put(token(1), "k", b"before")
+
+    def refuse(self: object, before: float) -> None:
+        raise Unavailable("injected: the prune could not write")
+
+    monkeypatch.setattr(sqlite_store._SqliteTransaction, "prune_ops", refuse)
+    failures = 0
+    for n in range(store_module._PRUNE_EVERY + 1):
+        try:
+            store.put(token(1), "k", f"v{n}".encode())
+        except Unavailable as error:
+            assert "injected" in str(error)
+            failures += 1
+            item = store.get(R, "k")
+            assert item is not None and item.value == f"v{n - 1}".encode()  # nothing changed
+    assert failures == 1
+    store.close()

@@ -33,8 +33,8 @@ import itertools
 import logging
 import math
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -463,19 +463,19 @@ class Store:
             raise ConfigurationError(f"the store {self.url} does not keep records")
         return cast(RecordingBackend, backend)
 
-    @contextmanager
-    def _write(self, resource: str) -> Iterator[Transaction]:
+    def _write(self, resource: str) -> _Writing:
         """The backend's critical section; now and then prunes expired op records and records."""
-        backend = self._open_backend()
-        with backend.transaction(resource) as tx:
-            yield tx
-            if next(self._writes) % _PRUNE_EVERY == 0:
-                now = self._clock.wall()
-                tx.prune_ops(now - self._options.op_retention)
-                if Capability.RECORDS in backend.capabilities:
-                    cast(RecordingTransaction, tx).prune_records(
-                        now - self._options.record_retention, self._options.record_limit
-                    )
+        return _Writing(self, self._open_backend().transaction(resource))
+
+    def _prune(self, tx: Transaction) -> None:
+        """Every :data:`_PRUNE_EVERY` th write: prune expired op records and records in ``tx``."""
+        if next(self._writes) % _PRUNE_EVERY == 0:
+            now = self._clock.wall()
+            tx.prune_ops(now - self._options.op_retention)
+            if Capability.RECORDS in self._backend.capabilities:
+                cast(RecordingTransaction, tx).prune_records(
+                    now - self._options.record_retention, self._options.record_limit
+                )
 
     def _append(
         self,
@@ -567,6 +567,37 @@ class Store:
             detail["op_id"] = op_id
         self._append(tx, RecordKind.ACCEPTED, token, detail, now)
         return outcome
+
+
+class _Writing:
+    """``Store._write``: the backend's transaction, then (if the block did not raise) the prune
+    that is due, inside it. A class rather than a generator: it runs on every mutation, and a
+    ``contextlib.contextmanager`` costs a few µs more per use."""
+
+    __slots__ = ("_inner", "_store", "_tx")
+
+    def __init__(self, store: Store, inner: AbstractContextManager[Transaction]) -> None:
+        self._store = store
+        self._inner = inner
+
+    def __enter__(self) -> Transaction:
+        self._tx = self._inner.__enter__()
+        return self._tx
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if error is None:
+            try:
+                self._store._prune(self._tx)
+            except BaseException as failure:  # the transaction ends with it: rolled back
+                if not self._inner.__exit__(type(failure), failure, failure.__traceback__):
+                    raise
+                return None
+        return self._inner.__exit__(kind, error, tb)
 
 
 @dataclass(slots=True)
