@@ -122,12 +122,15 @@ def sqlite_snapshot(store: Store) -> list[str]:
 
 
 def directory_snapshot(store: Store) -> dict[str, bytes]:
-    """Every file of a ``file:`` store with its bytes, except lock files and record journals."""
+    """Every file of a ``file:`` store with its bytes, except lock files, record journals and
+    ``trash/`` (what gc removed, unlinked by a helper thread at its own pace: never read)."""
     root = store_location(store)
     return {
         str(path.relative_to(root)): path.read_bytes()
         for path in sorted(root.rglob("*"))
-        if path.is_file() and path.parent.name != "locks" and path.name != "records.jsonl"
+        if path.is_file()
+        and path.parent.name not in ("locks", "trash")
+        and path.name != "records.jsonl"
     }
 
 
