@@ -627,7 +627,9 @@ def test_fenced_elect_and_fenced_leader(tmp_path: Path) -> None:
     child = (
         "import os, pathlib, sys, time\n"
         "out = pathlib.Path(sys.argv[1])\n"
-        "out.write_text(os.environ['FENCED_TOKEN'] + ' ' + os.environ['FENCED_EPOCH'])\n"
+        "part = out.with_name(out.name + '.part')  # renamed whole: never seen half-written\n"
+        "part.write_text(os.environ['FENCED_TOKEN'] + ' ' + os.environ['FENCED_EPOCH'])\n"
+        "os.replace(part, out)\n"
         "give_up = time.monotonic() + 60  # never outlive a failed test for long\n"
         "while not pathlib.Path(sys.argv[2]).exists() and time.monotonic() < give_up:\n"
         "    time.sleep(0.01)\n"
