@@ -14,7 +14,7 @@ import pytest
 import fenced.fence
 import fenced.fence.store as store_module
 from fenced.core.clock import ManualClock
-from fenced.core.errors import ConfigurationError, Unavailable
+from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
 from fenced.core.records import RecordKind, detail_json
 from fenced.fence import Store, open_store, sqlite_store
 from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION
@@ -376,4 +376,44 @@ def test_a_failing_prune_rolls_back_the_write_it_rides_on(
             item = store.get(R, "k")
             assert item is not None and item.value == f"v{n - 1}".encode()  # nothing changed
     assert failures == 1
+    store.close()
+
+
+def test_the_one_call_put_records_what_the_general_path_records(tmp_path: Path) -> None:
+    """An installed holder's plain put runs as one backend call (``put_current``); a put that
+    installs (monotonic), is refused, or carries an op id or if_version takes the general path.
+    Either way the history holds the same records, each once."""
+    store = open_store(f"sqlite://{tmp_path}/s.db", "monotonic")
+    calls: list[object] = []
+    backend = store._backend
+    one_call = backend.put_current  # type: ignore[attr-defined]
+
+    def counted(*args: object) -> object:
+        result = one_call(*args)
+        calls.append(result)
+        return result
+
+    backend.put_current = counted  # type: ignore[attr-defined]
+    store.put(token(3), "k", b"a")  # installs epoch 3: the one call declines, nothing written
+    store.put(token(3), "k", b"b")  # the usual put: one call
+    store.put(token(3), "k", b"c", op_id="op-1")  # general path
+    store.put(token(3), "k", b"d", if_version=3)  # general path
+    with pytest.raises(StaleToken):
+        store.put(token(2), "k", b"old")  # declined, then refused and recorded by the general path
+    assert [type(c).__name__ for c in calls] == ["NoneType", "Version", "NoneType"]
+    item = store.get(R, "k")
+    assert item is not None and (item.value, item.version) == (b"d", 4)
+    kinds = [(r.kind, r.epoch, r.detail) for r in store.history(R)]
+    assert kinds == [
+        (RecordKind.INSTALLED, 3, {"op": "put", "previous": None}),
+        (RecordKind.ACCEPTED, 3, {"op": "put", "key": "k", "version": 1}),
+        (RecordKind.ACCEPTED, 3, {"op": "put", "key": "k", "version": 2}),
+        (RecordKind.ACCEPTED, 3, {"op": "put", "key": "k", "version": 3, "op_id": "op-1"}),
+        (RecordKind.ACCEPTED, 3, {"op": "put", "key": "k", "version": 4}),
+        (
+            RecordKind.REJECTED,
+            2,
+            {"op": "put", "key": "k", "reason": "stale", "presented": 2, "floor": 3},
+        ),
+    ]
     store.close()

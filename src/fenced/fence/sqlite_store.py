@@ -41,15 +41,17 @@ from fenced.core.errors import (
     ConfigurationError,
     FencedError,
     OutcomeUnknown,
+    Rejected,
     Unavailable,
 )
 from fenced.core.records import Record, RecordKind, detail_json
+from fenced.core.token import FencingToken
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.chunks import ChunkReader
 from fenced.fence.ops import OpRecord
-from fenced.fence.rules import Head, StoredObject, resolve_mode
+from fenced.fence.rules import Head, StoredObject, admit_mutation, next_version, resolve_mode
 from fenced.fence.translated import Translated
-from fenced.fence.values import Item, Mode, Publication
+from fenced.fence.values import Item, Mode, Publication, Version
 
 if TYPE_CHECKING:
     pass
@@ -313,6 +315,38 @@ class SqliteBackend:
     def transaction(self, resource: str) -> AbstractContextManager[_SqliteTransaction]:
         """``BEGIN IMMEDIATE``; commits when the block ends, rolls back if it raises."""
         return _Writing(self._conn(), resource)
+
+    def put_current(
+        self, token: FencingToken, key: str, value: bytes, detail: dict[str, object], now: float
+    ) -> Version | None:
+        """An unconditional ``put`` whose token changes nothing but the item; else None.
+
+        An optional method (``Store.put`` calls it when a backend has it, for a put without
+        ``op_id`` or ``if_version``): the usual put, by the holder whose epoch is installed,
+        in one transaction with no step the general path would skip: the head and the key's
+        version in one read, :func:`~fenced.fence.rules.admit_mutation` (the same rule), the
+        item and its ``accepted`` record (``detail`` plus the new ``version``), committed with
+        fsync. When the token would change the head (an implicit install) or is refused, this
+        writes nothing and returns None: the caller takes the general path, which installs or
+        rejects and records it. Errors are those of a write (:class:`Unavailable`,
+        :class:`OutcomeUnknown` for a commit that may have happened).
+        """
+        resource = token.resource
+        with _Writing(self._conn(), resource) as tx:
+            tx.prefetch(key)
+            head = tx.head()
+            try:
+                if admit_mutation(self.mode, head, token) != head:
+                    return None  # an implicit install: the general path records it
+            except Rejected:
+                return None  # the general path raises it and records the rejection
+            version = next_version(resource, key, tx.version_of(key), None)
+            tx.put_item(Item(resource, key, value, token.epoch, version))
+            accepted = {**detail, "version": version}
+            tx.append_record(
+                Record(0, now, RecordKind.ACCEPTED, resource, token.epoch, None, accepted)
+            )
+        return Version(resource, key, token.epoch, version)
 
     # -- records ---------------------------------------------------------------------------
 

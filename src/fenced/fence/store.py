@@ -243,8 +243,18 @@ class Store:
         digest = ops.put_digest(token, key, data, if_version) if op_id is not None else ""
         now = self._clock.wall()
         what = _Mutation("put", {"key": key})
+        due = self._prune_due()
+        if op_id is None and if_version is None and not due:
+            backend = self._open_backend()
+            current = getattr(backend, "put_current", None)
+            if current is not None and Capability.RECORDS in backend.capabilities:
+                # the usual put in one backend call (SQLite), its accepted record included
+                written = current(token, key, data, {"op": what.op, **what.target}, now)
+                if written is not None:
+                    what.log(token)
+                    return cast(Version, written)
         try:
-            with self._write(token.resource) as tx:
+            with self._write(token.resource, due=due) as tx:
                 prefetch = getattr(tx, "prefetch", None)
                 if prefetch is not None:  # the head and the key's version in one read (SQLite)
                     prefetch(key)
@@ -463,13 +473,21 @@ class Store:
             raise ConfigurationError(f"the store {self.url} does not keep records")
         return cast(RecordingBackend, backend)
 
-    def _write(self, resource: str) -> _Writing:
-        """The backend's critical section; now and then prunes expired op records and records."""
-        return _Writing(self, self._open_backend().transaction(resource))
+    def _write(self, resource: str, *, due: bool | None = None) -> _Writing:
+        """The backend's critical section; now and then prunes expired op records and records.
 
-    def _prune(self, tx: Transaction) -> None:
-        """Every :data:`_PRUNE_EVERY` th write: prune expired op records and records in ``tx``."""
-        if next(self._writes) % _PRUNE_EVERY == 0:
+        ``due``: whether this write prunes, if the caller already counted it
+        (:meth:`_prune_due`); None counts it here.
+        """
+        return _Writing(self, self._open_backend().transaction(resource), due)
+
+    def _prune_due(self) -> bool:
+        """Count one write; True for every :data:`_PRUNE_EVERY` th (it prunes)."""
+        return next(self._writes) % _PRUNE_EVERY == 0
+
+    def _prune(self, tx: Transaction, due: bool | None) -> None:
+        """Prune expired op records and records in ``tx`` if this write is due to."""
+        if due if due is not None else self._prune_due():
             now = self._clock.wall()
             tx.prune_ops(now - self._options.op_retention)
             if Capability.RECORDS in self._backend.capabilities:
@@ -574,11 +592,14 @@ class _Writing:
     that is due, inside it. A class rather than a generator: it runs on every mutation, and a
     ``contextlib.contextmanager`` costs a few µs more per use."""
 
-    __slots__ = ("_inner", "_store", "_tx")
+    __slots__ = ("_due", "_inner", "_store", "_tx")
 
-    def __init__(self, store: Store, inner: AbstractContextManager[Transaction]) -> None:
+    def __init__(
+        self, store: Store, inner: AbstractContextManager[Transaction], due: bool | None
+    ) -> None:
         self._store = store
         self._inner = inner
+        self._due = due
 
     def __enter__(self) -> Transaction:
         self._tx = self._inner.__enter__()
@@ -592,7 +613,7 @@ class _Writing:
     ) -> bool | None:
         if error is None:
             try:
-                self._store._prune(self._tx)
+                self._store._prune(self._tx, self._due)
             except BaseException as failure:  # the transaction ends with it: rolled back
                 if not self._inner.__exit__(type(failure), failure, failure.__traceback__):
                     raise
