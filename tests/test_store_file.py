@@ -20,7 +20,7 @@ from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, IdempotencyConflict, StaleToken, Unavailable
 from fenced.fence import Store, open_store, ops
 from fenced.fence.file_store import CHECKPOINT_AT, JOURNAL, LOG, OPS, STATE
-from fenced.fence.source import drain, later
+from fenced.fence.helpers import drain, later
 from fenced.fence.values import Mode, Publication, Version
 from fenced.testing.store_conformance import (
     MakeStore,

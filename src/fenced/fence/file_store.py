@@ -112,9 +112,9 @@ from fenced.core import mutants
 from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 from fenced.core.records import Record, RecordKind
 from fenced.fence.backend import Capability, Chooser, StoreOptions
+from fenced.fence.helpers import Background, later
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, resolve_mode
-from fenced.fence.source import Background, later
 from fenced.fence.translated import Translated
 from fenced.fence.values import Item, Mode, Publication
 

@@ -54,10 +54,12 @@ __all__ = [
     "ParsedURL",
     "Pool",
     "Statement",
+    "checked",
     "deadlines",
     "execute",
     "migrate",
     "parse_url",
+    "statement_name",
     "translate",
 ]
 
@@ -690,7 +692,21 @@ def execute(
         return conn.execute(query, params, prepare=False).fetchall()
 
 
-_OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+def statement_name(query: bytes) -> bytes:
+    """The name of a prepared statement, derived from its text: the same name always means the
+    same statement, even on a server session that a pooler shares between clients."""
+    return b"fenced_" + hashlib.sha256(query).hexdigest()[:24].encode()
+
+
+def checked(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> pq.abc.PGresult:
+    """``result`` of a libpq call on ``conn`` if it succeeded, else raise the psycopg error
+    psycopg would have raised (:class:`psycopg.OperationalError` for a lost connection)."""
+    if result.status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+        return result
+    if conn.pgconn.status == pq.ConnStatus.BAD:
+        message = conn.pgconn.error_message.decode(errors="replace").strip()
+        raise psycopg.OperationalError(message or "the connection was lost")
+    raise errors.error_from_result(result, encoding=conn.info.encoding)
 
 
 class Statement:
@@ -707,9 +723,7 @@ class Statement:
     """
 
     def __init__(self, query: bytes, fallback: bytes) -> None:
-        # named after a hash of its text, as the coordinator's: a server session shared by a
-        # pooler never runs another statement under this name
-        self.name = b"fenced_" + hashlib.sha256(query).hexdigest()[:24].encode()
+        self.name = statement_name(query)
         self.query = query  # with $1, $2, …
         self.fallback = fallback  # the same with %s, for psycopg
         self._on: weakref.WeakKeyDictionary[psycopg.Connection[Any], str] = (
@@ -748,20 +762,15 @@ class Statement:
         if pool.prepare:
             try:
                 if not prepared:
-                    _check(pgconn.prepare(self.name, self.query), encoding)
+                    checked(conn, pgconn.prepare(self.name, self.query))
                     self._on[conn] = encoding
-                _check(pgconn.exec_prepared(self.name, values, formats), encoding)  # type: ignore[arg-type]
+                checked(conn, pgconn.exec_prepared(self.name, values, formats))  # type: ignore[arg-type]
                 return
             except psycopg.Error as error:
                 if not pool.lost_prepared_statement(error, conn):
                     raise
                 self._on.pop(conn, None)
-        _check(pgconn.exec_params(self.query, values, None, formats), encoding)
-
-
-def _check(result: pq.abc.PGresult, encoding: str) -> None:
-    if result.status not in _OK:
-        raise errors.error_from_result(result, encoding=encoding)
+        checked(conn, pgconn.exec_params(self.query, values, None, formats))
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, BinaryIO, cast
+from typing import BinaryIO, cast
 
 from fenced.core.errors import (
     ConfigurationError,
@@ -52,9 +52,6 @@ from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, admit_mutation, next_version, resolve_mode
 from fenced.fence.translated import Translated
 from fenced.fence.values import Item, Mode, Publication, Version
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["SCHEMA_VERSION", "SqliteBackend", "open_sqlite_backend", "translate_error"]
 
@@ -332,7 +329,7 @@ class SqliteBackend:
         :class:`OutcomeUnknown` for a commit that may have happened).
         """
         resource = token.resource
-        with _Writing(self._conn(), resource) as tx:
+        with self.transaction(resource) as tx:
             tx.prefetch(key)
             head = tx.head()
             try:

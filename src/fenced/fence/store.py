@@ -474,26 +474,28 @@ class Store:
         return cast(RecordingBackend, backend)
 
     def _write(self, resource: str, *, due: bool | None = None) -> _Writing:
-        """The backend's critical section; now and then prunes expired op records and records.
+        """The backend's critical section; every :data:`_PRUNE_EVERY` th write also prunes
+        expired op records and records in it.
 
         ``due``: whether this write prunes, if the caller already counted it
         (:meth:`_prune_due`); None counts it here.
         """
+        if due is None:
+            due = self._prune_due()
         return _Writing(self, self._open_backend().transaction(resource), due)
 
     def _prune_due(self) -> bool:
         """Count one write; True for every :data:`_PRUNE_EVERY` th (it prunes)."""
         return next(self._writes) % _PRUNE_EVERY == 0
 
-    def _prune(self, tx: Transaction, due: bool | None) -> None:
-        """Prune expired op records and records in ``tx`` if this write is due to."""
-        if due if due is not None else self._prune_due():
-            now = self._clock.wall()
-            tx.prune_ops(now - self._options.op_retention)
-            if Capability.RECORDS in self._backend.capabilities:
-                cast(RecordingTransaction, tx).prune_records(
-                    now - self._options.record_retention, self._options.record_limit
-                )
+    def _prune(self, tx: Transaction) -> None:
+        """Prune expired op records and records in ``tx``."""
+        now = self._clock.wall()
+        tx.prune_ops(now - self._options.op_retention)
+        if Capability.RECORDS in self._backend.capabilities:
+            cast(RecordingTransaction, tx).prune_records(
+                now - self._options.record_retention, self._options.record_limit
+            )
 
     def _append(
         self,
@@ -588,15 +590,13 @@ class Store:
 
 
 class _Writing:
-    """``Store._write``: the backend's transaction, then (if the block did not raise) the prune
-    that is due, inside it. A class rather than a generator: it runs on every mutation, and a
-    ``contextlib.contextmanager`` costs a few µs more per use."""
+    """``Store._write``: the backend's transaction, then (if the block did not raise and this
+    write is ``due``) the prune, inside it. A class rather than a generator: it runs on every
+    mutation, and a ``contextlib.contextmanager`` costs a few µs more per use."""
 
     __slots__ = ("_due", "_inner", "_store", "_tx")
 
-    def __init__(
-        self, store: Store, inner: AbstractContextManager[Transaction], due: bool | None
-    ) -> None:
+    def __init__(self, store: Store, inner: AbstractContextManager[Transaction], due: bool) -> None:
         self._store = store
         self._inner = inner
         self._due = due
@@ -611,9 +611,9 @@ class _Writing:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        if error is None:
+        if error is None and self._due:
             try:
-                self._store._prune(self._tx, self._due)
+                self._store._prune(self._tx)
             except BaseException as failure:  # the transaction ends with it: rolled back
                 if not self._inner.__exit__(type(failure), failure, failure.__traceback__):
                     raise

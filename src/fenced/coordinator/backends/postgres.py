@@ -90,7 +90,6 @@ parameter goes to libpq (``sslmode``, ``connect_timeout``, ``application_name``,
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import operator
@@ -136,10 +135,12 @@ from fenced.fence.postgres_conn import (
     DEFAULT_OP_TIMEOUT,
     DEFAULT_POOL_SIZE,
     Pool,
+    checked,
     execute,
     guarded,
     migrate,
     parse_url,
+    statement_name,
     translate,
 )
 
@@ -197,7 +198,7 @@ class _Direct:
         self.query = _NAMED.sub(number, text).encode()
         self.keys = tuple(keys)
         self._get = operator.itemgetter(*keys)
-        self.name = b"fenced_" + hashlib.sha256(self.query).hexdigest()[:24].encode()
+        self.name = statement_name(self.query)
 
     def bind(self, **values: object) -> tuple[object, ...]:
         """The parameters, in ``$n`` order (other keys are ignored)."""
@@ -221,16 +222,6 @@ _LOADERS: dict[int, Callable[[bytes], object]] = {
     23: int,  # int4
     701: float,  # float8
 }
-
-
-def _checked(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> pq.abc.PGresult:
-    """``result`` if it succeeded, else raise the psycopg error psycopg would have raised."""
-    if result.status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
-        return result
-    if conn.pgconn.status == pq.ConnStatus.BAD:
-        message = conn.pgconn.error_message.decode(errors="replace").strip()
-        raise psycopg.OperationalError(message or "the connection was lost")
-    raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
 
 
 _Kept = tuple[
@@ -929,12 +920,12 @@ class PostgresBackend:
         try:
             if direct.name not in names:
                 try:
-                    _checked(conn, pgconn.prepare(direct.name, direct.query))
+                    checked(conn, pgconn.prepare(direct.name, direct.query))
                 except psycopg.OperationalError as error:  # the statement never ran
                     raise psycopg.InterfaceError(f"preparing a statement: {error}") from error
                 names.add(direct.name)
             values = [_DUMPERS[type(value)](value, encoding) for value in params]
-            result = _checked(conn, pgconn.exec_prepared(direct.name, cast(list[bytes], values)))
+            result = checked(conn, pgconn.exec_prepared(direct.name, cast(list[bytes], values)))
         except psycopg.Error as error:
             if not self._pool.lost_prepared_statement(error, conn):
                 raise
