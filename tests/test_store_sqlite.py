@@ -16,7 +16,7 @@ import fenced.fence.store as store_module
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
 from fenced.core.records import RecordKind, detail_json
-from fenced.fence import Store, open_store, sqlite_store
+from fenced.fence import Store, open_store
 from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION
 from fenced.fence.values import Mode
 from fenced.testing.store_conformance import (
@@ -354,28 +354,32 @@ def test_pruning_keeps_the_newest_record_so_no_seq_is_reused(tmp_path: Path) -> 
         assert new.seq == highest + 1
 
 
-def test_a_failing_prune_rolls_back_the_write_it_rides_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The periodic prune runs inside the mutation's transaction: when it fails (here: the disk
-    refuses it), the mutation is rolled back and the error reaches the caller."""
-    store = open_store(f"sqlite://{tmp_path}/s.db", "monotonic")
+def test_a_failing_prune_rolls_back_the_write_it_rides_on(tmp_path: Path) -> None:
+    """The periodic prune runs inside the mutation's transaction: when the database refuses it
+    (a trigger that aborts every delete of a record), the mutation is rolled back as a whole
+    and the error reaches the caller; the writes before and after it are kept."""
+    clock = ManualClock(wall=2_000_000_000.0)
+    path = tmp_path / "s.db"
+    store = open_store(f"sqlite://{path}", "monotonic", clock=clock, record_retention=60)
     store.put(token(1), "k", b"before")
-
-    def refuse(self: object, before: float) -> None:
-        raise Unavailable("injected: the prune could not write")
-
-    monkeypatch.setattr(sqlite_store._SqliteTransaction, "prune_ops", refuse)
+    clock.advance(120)  # every record so far is past its retention: the prune deletes some
+    with sqlite3.connect(path) as admin:
+        admin.execute(
+            "CREATE TRIGGER refuse_prune BEFORE DELETE ON records"
+            " BEGIN SELECT RAISE(ABORT, 'refused: records may not be deleted'); END"
+        )
     failures = 0
     for n in range(store_module._PRUNE_EVERY + 1):
         try:
             store.put(token(1), "k", f"v{n}".encode())
         except Unavailable as error:
-            assert "injected" in str(error)
+            assert "refused: records may not be deleted" in str(error)
             failures += 1
             item = store.get(R, "k")
             assert item is not None and item.value == f"v{n - 1}".encode()  # nothing changed
     assert failures == 1
+    item = store.get(R, "k")
+    assert item is not None and item.value == f"v{store_module._PRUNE_EVERY}".encode()
     store.close()
 
 
