@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -421,3 +424,40 @@ def test_the_one_call_put_records_what_the_general_path_records(tmp_path: Path) 
         ),
     ]
     store.close()
+
+
+_OPENER = """
+import pathlib, sys, time
+import fenced
+go = pathlib.Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.0005)
+store = fenced.open_store("sqlite://" + sys.argv[1])
+store.close()
+"""
+
+
+def test_processes_opening_one_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    """Several processes create the same new store file at the same instant: the switch to WAL
+    is retried while another process holds the new file's lock (SQLite answers SQLITE_BUSY at
+    once there, without its busy handler), so every one of them opens it."""
+    for attempt in range(6):
+        path = tmp_path / f"new{attempt}.db"
+        go = tmp_path / f"go{attempt}"
+        openers = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPENER, str(path), str(go)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(6)
+        ]
+        time.sleep(0.5)  # all of them importing fenced, then polling for the start
+        go.touch()
+        for opener in openers:
+            _, stderr = opener.communicate(timeout=60)
+            assert opener.returncode == 0, stderr.strip().splitlines()[-1:]
+        store = open_store(f"sqlite://{path}")
+        assert store.mode == "strict"
+        store.close()

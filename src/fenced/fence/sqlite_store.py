@@ -50,6 +50,7 @@ from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.chunks import ChunkReader
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, admit_mutation, next_version, resolve_mode
+from fenced.fence.sqlite_busy import error_code, is_busy, retrying
 from fenced.fence.translated import Translated
 from fenced.fence.values import Item, Mode, Publication, Version
 
@@ -125,7 +126,6 @@ _PRUNE_BY_AGE = (
     " WHERE resource = :r AND at >= :before ORDER BY seq LIMIT 1), 9223372036854775807)"
     " AND seq < (SELECT max(seq) FROM records)"
 )
-_BUSY = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _CORRUPT = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
 _UNUSABLE = {sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM}
 
@@ -145,8 +145,8 @@ os.register_at_fork(after_in_child=_forked)
 
 def translate_error(error: sqlite3.Error, what: str) -> FencedError:
     """The fenced error for a sqlite3 error that happened while doing ``what``."""
-    code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
-    if code in _BUSY:
+    code = error_code(error)
+    if is_busy(error):
         return Unavailable(f"{what}: the database is busy ({error}); nothing changed, retry")
     if code in _CORRUPT:
         return ConfigurationError(f"{what}: not a usable SQLite database ({error})")
@@ -255,7 +255,12 @@ class SqliteBackend:
         conn = self._conn()
         with _translated(f"opening the sqlite store {self.path!r}"):
             self._stored_meta(conn)  # refuse a foreign database before changing anything
-            (journal,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            # Switching a new file to WAL needs its exclusive lock, and SQLite answers
+            # SQLITE_BUSY at once, without its busy handler, while another process opens the
+            # same new file.
+            (journal,) = retrying(
+                conn.execute, "PRAGMA journal_mode=WAL", timeout=self._busy_timeout
+            ).fetchone()
             if str(journal).lower() != "wal":
                 raise ConfigurationError(f"{self.path!r}: cannot use WAL (got {journal})")
             conn.execute("BEGIN IMMEDIATE")
@@ -542,7 +547,7 @@ def _commit(conn: sqlite3.Connection, what: str) -> None:
     try:
         conn.execute("COMMIT")
     except sqlite3.Error as error:
-        busy = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF in _BUSY
+        busy = is_busy(error)
         _rollback(conn)
         if busy:
             raise Unavailable(f"{what}: the database is busy; nothing changed, retry") from error

@@ -49,12 +49,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fenced.coordinator.backends.sqlite_schema import (
+    BUSY_TIMEOUT,
     connect,
     open_database,
-    retrying,
     translate,
 )
 from fenced.core.errors import ConfigurationError
+from fenced.fence.sqlite_busy import retrying
 
 __all__ = ["Database"]
 
@@ -129,10 +130,10 @@ class Database:
             try:
                 if durable:
                     self._preallocate_wal(conn)
-                    return retrying(_run, conn, sql, params)
+                    return retrying(_run, conn, sql, params, timeout=BUSY_TIMEOUT)
                 conn.execute("PRAGMA synchronous=NORMAL")
                 try:
-                    return retrying(_run, conn, sql, params)
+                    return retrying(_run, conn, sql, params, timeout=BUSY_TIMEOUT)
                 finally:
                     conn.execute("PRAGMA synchronous=FULL")
             except sqlite3.Error as error:
@@ -154,7 +155,7 @@ class Database:
                 else:
                     conn.execute("PRAGMA synchronous=NORMAL")
                 try:
-                    retrying(conn.execute, "BEGIN IMMEDIATE")
+                    retrying(conn.execute, "BEGIN IMMEDIATE", timeout=BUSY_TIMEOUT)
                     try:
                         yield conn
                     except BaseException:
@@ -182,7 +183,9 @@ class Database:
         target = _WAL_HEADER + _WAL_FRAMES * (int(page_size) + _WAL_FRAME_HEADER)
         wal = f"{self.path}-wal"
         try:
-            retrying(conn.execute, "BEGIN IMMEDIATE")  # the WAL's write lock: nobody appends
+            retrying(
+                conn.execute, "BEGIN IMMEDIATE", timeout=BUSY_TIMEOUT
+            )  # the WAL's write lock: nobody appends
         except sqlite3.Error:
             return
         try:

@@ -18,18 +18,13 @@ from __future__ import annotations
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 from fenced.core.token import validate_coordinator_id
-
-T = TypeVar("T")
-_FIRST_PAUSE = 50e-6
-_MAX_PAUSE = 1e-3
+from fenced.fence.sqlite_busy import error_code, retrying
 
 __all__ = [
     "APPLICATION_ID",
@@ -39,9 +34,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Migration",
     "connect",
-    "is_busy",
     "open_database",
-    "retrying",
     "translate",
 ]
 
@@ -248,37 +241,6 @@ SCHEMA_VERSION = MIGRATIONS[-1].version
 _PERM, _BUSY, _LOCKED, _READONLY, _CORRUPT, _CANTOPEN, _AUTH, _NOTADB = 3, 5, 6, 8, 11, 14, 23, 26
 
 
-def is_busy(error: sqlite3.Error) -> bool:
-    """True for SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock; nothing done."""
-    return _code(error) in (_BUSY, _LOCKED)
-
-
-def retrying(step: Callable[..., T], *args: Any) -> T:
-    """Run ``step(*args)`` (which changes nothing when it fails with SQLITE_BUSY) until it gets
-    the write lock: short sleeps, doubling from 50 µs to 1 ms, for at most BUSY_TIMEOUT seconds;
-    then the last SQLITE_BUSY error propagates."""
-    try:
-        return step(*args)
-    except sqlite3.OperationalError as error:
-        if not is_busy(error):
-            raise
-    deadline = time.monotonic() + BUSY_TIMEOUT
-    pause = _FIRST_PAUSE
-    while True:
-        time.sleep(pause)
-        try:
-            return step(*args)
-        except sqlite3.OperationalError as error:
-            if not is_busy(error) or time.monotonic() >= deadline:
-                raise
-        pause = min(pause * 2, _MAX_PAUSE)
-
-
-def _code(error: sqlite3.Error) -> int:
-    code = getattr(error, "sqlite_errorcode", None)
-    return code & 0xFF if isinstance(code, int) else -1
-
-
 def translate(
     error: sqlite3.Error, path: Path, doing: str, *, committing: bool = False
 ) -> FencedError:
@@ -288,7 +250,7 @@ def translate(
     file → :class:`ConfigurationError`. Any other failure while committing a write →
     :class:`OutcomeUnknown` (the commit may have reached the disk); otherwise → ``Unavailable``.
     """
-    code = _code(error)
+    code = error_code(error)
     name = getattr(error, "sqlite_errorname", None) or type(error).__name__
     if code in (_BUSY, _LOCKED):
         return Unavailable(
@@ -325,7 +287,7 @@ def connect(path: Path) -> sqlite3.Connection:
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
         # Switching a new file to WAL needs its exclusive lock, and SQLite answers SQLITE_BUSY
         # at once, without its busy handler, while another process opens the same new file.
-        (mode,) = retrying(conn.execute, "PRAGMA journal_mode=WAL").fetchone()
+        (mode,) = retrying(conn.execute, "PRAGMA journal_mode=WAL", timeout=BUSY_TIMEOUT).fetchone()
         if str(mode).lower() != "wal":
             raise ConfigurationError(
                 f"{path}: SQLite refused WAL mode (journal_mode={mode}); fenced needs a local "
