@@ -29,6 +29,7 @@ from fenced.coordinator.client import Coordinator
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, LeaseLost, LossReason, Unavailable
 from fenced.core.records import RecordKind
+from simultaneous import run_together
 
 R = "jobs/nightly"
 OWNER_A = "a" * 32
@@ -732,11 +733,7 @@ def test_bad_record_bounds_are_configuration_errors(tmp_path: Path, kwargs: dict
 
 
 _OPENER = """
-import os, sys, time
 import fenced
-go = sys.argv[2]
-while not os.path.exists(go):
-    time.sleep(0.0005)
 coord = fenced.connect("sqlite://" + sys.argv[1])
 print(coord.coordinator_id)
 """
@@ -748,17 +745,6 @@ def test_processes_that_open_a_new_database_at_once_all_get_it(tmp_path: Path) -
     opener must wait its turn instead, and all must see the same coordinator id."""
     for attempt in range(4):
         db_path, go = tmp_path / f"new{attempt}.db", tmp_path / f"go{attempt}"
-        openers = [
-            subprocess.Popen(
-                [sys.executable, "-c", _OPENER, str(db_path), str(go)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(6)
-        ]
-        time.sleep(0.5)  # every opener is polling for the go file
-        go.touch()
-        outputs = [opener.communicate(timeout=60) for opener in openers]
-        assert [opener.returncode for opener in openers] == [0] * 6, [e for _, e in outputs]
-        assert len({out.strip() for out, _ in outputs}) == 1
+        results = run_together(_OPENER, [str(db_path)], 6, go)
+        assert [code for code, _, _ in results] == [0] * 6, [err for _, _, err in results]
+        assert len({out.strip() for _, out, _ in results}) == 1

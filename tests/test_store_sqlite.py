@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from fenced.testing.store_conformance import (
     sqlite_snapshot,
     token,
 )
+from simultaneous import run_together
 
 
 @pytest.fixture
@@ -427,13 +425,8 @@ def test_the_one_call_put_records_what_the_general_path_records(tmp_path: Path) 
 
 
 _OPENER = """
-import pathlib, sys, time
 import fenced
-go = pathlib.Path(sys.argv[2])
-while not go.exists():
-    time.sleep(0.0005)
-store = fenced.open_store("sqlite://" + sys.argv[1])
-store.close()
+fenced.open_store("sqlite://" + sys.argv[1]).close()
 """
 
 
@@ -443,21 +436,8 @@ def test_processes_opening_one_new_store_at_once_all_succeed(tmp_path: Path) -> 
     once there, without its busy handler), so every one of them opens it."""
     for attempt in range(6):
         path = tmp_path / f"new{attempt}.db"
-        go = tmp_path / f"go{attempt}"
-        openers = [
-            subprocess.Popen(
-                [sys.executable, "-c", _OPENER, str(path), str(go)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(6)
-        ]
-        time.sleep(0.5)  # all of them importing fenced, then polling for the start
-        go.touch()
-        for opener in openers:
-            _, stderr = opener.communicate(timeout=60)
-            assert opener.returncode == 0, stderr.strip().splitlines()[-1:]
+        results = run_together(_OPENER, [str(path)], 6, tmp_path / f"go{attempt}")
+        assert [code for code, _, _ in results] == [0] * 6, [err for _, _, err in results]
         store = open_store(f"sqlite://{path}")
         assert store.mode == "strict"
         store.close()
