@@ -10,12 +10,13 @@ import socket
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
 __all__ = [
     "RedisServer",
+    "fdatasync_loop",
     "fmt_rate",
     "fmt_ratio",
     "fmt_time",
@@ -26,6 +27,21 @@ __all__ = [
     "print_table",
     "verdict",
 ]
+
+
+def fdatasync_loop(directory: Path) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The durable-commit baseline: one cycle overwrites 4 KiB at offset 0 of a file in
+    ``directory`` and fdatasyncs it. Returns (cycle, close)."""
+    fd = os.open(directory / "sync.bin", os.O_RDWR | os.O_CREAT, 0o600)
+    block = b"\0" * 4096
+    os.pwrite(fd, block, 0)
+    os.fsync(fd)
+
+    def cycle() -> None:
+        os.pwrite(fd, block, 0)
+        os.fdatasync(fd)
+
+    return cycle, lambda: os.close(fd)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -21,7 +21,6 @@ assertion; the project's full benchmark is ``bench_coordinator.py``.
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import sqlite3
 import statistics
@@ -29,6 +28,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from _common import fdatasync_loop
 
 from fenced.coordinator.backend import Granted, GrantRequest
 from fenced.coordinator.backends.sqlite import SQLiteBackend
@@ -59,19 +60,6 @@ def raw_full_loop(directory: Path) -> tuple[Callable[[], None], Callable[[], Non
         conn.execute("COMMIT")
 
     return cycle, conn.close
-
-
-def fdatasync_loop(directory: Path) -> tuple[Callable[[], None], Callable[[], None]]:
-    fd = os.open(directory / "sync.bin", os.O_RDWR | os.O_CREAT, 0o600)
-    block = b"\0" * 4096
-    os.pwrite(fd, block, 0)
-    os.fsync(fd)
-
-    def cycle() -> None:
-        os.pwrite(fd, block, 0)
-        os.fdatasync(fd)
-
-    return cycle, lambda: os.close(fd)
 
 
 def rate(cycle: Callable[[], None], seconds: float) -> float:

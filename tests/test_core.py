@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from hypothesis import given
@@ -140,6 +141,16 @@ def test_policy_margin_defaults_to_a_tenth_and_must_stay_below_ttl() -> None:
             LeasePolicy.create(30, margin)
 
 
+def test_a_remembered_policy_never_lets_a_bad_setting_through() -> None:
+    # Policies are remembered by (type, value): after 1 and 1.0 were accepted, True (== 1,
+    # same hash) is still refused, and so is a NaN margin (never equal to itself).
+    assert LeasePolicy.create(1) == LeasePolicy.create(1.0) == LeasePolicy(1.0, 0.1)
+    assert LeasePolicy.create(1, 0.5) is LeasePolicy.create(1, 0.5)
+    for ttl, margin in ((True, None), (1, True), (1, math.nan), (1, 1), ("1", None)):
+        with pytest.raises(ConfigurationError):
+            LeasePolicy.create(ttl, margin)
+
+
 def test_tracker_held_uncertain_lost() -> None:
     tracker = LeaseTracker(deadline=10.0)
     assert tracker.state(0.0) is LeaseState.HELD
@@ -180,3 +191,20 @@ def test_error_tree() -> None:
     busy = Busy("r", "host:1", 7, 1.5)
     assert (busy.holder, busy.epoch, busy.remaining) == ("host:1", 7, 1.5)
     assert "fence" in str(NotInstalled("r", 43, 42))
+
+
+def test_the_default_holder_label_is_host_and_pid_and_a_forked_child_gets_its_own() -> None:
+    from fenced.coordinator.client import default_holder
+
+    label = default_holder()
+    assert label.endswith(f":{os.getpid()}") and default_holder() is label
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        os.write(writer, default_holder().encode())
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as pipe:
+        seen = pipe.read().decode()
+    os.waitpid(child, 0)
+    assert seen == f"{label.rsplit(':', 1)[0]}:{child}"

@@ -164,6 +164,32 @@ def test_a_version_1_database_migrates_to_record_election_values(
         assert grants == [{"after": "none", "value": "10.0.0.7:80"}, {"after": "released"}]
 
 
+def test_a_version_3_database_migrates_to_flag_the_watched_resources(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:3])
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", 3)
+    SQLiteBackend(db_path).close()
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("INSERT INTO resources (name, epoch) VALUES ('a/watched', 4), ('a/quiet', 2)")
+    raw.execute(
+        "INSERT INTO watchers (name, addr, netns, expires_at, boot_id) "
+        "VALUES ('a/watched', 'x', 'n', 0, 'b')"
+    )
+    raw.close()
+    monkeypatch.undo()
+    SQLiteBackend(db_path).close()
+    assert _watched(db_path) == {"a/watched": 1, "a/quiet": 0}
+
+
+def _watched(db_path: Path) -> dict[str, int]:
+    raw = sqlite3.connect(db_path)
+    try:
+        return dict(raw.execute("SELECT name, watched FROM resources").fetchall())
+    finally:
+        raw.close()
+
+
 def _one_line_configuration_error(path: Path) -> ConfigurationError:
     with pytest.raises(ConfigurationError) as caught:
         SQLiteBackend(path)
@@ -229,6 +255,60 @@ def test_the_wal_is_kept_allocated_and_its_zero_tail_survives_a_crash(db_path: P
     raw = sqlite3.connect(db_path)
     assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     raw.close()
+
+
+def test_a_grant_is_fsynced_before_it_returns_and_a_release_is_not(
+    db_path: Path, tmp_path: Path
+) -> None:
+    """The durability contract, watched at the system-call level with strace: each grant's WAL
+    frames are followed by an fdatasync of the WAL before try_grant returns; a release writes
+    its frame and returns without any fsync (the next grant's fsync covers it)."""
+    code = textwrap.dedent(
+        """
+        import os, sys
+        from fenced.coordinator.backend import GrantRequest
+        from fenced.coordinator.backends.sqlite import SQLiteBackend
+        backend = SQLiteBackend(sys.argv[1])
+        marks = os.open(os.devnull, os.O_WRONLY)
+        for i in range(5):
+            g = backend.try_grant(GrantRequest("jobs/nightly", 10.0, "c" * 32, "child"), None)
+            os.write(marks, b"MARK granted")
+            assert backend.release("jobs/nightly", g.epoch, "c" * 32)
+            os.write(marks, b"MARK released")
+        """
+    )
+    db_path.parent.mkdir(parents=True)
+    SQLiteBackend(db_path).close()  # created (and its WAL allocated) before the trace
+    trace = tmp_path / "trace"
+    subprocess.run(
+        ["strace", "-f", "-o", str(trace), "-e", "trace=openat,pwrite64,fdatasync,fsync,write",
+         sys.executable, "-c", code, str(db_path)],
+        check=True, timeout=120,
+    )  # fmt: skip
+    wal_fds: set[str] = set()
+    steps: list[str] = []  # "w" WAL write, "s" WAL sync, "S" other sync, "G"/"R" marks
+    for line in trace.read_text().splitlines():
+        call = line.split(None, 1)[1] if " " in line else line
+        if call.startswith("openat(") and f'{db_path}-wal"' in call and "= " in call:
+            wal_fds.add(call.rsplit("= ", 1)[1].split()[0])
+        elif call.startswith("pwrite64("):
+            if call[len("pwrite64(") :].split(",", 1)[0] in wal_fds:
+                steps.append("w")
+        elif call.startswith(("fdatasync(", "fsync(")):
+            fd = call.split("(", 1)[1].split(")", 1)[0]
+            steps.append("s" if fd in wal_fds else "S")
+        elif call.startswith("write(") and "MARK granted" in call:
+            steps.append("G")
+        elif call.startswith("write(") and "MARK released" in call:
+            steps.append("R")
+    history = "".join(steps)
+    assert history.count("G") == 5 and history.count("R") == 5, history
+    grants = [part.split("R")[-1] for part in history.split("G")[:-1]]  # what led to each mark
+    for grant in grants:
+        assert "w" in grant and grant.endswith("s"), history  # the WAL synced after its frames
+    releases = [part.split("G")[-1] for part in history.split("R")[:-1]]
+    for release in releases:
+        assert "w" in release and "s" not in release and "S" not in release, history
 
 
 def test_a_write_lock_held_past_the_busy_timeout_is_unavailable(
@@ -696,6 +776,66 @@ def test_an_unnoticed_expiry_is_recorded_before_the_next_grant(
     ]
     assert backend.records(R)[-1].detail == {"after": "expired"}
     assert all(OWNER_A not in json.dumps(r.to_json()) for r in backend.records(None))
+
+
+def test_watchers_are_woken_by_every_change_and_their_flag_follows_them(
+    db_path: Path, backend: SQLiteBackend
+) -> None:
+    """A watcher is woken by the first grant of a resource (the row is created flagged), by a
+    release and by a later grant (both read the flag); the last watcher to leave clears it, and
+    a flag left set without watchers is cleared by the next change."""
+    seen: list[int] = []
+
+    def watching(after: int) -> threading.Thread:
+        def run() -> None:
+            backend.watch(R, after, timeout=10)
+            seen.append(after)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        poll(lambda: _watchers(db_path) == 1, 5, "the watcher's row")
+        return thread
+
+    def woken_by(change: Callable[[], object], after: int) -> None:
+        thread = watching(after)
+        started = time.monotonic()
+        change()
+        thread.join(10)
+        assert seen[-1] == after and time.monotonic() - started < 5  # not the 10 s timeout
+        poll(lambda: _watchers(db_path) == 0, 5, "the watcher to leave")
+
+    first = granted(backend.try_grant(request(), None))  # the first grant: an insert
+    woken_by(lambda: backend.release(R, first.epoch, OWNER_A), backend.records(R)[-1].seq)
+    other = "jobs/other"  # watched before its first grant: the new row is flagged
+    thread = threading.Thread(target=lambda: backend.watch(other, 0, timeout=10))
+    thread.start()
+    poll(lambda: _watchers(db_path) == 1, 5, "the watcher's row")
+    started = time.monotonic()
+    granted(backend.try_grant(GrantRequest(other, 10.0, OWNER_B, "b"), None))
+    thread.join(10)
+    assert time.monotonic() - started < 5
+    poll(lambda: _watchers(db_path) == 0, 5, "the watcher to leave")
+    last = backend.records(R)[-1].seq
+    second = granted(backend.try_grant(request(), None))  # a plain UPDATE of a known row
+    woken_by(lambda: backend.release(R, second.epoch, OWNER_A), backend.records(R)[-1].seq)
+    woken_by(lambda: backend.try_grant(request(), None), backend.records(R)[-1].seq)
+    assert last < backend.records(R)[-1].seq
+    assert _watched(db_path) == {R: 0, other: 0}  # each last watcher cleared its flag
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("UPDATE resources SET watched = 1")  # as if a watcher had been purged
+    raw.close()
+    assert backend.current(R) is not None
+    third = backend.current(R)
+    assert third is not None and backend.release(R, third.epoch, OWNER_A)
+    assert _watched(db_path)[R] == 0  # the release found nobody and cleared it
+
+
+def _watchers(db_path: Path) -> int:
+    raw = sqlite3.connect(db_path)
+    try:
+        return int(raw.execute("SELECT count(*) FROM watchers").fetchone()[0])
+    finally:
+        raw.close()
 
 
 def test_close_leaves_the_queue(db_path: Path) -> None:

@@ -32,7 +32,7 @@ from fenced.core.lease import Lease, LeaseInfo
 from fenced.core.names import validate_resource
 from fenced.core.policy import LeasePolicy, validate_holder, validate_wait
 from fenced.core.records import Record, RecordKind
-from fenced.core.token import FencingToken
+from fenced.core.token import FencingToken, validate_coordinator_id
 from fenced.election.campaign import Campaign, validate_value
 from fenced.election.observe import LeaderInfo, Observer
 from fenced.runtime.hold import Fenceable, Hold
@@ -45,17 +45,24 @@ log = logging.getLogger("fenced.coordinator")
 _MAX_REQUEST_ID = 200
 
 
-_holder: tuple[int, str] | None = None  # (pid, label) of this process
+_holder: str | None = None  # the default label of this process, validated
+
+
+def _forget_holder() -> None:
+    global _holder  # noqa: PLW0603 - a per-process memo
+    _holder = None
+
+
+os.register_at_fork(after_in_child=_forget_holder)  # a forked child gets its own pid
 
 
 def default_holder() -> str:
     """The default holder label: ``host:pid`` (the host name as it was at this process's first
-    call; a forked child gets its own pid)."""
+    call; a forked child gets its own pid). Computed and validated once per process."""
     global _holder  # noqa: PLW0603 - a per-process memo
-    pid = os.getpid()
-    if _holder is None or _holder[0] != pid:
-        _holder = (pid, f"{socket.gethostname()}:{pid}")
-    return _holder[1]
+    if _holder is None:
+        _holder = validate_holder(f"{socket.gethostname()}:{os.getpid()}")
+    return _holder
 
 
 def _validate_request_id(request_id: object) -> str | None:
@@ -79,6 +86,7 @@ class Coordinator:
     """
 
     def __init__(self, backend: CoordinatorBackend, *, clock: Clock | None = None) -> None:
+        validate_coordinator_id(backend.coordinator_id)  # once: tokens are built unchecked
         self._backend = backend
         self._clock: Clock = clock or SystemClock()
 
@@ -134,7 +142,7 @@ class Coordinator:
         name = validate_resource(resource)
         policy = LeasePolicy.create(ttl, safety_margin)
         patience = validate_wait(wait)
-        label = validate_holder(holder if holder is not None else default_holder())
+        label = default_holder() if holder is None else validate_holder(holder)
         rid = _validate_request_id(request_id)
         advertised = None if value is None else validate_value(value)
         if rid is not None:
@@ -171,7 +179,8 @@ class Coordinator:
     ) -> Lease:
         lifetime = min(granted.ttl, granted.expires_in)
         return Lease(
-            token=FencingToken(self.coordinator_id, request.resource, granted.epoch),
+            # the coordinator id was checked at connect and the name by acquire
+            token=FencingToken._of_checked(self.coordinator_id, request.resource, granted.epoch),
             owner=granted.owner,
             holder=granted.holder,
             ttl=granted.ttl,

@@ -73,7 +73,24 @@ class LeasePolicy:
 
     @classmethod
     def create(cls, ttl: object, safety_margin: object = None) -> LeasePolicy:
-        """Validate and build; the default margin is 10 % of ``ttl``."""
+        """Validate and build; the default margin is 10 % of ``ttl``.
+
+        Policies of plain ``int``/``float`` settings are remembered (a process uses a handful):
+        the key holds the exact types, so ``True`` never passes for ``1``.
+        """
+        key = (type(ttl), ttl, type(safety_margin), safety_margin)
+        known = _POLICIES.get(key) if key[0] in _PLAIN and key[2] in _PLAIN else None
+        if known is not None:
+            return known
+        policy = cls._validated(ttl, safety_margin)
+        if key[0] in _PLAIN and key[2] in _PLAIN:
+            if len(_POLICIES) >= _POLICIES_MAX:
+                _POLICIES.clear()
+            _POLICIES[key] = policy
+        return policy
+
+    @classmethod
+    def _validated(cls, ttl: object, safety_margin: object) -> LeasePolicy:
         value = validate_ttl(ttl)
         if safety_margin is None:
             margin = value * DEFAULT_MARGIN_FRACTION
@@ -95,3 +112,8 @@ class LeasePolicy:
     def deadline(self, sent_at: float) -> float:
         """Local deadline for a request sent at monotonic time ``sent_at``."""
         return sent_at + self.ttl - self.safety_margin
+
+
+_PLAIN = (int, float, type(None))
+_POLICIES: dict[tuple[object, ...], LeasePolicy] = {}
+_POLICIES_MAX = 256

@@ -62,6 +62,16 @@ class FencingToken:
         validate_resource(self.resource)
         validate_epoch(self.epoch)
 
+    @classmethod
+    def _of_checked(cls, coordinator_id: str, resource: str, epoch: object) -> FencingToken:
+        """A token whose coordinator id and resource the caller has already validated (a
+        coordinator's own grant): only the epoch is checked. Internal: not for outside values."""
+        token = object.__new__(cls)
+        object.__setattr__(token, "coordinator_id", coordinator_id)
+        object.__setattr__(token, "resource", resource)
+        object.__setattr__(token, "epoch", validate_epoch(epoch))
+        return token
+
     def __str__(self) -> str:
         return f"{TOKEN_PREFIX}:{self.coordinator_id}:{self.epoch}:{self.resource}"
 

@@ -31,6 +31,7 @@ __all__ = [
     "BUSY_TIMEOUT",
     "MIGRATIONS",
     "PAGE_SIZE",
+    "RECOMPUTE_WATCHED",
     "SCHEMA_VERSION",
     "Migration",
     "connect",
@@ -54,6 +55,12 @@ class Migration:
     summary: str
     statements: tuple[str, ...]
 
+
+RECOMPUTE_WATCHED = (
+    "UPDATE resources SET watched = "
+    "EXISTS (SELECT 1 FROM watchers AS w WHERE w.name = resources.name)"
+)
+"""Set every resource's ``watched`` flag from the watchers table (see the backend module)."""
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -230,6 +237,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             # (the only way such a commit can be lost) grants above ``reserved``.
             "ALTER TABLE resources ADD COLUMN reserved INTEGER NOT NULL DEFAULT 0",
             "ALTER TABLE resources ADD COLUMN reserved_boot TEXT",
+        ),
+    ),
+    Migration(
+        4,
+        "a flag on each resource says whether it has watchers, so that a grant and a release "
+        "read a column instead of searching the watchers table",
+        (
+            "ALTER TABLE resources ADD COLUMN watched INTEGER NOT NULL DEFAULT 0",
+            RECOMPUTE_WATCHED,
         ),
     ),
 )
