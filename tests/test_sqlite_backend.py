@@ -481,7 +481,18 @@ def test_hand_offs_use_epochs_reserved_durably_while_waiters_wait(
     backend: SQLiteBackend, clock: ManualClock, db_path: Path
 ) -> None:
     held = granted(backend.try_grant(request(), None))
+    statements: list[str] = []
+    conn = backend._db._conn
+    assert conn is not None
+    conn.set_trace_callback(statements.append)
     waiter = backend.enqueue(request(OWNER_B))  # reserves the queue's epochs (fsynced)
+    conn.set_trace_callback(None)
+    # Durable before visible: the reservation commits at synchronous=FULL (SQLite fsyncs the
+    # WAL before it publishes the commit), since others hand out tokens on its strength.
+    steps = [" ".join(x.split())[:40] for x in statements]
+    reserve = next(i for i, x in enumerate(steps) if x.startswith("UPDATE resources SET reserved"))
+    assert steps[reserve - 2 : reserve] == ["PRAGMA synchronous=FULL", "BEGIN IMMEDIATE"], steps
+    assert steps[reserve + 1 : reserve + 3] == ["COMMIT", "PRAGMA synchronous=NORMAL"], steps
     epoch, reserved, boot = _reservation(db_path)
     assert (epoch, boot) == (held.epoch, clock.boot_id()) and reserved > held.epoch + 1
     blocked(backend.try_grant(request(OWNER_B), waiter))  # (this process met a waiter)

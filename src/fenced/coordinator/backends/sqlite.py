@@ -27,8 +27,8 @@ Guarantees
   once (it survives the death of any process) and the disk with the next durable step. Only an
   OS crash or power cut can lose them, and that changes the boot id, which expires every lease of
   the old boot anyway: after the reboot a lost release or renewal changes nothing; without a
-  reboot nothing is lost. (A release
-  that hands the lease over is a grant too: see the reservations above.)
+  reboot nothing is lost. (A release that hands the lease over is a grant too: see the
+  reservations above.)
 - **First come, first served, woken by notification.** A waiter takes a :class:`SQLiteTicket`:
   a row in ``waiters`` (its id is its place in line, and it carries the waiter's request: owner
   secret, holder, ttl, value) and an abstract Unix datagram socket (:mod:`.notify`).
@@ -108,11 +108,11 @@ grant) and the release (autocommit, no fsync: one frame). A process that granted
 before grants it again with a plain ``UPDATE`` (:data:`_GRANT_KNOWN`, ~5 µs less than the
 upsert), and both statements read the ``watched`` flag instead of searching the watchers table
 (:data:`_WATCHED_ON`). A handoff is one transaction of the releaser (no fsync, within the
-reserved epochs) and a datagram. A caller that is
-probably not first in line (woken by its timer rather than by a datagram, or a newcomer where
-this process recently saw waiters) reads before it writes, so that blocked callers do not take
-the write lock the head needs. Waiting for the write lock retries with sleeps of 50 µs to 1 ms
-(:mod:`.sqlite_db`), not with SQLite's busy handler, which sleeps 1-100 ms.
+reserved epochs) and a datagram. A caller that is probably not first in line (woken by its timer
+rather than by a datagram, or a newcomer where this process recently saw waiters) reads before it
+writes, so that blocked callers do not take the write lock the head needs. Waiting for the write
+lock retries with sleeps of 50 µs to 1 ms (:mod:`.sqlite_db`), not with SQLite's busy handler,
+which sleeps 1-100 ms.
 
 Failure behaviour: another process holding the write lock longer than the busy timeout →
 :class:`~fenced.Unavailable`; a write whose commit may or may not have happened →
@@ -191,17 +191,19 @@ _LOST_RESERVATION = "iif(resources.reserved_boot IS NOT :boot, resources.reserve
 _LIVE_WAITER = "boot_id = :boot AND expires_at > :now"
 _MINIMUM = "(SELECT epoch FROM minimum_epoch WHERE id = 1)"
 
-# Grant if no live lease and no live waiter ahead of :ticket (0: no ticket, behind everyone).
-# The record_first_grant / record_grant triggers write the records. A new row starts with its
-# ``watched`` flag (see _WATCHED_ON); the statements that change a lease return the flag.
+# No live waiter ahead of :ticket (0: no ticket, behind everyone).
+_NONE_AHEAD = f"""NOT EXISTS (
+    SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
+        (SELECT id FROM waiters WHERE id = :ticket AND name = :name), {_NO_TICKET}))"""
+# Grant if no live lease and nobody ahead. The record_first_grant / record_grant triggers write
+# the records. A new row starts with its ``watched`` flag (see _WATCHED_ON); the statements that
+# change a lease return the flag.
 _GRANT = f"""
 INSERT INTO resources (name, epoch, owner, holder, ttl, expires_at, boot_id, value, granted_at,
                        ended, ended_at, end_recorded, watched)
 SELECT :name, {_MINIMUM} + 1, :owner, :holder, :ttl, :now + :ttl, :boot, :value, :wall,
        NULL, NULL, 1, EXISTS (SELECT 1 FROM watchers WHERE name = :name)
-WHERE NOT EXISTS (
-    SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
-        (SELECT id FROM waiters WHERE id = :ticket AND name = :name), {_NO_TICKET}))
+WHERE {_NONE_AHEAD}
 ON CONFLICT (name) DO UPDATE SET
     epoch = max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1, owner = excluded.owner,
     holder = excluded.holder,
@@ -222,9 +224,7 @@ UPDATE resources SET
     ttl = :ttl, expires_at = :now + :ttl, boot_id = :boot, value = :value, granted_at = :wall,
     ended = NULL, ended_at = NULL, end_recorded = 1
 WHERE name = :name AND NOT (owner IS NOT NULL AND boot_id = :boot AND expires_at > :now)
-    AND NOT EXISTS (
-        SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
-            (SELECT id FROM waiters WHERE id = :ticket AND name = :name), {_NO_TICKET}))
+    AND {_NONE_AHEAD}
 RETURNING epoch, watched
 """
 
@@ -792,7 +792,9 @@ class SQLiteBackend:
     def _reserve(self, resource: str) -> None:
         """Make sure that the epochs of ``resource``'s queue are reserved durably (for
         :data:`_RESERVE_AHEAD` more hand-offs), so that releases hand over without fsync. Called
-        by a waiter after it queued (it waits anyway). Best effort."""
+        by a waiter after it queued (it waits anyway). Best effort. The reservation is durable
+        before any other process can see it: a release that sees it hands out a token without
+        an fsync of its own."""
         doing = f"reserving epochs of {resource}"
         _, params = self._params(name=resource, ahead=_RESERVE_AHEAD)
         with suppress(FencedError):

@@ -10,20 +10,28 @@ and with every ``sqlite3`` error translated into a fenced error (``raise … fro
 
 Durability: the connection runs at ``synchronous=NORMAL``, so a commit is written to the OS at
 once (it survives the death of any process; only an OS crash or power cut can lose it) but not
-fsynced. A ``durable=True`` step then ``fdatasync``-s the WAL before it returns, which makes its
-commit, and every earlier one, durable: what ``synchronous=FULL`` does inside the commit, done
-right after it. Why not FULL: SQLite refuses to change ``synchronous`` inside a transaction, so a
-connection at FULL had to run two ``PRAGMA synchronous`` statements around every non-durable step
-(the first of them right after an fsync, with cold caches); without them the uncontended
-acquire+release cycle measured +5-6 % (same syscalls, same single fsync per cycle).
+fsynced. Durable steps come in two kinds:
 
-The one difference from FULL: the commit is visible to other connections a few microseconds
-before it is durable. Nothing acts on it in between in a way that could outlive a power cut
-without it: the caller has not returned yet (no token was handed out), and any durable step of
-any process fsyncs the same WAL, which holds this commit too (a checkpoint fsyncs the WAL before
-it copies it, and the database file before the WAL is written from the start again, at NORMAL as
-at FULL). If the fsync fails, the step raises :class:`~fenced.OutcomeUnknown` (the commit is
-visible but may not survive a power cut); the next durable step fsyncs the whole WAL again.
+- :meth:`Database.write` with ``durable=True`` (the uncontended grant: one autocommit statement
+  whose result only its caller receives) ``fdatasync``-s the WAL right after the commit, before
+  it returns: what ``synchronous=FULL`` does inside the commit, done just after it. Why: SQLite
+  refuses to change ``synchronous`` inside a transaction, so a connection at FULL had to run two
+  ``PRAGMA synchronous`` statements around every non-durable step (the first of them right after
+  an fsync, with cold caches); without them the uncontended acquire+release cycle measured
+  +5-6 % (same syscalls, one fsync per cycle). The commit is then visible to other connections a
+  few microseconds before it is durable. Nothing can act on it in between in a way that outlives
+  a power cut without it: only the caller gets the token, after the fsync; a release of that
+  lease (the only way to hand it on) comes after that; and any durable step of any process
+  fsyncs the same WAL, which holds this commit too (a checkpoint fsyncs the WAL before it copies
+  it, and the database file before the WAL is written from the start again). A reader may see
+  the grant in that window (``current()``, an observer); if the power fails before the fsync,
+  the grant is gone and its epoch may be granted after the reboot, to one caller only: the first
+  never received it. If the fsync fails the step raises :class:`~fenced.OutcomeUnknown` (the
+  commit is visible but may not survive a power cut); the next durable step fsyncs the WAL again.
+- :meth:`Database.transaction` with ``durable=True`` (grants to a waiter, epoch reservations on
+  whose strength others hand out tokens without an fsync, restores) runs at ``synchronous=FULL``
+  for that transaction: SQLite fsyncs the WAL before it publishes the commit, so nobody sees it
+  before it is durable. These are off the uncontended path.
 
 The WAL is opened once per connection and the file descriptor kept: it is the file SQLite writes
 to as long as this connection is open (SQLite deletes or replaces the WAL only when the last
@@ -141,6 +149,9 @@ class Database:
         """Run one data-changing statement as its own transaction; return its RETURNING rows.
 
         All rows are fetched, so the statement completes and commits before this returns.
+        ``durable``: the WAL is fdatasync-ed after the commit, before this returns; the commit
+        may be seen by others just before (see the module doc: for a step whose result only
+        the caller receives).
         """
         self._check_fork()
         with self._lock:
@@ -159,6 +170,9 @@ class Database:
     def transaction(self, doing: str, *, durable: bool) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` under the lock; yields the connection.
 
+        ``durable``: the commit is durable before any other connection can see it
+        (``synchronous=FULL`` for this transaction; see the module doc).
+
         A driver error before the commit rolls back (Unavailable / ConfigurationError); a failed
         commit is OutcomeUnknown. Any exception raised by the body rolls back and propagates.
         """
@@ -168,21 +182,24 @@ class Database:
             try:
                 if durable:
                     self._preallocate_wal(conn)
-                retrying(conn.execute, "BEGIN IMMEDIATE", timeout=BUSY_TIMEOUT)
+                    conn.execute("PRAGMA synchronous=FULL")
                 try:
-                    yield conn
-                except BaseException:
-                    _rollback_quietly(conn)
-                    raise
-                try:
-                    conn.execute("COMMIT")
-                except sqlite3.Error as error:
-                    _rollback_quietly(conn)
-                    raise translate(error, self.path, doing, committing=True) from error
+                    retrying(conn.execute, "BEGIN IMMEDIATE", timeout=BUSY_TIMEOUT)
+                    try:
+                        yield conn
+                    except BaseException:
+                        _rollback_quietly(conn)
+                        raise
+                    try:
+                        conn.execute("COMMIT")
+                    except sqlite3.Error as error:
+                        _rollback_quietly(conn)
+                        raise translate(error, self.path, doing, committing=True) from error
+                finally:
+                    if durable:
+                        conn.execute("PRAGMA synchronous=NORMAL")
             except sqlite3.Error as error:
                 raise translate(error, self.path, doing) from error
-            if durable:
-                self._sync_wal(doing)
 
     def _sync_wal(self, doing: str) -> None:
         """``fdatasync`` the WAL after a commit (call with the lock held): that commit, and every
