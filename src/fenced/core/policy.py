@@ -78,12 +78,12 @@ class LeasePolicy:
         Policies of plain ``int``/``float`` settings are remembered (a process uses a handful):
         the key holds the exact types, so ``True`` never passes for ``1``.
         """
+        if type(ttl) not in _PLAIN or type(safety_margin) not in _PLAIN:
+            return cls._validated(ttl, safety_margin)
         key = (type(ttl), ttl, type(safety_margin), safety_margin)
-        known = _POLICIES.get(key) if key[0] in _PLAIN and key[2] in _PLAIN else None
-        if known is not None:
-            return known
-        policy = cls._validated(ttl, safety_margin)
-        if key[0] in _PLAIN and key[2] in _PLAIN:
+        policy = _POLICIES.get(key)
+        if policy is None:
+            policy = cls._validated(ttl, safety_margin)
             if len(_POLICIES) >= _POLICIES_MAX:
                 _POLICIES.clear()
             _POLICIES[key] = policy

@@ -195,6 +195,16 @@ _MINIMUM = "(SELECT epoch FROM minimum_epoch WHERE id = 1)"
 _NONE_AHEAD = f"""NOT EXISTS (
     SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
         (SELECT id FROM waiters WHERE id = :ticket AND name = :name), {_NO_TICKET}))"""
+# What a grant writes into the resource's row (both grant statements): the next epoch and the
+# caller's lease.
+_TAKE = f"""epoch = max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1, owner = :owner,
+    holder = :holder,
+    ttl = :ttl, expires_at = :now + :ttl, boot_id = :boot, value = :value, granted_at = :wall,
+    ended = NULL, ended_at = NULL, end_recorded = 1"""
+_FREE = (
+    "NOT (resources.owner IS NOT NULL AND resources.boot_id = :boot "
+    "AND resources.expires_at > :now)"
+)
 # Grant if no live lease and nobody ahead. The record_first_grant / record_grant triggers write
 # the records. A new row starts with its ``watched`` flag (see _WATCHED_ON); the statements that
 # change a lease return the flag.
@@ -204,27 +214,16 @@ INSERT INTO resources (name, epoch, owner, holder, ttl, expires_at, boot_id, val
 SELECT :name, {_MINIMUM} + 1, :owner, :holder, :ttl, :now + :ttl, :boot, :value, :wall,
        NULL, NULL, 1, EXISTS (SELECT 1 FROM watchers WHERE name = :name)
 WHERE {_NONE_AHEAD}
-ON CONFLICT (name) DO UPDATE SET
-    epoch = max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1, owner = excluded.owner,
-    holder = excluded.holder,
-    ttl = excluded.ttl, expires_at = excluded.expires_at, boot_id = excluded.boot_id,
-    value = excluded.value, granted_at = excluded.granted_at, ended = NULL, ended_at = NULL,
-    end_recorded = 1
-WHERE NOT (resources.owner IS NOT NULL AND resources.boot_id = :boot
-           AND resources.expires_at > :now)
+ON CONFLICT (name) DO UPDATE SET {_TAKE}
+WHERE {_FREE}
 RETURNING epoch, watched
 """
 # The same grant of a resource whose row exists (every grant but its first): a plain UPDATE
 # costs ~5 µs less than the upsert (no insert attempt, one b-tree seek). No row → no grant, and
 # the caller falls back to _GRANT.
 _GRANT_KNOWN = f"""
-UPDATE resources SET
-    epoch = max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1, owner = :owner,
-    holder = :holder,
-    ttl = :ttl, expires_at = :now + :ttl, boot_id = :boot, value = :value, granted_at = :wall,
-    ended = NULL, ended_at = NULL, end_recorded = 1
-WHERE name = :name AND NOT (owner IS NOT NULL AND boot_id = :boot AND expires_at > :now)
-    AND {_NONE_AHEAD}
+UPDATE resources SET {_TAKE}
+WHERE name = :name AND {_FREE} AND {_NONE_AHEAD}
 RETURNING epoch, watched
 """
 

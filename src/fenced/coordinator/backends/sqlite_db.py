@@ -205,14 +205,18 @@ class Database:
         """``fdatasync`` the WAL after a commit (call with the lock held): that commit, and every
         one before it, is durable when this returns. OutcomeUnknown if the fsync fails."""
         try:
-            if self._wal_fd is None:
-                self._wal_fd = os.open(f"{self.path}-wal", os.O_WRONLY | os.O_CLOEXEC)
-            os.fdatasync(self._wal_fd)
+            os.fdatasync(self._wal())
         except OSError as error:
             raise OutcomeUnknown(
                 f"{doing}: the commit to {self.path} was written but its fsync failed "
                 f"({error.strerror or error}); it may not survive a power cut"
             ) from error
+
+    def _wal(self) -> int:
+        """This connection's WAL, opened once (call with the lock held; OSError if it cannot)."""
+        if self._wal_fd is None:
+            self._wal_fd = os.open(f"{self.path}-wal", os.O_WRONLY | os.O_CLOEXEC)
+        return self._wal_fd
 
     def _close_wal(self) -> None:
         fd, self._wal_fd = self._wal_fd, None
@@ -236,12 +240,11 @@ class Database:
         except sqlite3.Error:
             return
         try:
-            if self._wal_fd is None:  # kept for _sync_wal
-                self._wal_fd = os.open(f"{self.path}-wal", os.O_WRONLY | os.O_CLOEXEC)
-            size = os.fstat(self._wal_fd).st_size
+            wal = self._wal()
+            size = os.fstat(wal).st_size
             if size < target:
-                os.pwrite(self._wal_fd, bytes(target - size), size)
-                os.fdatasync(self._wal_fd)
+                os.pwrite(wal, bytes(target - size), size)
+                os.fdatasync(wal)
         except OSError:
             pass
         finally:
