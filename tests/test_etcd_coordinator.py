@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 import fenced
+import fenced.coordinator.backends.etcd as etcd_module
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends.etcd import EtcdBackend, EtcdTicket, parse_etcd_url
 from fenced.coordinator.backends.etcd_client import (
@@ -919,7 +920,7 @@ def _queued(cluster: EtcdCluster, prefix: str) -> int:
 def _records(cluster: EtcdCluster, prefix: str) -> list[tuple[int, Any]]:
     """``(revision that wrote it, record)`` of every record under ``prefix``, in order."""
     raw = _raw(cluster)
-    start = f"{prefix}/rec/".encode()
+    start = f"{prefix}/log/".encode()
     try:
         reply = raw.call(
             "kv/range", {"key": b64(start), "range_end": b64(start[:-1] + b"0")}, mutating=False
@@ -927,7 +928,8 @@ def _records(cluster: EtcdCluster, prefix: str) -> list[tuple[int, Any]]:
     finally:
         raw.close()
     found = [KV.from_json(kv) for kv in reply.get("kvs", [])]
-    return [(kv.create_revision, record_from(kv.value)) for kv in found]
+    records = [(kv.create_revision, record_from(kv.value, kv.create_revision)) for kv in found]
+    return sorted(records, key=lambda item: item[1].seq)
 
 
 def _handoffs(records: list[tuple[int, Any]]) -> list[tuple[Any, Any]]:
@@ -1164,3 +1166,112 @@ def test_epochs_stay_unique_while_8_processes_contend_and_hand_over(
     granted = [r.epoch for _, r in records if r.kind is RecordKind.GRANTED]
     assert granted == sorted(set(granted))
     assert len(_handoffs(records)) > len(held) // 2, "releases did not hand over"
+
+
+# -- records: numbered per resource, ordered by etcd revision -------------------------------------
+
+
+def test_changes_of_different_resources_never_conflict(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    """No key is written by every change: while another client changes other resources, a
+    client's grant and release of its own resource each succeed at the first transaction."""
+    url = etcd_cluster.url(prefix=_prefix())
+    mine, other = opened(url), opened(url)
+    mine.release(mine.acquire("a", ttl=5, wait=0))  # caches the state of "a"
+    for _ in range(3):
+        other.release(other.acquire("b", ttl=5, wait=0))
+    requests = _count_requests(_etcd(mine))
+    lease = mine.acquire("a", ttl=5, wait=0)
+    assert mine.release(lease)
+    assert [path for _, path in requests if path == "kv/txn"] == ["kv/txn", "kv/txn"]
+    kinds = [(r.resource, r.kind, r.epoch) for r in mine.history()]
+    GRANTED, RELEASED = RecordKind.GRANTED, RecordKind.RELEASED
+    assert kinds == [
+        ("a", GRANTED, 1),
+        ("a", RELEASED, 1),
+        *[
+            ("b", kind, epoch)
+            for epoch in (1, 2, 3)
+            for kind in (RecordKind.GRANTED, RecordKind.RELEASED)
+        ],
+        ("a", GRANTED, 2),
+        ("a", RELEASED, 2),
+    ]
+
+
+def test_records_are_read_in_pages_that_end_inside_a_transaction(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One advance transaction records the restore of several resources (one etcd revision);
+    pages of 3 records split it, and every suffix of the history is still read whole."""
+    coord = opened(etcd_cluster.url(prefix=_prefix()))
+    for name in ("a", "b", "c", "d", "e"):
+        coord.release(coord.acquire(name, ttl=5, wait=0))
+    coord.backend.advance(1000, {}, {"reason": "advance"})
+    whole = coord.history()
+    assert [r.kind for r in whole].count(RecordKind.RESTORED) == 5
+    assert len({r.seq // 128 for r in whole if r.kind is RecordKind.RESTORED}) == 1
+    seqs = [r.seq for r in whole]
+    assert seqs == sorted(set(seqs))
+    monkeypatch.setattr(etcd_module, "_PAGE", 3)
+    assert coord.history() == whole
+    for index, record in enumerate(whole):
+        assert coord.history(after=record.seq) == whole[index + 1 :]
+    assert coord.history("c") == [r for r in whole if r.resource == "c"]
+
+
+def test_each_resource_keeps_its_newest_records(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(etcd_module, "RECORDS_KEPT", 4)
+    monkeypatch.setattr(etcd_module, "_PRUNE_EVERY", 2)
+    coord = opened(etcd_cluster.url(prefix=_prefix()))
+    coord.release(coord.acquire("b", ttl=5, wait=0))
+    for _ in range(5):
+        coord.release(coord.acquire("a", ttl=5, wait=0))
+    kept = [(r.kind, r.epoch) for r in coord.history("a")]
+    assert kept == [
+        (RecordKind.GRANTED, 4),
+        (RecordKind.RELEASED, 4),
+        (RecordKind.GRANTED, 5),
+        (RecordKind.RELEASED, 5),
+    ]
+    assert [(r.kind, r.epoch) for r in coord.history("b")] == [
+        (RecordKind.GRANTED, 1),
+        (RecordKind.RELEASED, 1),
+    ]
+
+
+def test_a_restore_recorded_after_a_grant_keeps_that_grant(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An advance records most resources after its own transaction; a resource granted in
+    between keeps that grant's state, so its next epoch is still new."""
+    url = etcd_cluster.url(prefix=_prefix())
+    coord, other = opened(url), opened(url)
+    for name in ("a", "b"):
+        coord.release(coord.acquire(name, ttl=5, wait=0))
+    monkeypatch.setattr(etcd_module, "_RESTORE_CHUNK", 1)  # "b" is recorded after the advance
+    leases = []
+    record_restored = EtcdBackend._record_restored
+
+    def grant_first(self: EtcdBackend, *args: Any) -> None:
+        leases.append(other.acquire("b", ttl=5, wait=0))
+        record_restored(self, *args)
+
+    monkeypatch.setattr(EtcdBackend, "_record_restored", grant_first)
+    minimum = coord.backend.advance(100, {}, {"reason": "advance"})
+    assert minimum == 100 and leases[0].epoch == 101
+    current = coord.current("b")
+    assert current is not None and current.epoch == 101
+    assert other.release(leases[0])
+    again = coord.acquire("b", ttl=5, wait=0)
+    assert again.epoch == 102
+    grants = [r for r in coord.history("b") if r.kind is RecordKind.GRANTED]
+    assert [(r.epoch, r.detail["after"]) for r in grants] == [
+        (1, "none"),
+        (101, "released"),
+        (102, "released"),
+    ]
+    assert RecordKind.RESTORED in [r.kind for r in coord.history("b")]

@@ -45,10 +45,13 @@ Guarantees
   hands it on; a head that died or was stopped keeps it until its etcd lease expires, at most
   TTL (+0.5 s) after its process last kept it alive, like a holder that dies.
 - **Records in the same transaction** as the change they describe (grant, release, proclaim,
-  restore, a detected expiry), under ``P/rec/SEQ`` with the counter ``P/meta/seq`` compared and
-  raised in that transaction. An expiry is noticed by the next grant, :meth:`records` or
-  :meth:`watch` of the resource and dated when it was noticed (etcd does not say when a lease
-  expired). The oldest records are pruned beyond :data:`RECORDS_KEPT`.
+  restore, a detected expiry), under ``P/log/NAME:N`` numbered by the resource's own counter in
+  ``P/res/NAME`` (see :mod:`.etcd_keys`): no key is shared by the changes of different
+  resources, so they never conflict. A record's ``seq`` is derived from the etcd revision that
+  wrote it (commit order across all resources). An expiry is noticed by the next grant,
+  :meth:`records` or :meth:`watch` of the resource and dated when it was noticed (etcd does not
+  say when a lease expired). Each resource's oldest records are pruned beyond
+  :data:`RECORDS_KEPT`.
 - **request_id**: ``P/req/ID`` is written in the grant's transaction and compared absent by
   every grant with that id, so a retry after a lost reply finds the earlier grant (also from
   another client), for :data:`REQUEST_RETENTION` seconds.
@@ -84,7 +87,7 @@ Race timelines (more in ``docs/etcd.md``)::
 
     holder A                          waiter B (head: watches P/lease/R)    waiter C (behind B)
     txn: lease MOD = mine, res MOD,
-         seq MOD, B's key MOD
+         B's key MOD
       → put P/lease/R = (epoch+1, B's
         owner…) on B's etcd lease,
         delete B's key, res = held by B,
@@ -126,7 +129,7 @@ import math
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -152,6 +155,7 @@ from fenced.coordinator.backends.etcd_client import (
 )
 from fenced.coordinator.backends.etcd_keys import (
     DEFAULT_PREFIX,
+    SEQ_PER_REVISION,
     Keys,
     LeaseValue,
     QueueValue,
@@ -186,13 +190,17 @@ __all__ = [
 
 log = logging.getLogger("fenced.coordinator.etcd")
 
+_Item = tuple[RecordKind, str, int, str | None, dict[str, object]]
+"""A record to write: kind, resource, epoch, holder, detail."""
+
 QUEUE_TTL = 2
 """TTL (s) of the etcd lease of a process's waiter keys: a dead waiter is skipped after that."""
 RECHECK = 1.0
 """Seconds after which a waiter re-reads its predecessor even without a notification."""
 REQUEST_RETENTION = 24 * 3600
 """Seconds a ``request_id`` is remembered at least (its key's retention lease lives 25 h)."""
-RECORDS_KEPT = 100_000
+RECORDS_KEPT = 10_000
+"""Records kept per resource (the oldest are pruned every :data:`_PRUNE_EVERY` records)."""
 """Records kept; older ones are deleted by the grant that crosses a multiple of 1000."""
 
 _PRUNE_EVERY = 1000
@@ -381,7 +389,6 @@ class _Release:
     success: list[Json]
     reads: list[Json]  # after a failure: lease, res, meta, queue head (, the head's request_id)
     state: ResourceState
-    seq: int
     record: bytes  # the key of its RELEASED record
     handed: QueueValue | None = None  # the waiter it hands the lease to
     head: bytes = b""  # that waiter's queue key
@@ -436,7 +443,6 @@ class EtcdBackend:
         self._lock = threading.Lock()
         self._res: dict[str, tuple[int, ResourceState]] = {}
         self._minimum = (0, 0)
-        self._seq = (0, 0)
         self._leases: dict[int, _PooledLease] = {}
         self._queue_lease: _PooledLease | None = None
         self._retention: _PooledLease | None = None
@@ -491,7 +497,6 @@ class EtcdBackend:
                 with self._lock:
                     self._res.clear()
                     self._minimum = (-1, 0)
-                    self._seq = (-1, 0)
             self._cluster_id = cluster
         revision = int(header.get("revision", 0))
         return bool(reply.get("succeeded", False)), list(reply.get("responses", [])), revision
@@ -503,7 +508,7 @@ class EtcdBackend:
     def _init_meta(self) -> str:
         keys = self._keys
         candidate = secrets.token_hex(16)
-        reads = [_get(keys.coordinator_id), _get(keys.minimum), _get(keys.seq)]
+        reads = [_get(keys.coordinator_id), _get(keys.minimum)]
         try:
             ok, responses, _ = self._txn(
                 [_cmp(keys.coordinator_id, "CREATE", 0)],
@@ -521,7 +526,6 @@ class EtcdBackend:
         if id_kv is None:
             raise Unavailable("etcd: the coordinator id could not be stored")
         self._minimum = _int_value(_first(responses[offset + 1]))
-        self._seq = _int_value(_first(responses[offset + 2]))
         try:
             return validate_coordinator_id(id_kv.value.decode(errors="replace"))
         except ConfigurationError as error:
@@ -730,7 +734,6 @@ class EtcdBackend:
         *,
         res: tuple[str, KV | None] | None = None,
         minimum: KV | bool | None = False,
-        seq: KV | bool | None = False,
     ) -> None:
         with self._lock:
             if res is not None:
@@ -742,34 +745,46 @@ class EtcdBackend:
                 )
             if minimum is not False:
                 self._minimum = _int_value(minimum if isinstance(minimum, KV) else None)
-            if seq is not False:
-                self._seq = _int_value(seq if isinstance(seq, KV) else None)
 
     def _meta(self) -> Json:
-        """One read of ``P/meta/``: the minimum epoch and the record counter (and the id)."""
+        """One read of ``P/meta/``: the minimum epoch (and the id)."""
         return _get(self._keys.meta_prefix, prefix_end(self._keys.meta_prefix))
 
     def _remember_meta(self, response: Json) -> None:
         found = {kv.key: kv for kv in _kvs(response)}
-        self._remember(minimum=found.get(self._keys.minimum), seq=found.get(self._keys.seq))
+        self._remember(minimum=found.get(self._keys.minimum))
 
     def _records_ops(
-        self, seq: int, items: list[tuple[RecordKind, str, int, str | None, dict[str, object]]]
-    ) -> tuple[list[Json], int]:
-        """Puts of the records ``items`` after ``seq`` and of the counter; the new counter."""
+        self, items: list[_Item], numbers: dict[str, int]
+    ) -> tuple[list[Json], dict[str, int]]:
+        """Puts of the records ``items`` of one transaction, each numbered after its
+        resource's last record number in ``numbers``; the raised numbers (to be written in the
+        same transaction, with each resource's ``P/res/NAME`` compared). A resource whose
+        number crosses a multiple of :data:`_PRUNE_EVERY` also loses its records older than
+        the newest :data:`RECORDS_KEPT`."""
+        if len(items) > SEQ_PER_REVISION:
+            raise ValueError(f"{len(items)} records in one transaction")
+        keys = self._keys
         at = time.time()
-        ops = [
-            _put(
-                self._keys.record(seq + i),
-                record_value(Record(seq + i, at, kind, resource, epoch, holder, detail)),
-            )
-            for i, (kind, resource, epoch, holder, detail) in enumerate(items, 1)
-        ]
-        new = seq + len(items)
-        ops.append(_put(self._keys.seq, str(new).encode()))
-        if new // _PRUNE_EVERY > seq // _PRUNE_EVERY and new > RECORDS_KEPT:
-            ops.append(_delete(self._keys.record(0), self._keys.record(new - RECORDS_KEPT + 1)))
-        return ops, new
+        raised = dict(numbers)
+        ops: list[Json] = []
+        for index, (kind, resource, epoch, holder, detail) in enumerate(items):
+            raised[resource] += 1
+            record = Record(0, at, kind, resource, epoch, holder, detail)
+            ops.append(_put(keys.record(resource, raised[resource]), record_value(record, index)))
+        for resource, new in raised.items():
+            if new // _PRUNE_EVERY > numbers[resource] // _PRUNE_EVERY and new > RECORDS_KEPT:
+                ops.append(
+                    _delete(keys.record(resource, 0), keys.record(resource, new - RECORDS_KEPT + 1))
+                )
+        return ops, raised
+
+    def _resource_records(
+        self, resource: str, number: int, items: list[_Item]
+    ) -> tuple[list[Json], int]:
+        """:meth:`_records_ops` for records of one resource whose last number is ``number``."""
+        ops, raised = self._records_ops(items, {resource: number})
+        return ops, raised[resource]
 
     # -- grants ---------------------------------------------------------------------------
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
@@ -870,12 +885,10 @@ class EtcdBackend:
                 pooled.grant = (name, lease.epoch, lease.owner)
                 pooled.lease_rev = kv.mod_revision
                 pooled.holder = lease.holder
-                if lease.seq:  # the grant's transaction wrote the state and the counter too
-                    if kv.mod_revision > self._res.get(name, (0, ResourceState()))[0]:
-                        state = ResourceState(lease.epoch, "held", lease.holder, lease.seq)
-                        self._res[name] = (kv.mod_revision, state)
-                    if kv.mod_revision > self._seq[0]:
-                        self._seq = (kv.mod_revision, lease.seq)
+                if lease.n and kv.mod_revision > self._res.get(name, (0, ResourceState()))[0]:
+                    # the grant's transaction wrote the state too, at the same revision
+                    state = ResourceState(lease.epoch, "held", lease.holder, lease.n)
+                    self._res[name] = (kv.mod_revision, state)
                 expires_in = min(lease.ttl, pooled.expires - time.monotonic())
         self._retire(ticket)
         return Granted(lease.epoch, lease.owner, lease.holder, lease.ttl, expires_in)
@@ -902,11 +915,10 @@ class EtcdBackend:
         with self._lock:
             res_rev, state = self._res.get(name, (0, ResourceState()))
             min_rev, minimum = self._minimum
-            seq_rev, seq = self._seq
         epoch = max(state.epoch, minimum) + 1
         if epoch > MAX_EPOCH:
             raise ConfigurationError(f"{name}: epochs exhausted")
-        items: list[tuple[RecordKind, str, int, str | None, dict[str, object]]] = []
+        items: list[_Item] = []
         after = state.state
         if state.state == "held":
             items.append((RecordKind.EXPIRED, name, state.epoch, state.holder, {}))
@@ -915,20 +927,20 @@ class EtcdBackend:
         if request.value is not None:
             detail["value"] = request.value
         items.append((RecordKind.GRANTED, name, epoch, request.holder, detail))
-        record_ops, new_seq = self._records_ops(seq, items)
+        record_ops, number = self._resource_records(name, state.n, items)
         pooled = self._ticket_lease(ticket) if ticket is not None else self._take_lease(request.ttl)
         value = LeaseValue(
-            epoch, request.owner, request.holder, request.ttl, request.value, new_seq
+            epoch, request.owner, request.holder, request.ttl, request.value, number
         ).encode()
+        new_state = ResourceState(epoch, "held", request.holder, number)
         compare = [
             _cmp(lease_key, "CREATE", 0),
             _cmp(res_key, "MOD", res_rev),
             _cmp(keys.minimum, "MOD", min_rev),
-            _cmp(keys.seq, "MOD", seq_rev),
         ]
         success = [
             _put(lease_key, value, pooled.id),
-            _put(res_key, ResourceState(epoch, "held", request.holder, new_seq).encode()),
+            _put(res_key, new_state.encode()),
             *record_ops,
         ]
         failure = [_get(lease_key), _get(res_key), self._meta()]
@@ -981,8 +993,7 @@ class EtcdBackend:
             raise
         if ok:
             with self._lock:
-                self._res[name] = (revision, ResourceState(epoch, "held", request.holder, new_seq))
-                self._seq = (revision, new_seq)
+                self._res[name] = (revision, new_state)
                 pooled.grant = (name, epoch, request.owner)
                 pooled.lease_rev = revision
                 pooled.holder = request.holder
@@ -994,7 +1005,7 @@ class EtcdBackend:
             return Granted(epoch, request.owner, request.holder, request.ttl, expires_in)
         if ticket is None:
             self._give_back(pooled)
-        return self._not_granted(request, ticket, responses, revision, (res_rev, min_rev, seq_rev))
+        return self._not_granted(request, ticket, responses, revision, (res_rev, min_rev))
 
     def _not_granted(
         self,
@@ -1002,10 +1013,10 @@ class EtcdBackend:
         ticket: EtcdTicket | None,
         responses: list[Json],
         revision: int,
-        compared: tuple[int, int, int],
+        compared: tuple[int, int],
     ) -> Granted | Blocked | None:
-        """What a failed grant's failure branch says (``compared``: the revisions of the state,
-        the minimum and the counter that the attempt compared)."""
+        """What a failed grant's failure branch says (``compared``: the revisions of the state
+        and of the minimum that the attempt compared)."""
         name = request.resource
         lease_kv, res_kv = _first(responses[0]), _first(responses[1])
         self._remember(res=(name, res_kv))
@@ -1033,7 +1044,7 @@ class EtcdBackend:
         if lease_kv is not None:
             return self._blocked(lease_kv, self._last(name), None)
         with self._lock:
-            fresh = (self._res[name][0], self._minimum[0], self._seq[0])
+            fresh = (self._res[name][0], self._minimum[0])
         if fresh == compared:  # every other compare held: the queue is not empty
             return Blocked(None, self._last(name), 0.0, None)
         return None  # a stale cache: try again
@@ -1346,7 +1357,6 @@ class EtcdBackend:
             if ok:
                 with self._lock:
                     self._res[resource] = (revision, plan.state)
-                    self._seq = (revision, plan.seq)
                 return True
             # (no failure branch: a release that fails is rare, reads are cheaper)
             settle = 0.0 if unknown is None else self._settle_for(pooled)
@@ -1359,7 +1369,7 @@ class EtcdBackend:
             kv = self._remember_release(resource, responses)
             record = _first(responses[-1])
             if unknown is not None and record is not None:
-                found = record_from(record.value)
+                found = record_from(record.value, record.create_revision)
                 if (found.kind, found.resource, found.epoch) == (
                     RecordKind.RELEASED,
                     resource,
@@ -1414,26 +1424,20 @@ class EtcdBackend:
         with self._lock:
             res_rev, state = self._res.get(resource, (0, ResourceState()))
             minimum = self._minimum[1]
-            seq_rev, seq = self._seq
-        compare = [
-            _cmp(lease_key, "MOD", lease_rev),
-            _cmp(res_key, "MOD", res_rev),
-            _cmp(keys.seq, "MOD", seq_rev),
-        ]
+        compare = [_cmp(lease_key, "MOD", lease_rev), _cmp(res_key, "MOD", res_rev)]
         reads = [
             _get(lease_key),
             _get(res_key),
             self._meta(),
             _get(queue, prefix_end(queue), sort_order="ASCEND", sort_target="CREATE", limit=1),
         ]
-        items: list[tuple[RecordKind, str, int, str | None, dict[str, object]]] = [
-            (RecordKind.RELEASED, resource, epoch, holder, {})
-        ]
+        items: list[_Item] = [(RecordKind.RELEASED, resource, epoch, holder, {})]
+        record = keys.record(resource, state.n + 1)
         if head is None:
-            record_ops, new_seq = self._records_ops(seq, items)
-            new_state = ResourceState(max(state.epoch, epoch), "released", holder, new_seq)
+            record_ops, number = self._resource_records(resource, state.n, items)
+            new_state = ResourceState(max(state.epoch, epoch), "released", holder, number)
             success = [_delete(lease_key), _put(res_key, new_state.encode()), *record_ops]
-            return _Release(compare, success, reads, new_state, new_seq, keys.record(seq + 1))
+            return _Release(compare, success, reads, new_state, record)
         waiter = QueueValue.decode(head.value)
         granted = max(state.epoch, epoch, minimum) + 1
         if granted > MAX_EPOCH:
@@ -1442,9 +1446,9 @@ class EtcdBackend:
         if waiter.value is not None:
             detail["value"] = waiter.value
         items.append((RecordKind.GRANTED, resource, granted, waiter.holder, detail))
-        record_ops, new_seq = self._records_ops(seq, items)
-        new_state = ResourceState(granted, "held", waiter.holder, new_seq)
-        value = LeaseValue(granted, waiter.owner, waiter.holder, waiter.ttl, waiter.value, new_seq)
+        record_ops, number = self._resource_records(resource, state.n, items)
+        new_state = ResourceState(granted, "held", waiter.holder, number)
+        value = LeaseValue(granted, waiter.owner, waiter.holder, waiter.ttl, waiter.value, number)
         # The head's key, unchanged. Nothing else is needed: create revisions only grow, so a
         # key that was the oldest at some revision (the view's, or a read's) stays the oldest
         # while it exists; and the minimum cannot have moved while our lease key is unchanged
@@ -1467,9 +1471,7 @@ class EtcdBackend:
                 )
             )
             reads.append(_get(request_key))
-        return _Release(
-            compare, success, reads, new_state, new_seq, keys.record(seq + 1), waiter, head.key
-        )
+        return _Release(compare, success, reads, new_state, record, waiter, head.key)
 
     def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
         keys = self._keys
@@ -1483,24 +1485,31 @@ class EtcdBackend:
                     LossReason.REJECTED, f"{resource} epoch {epoch} is no longer this owner's"
                 )
             with self._lock:
-                seq_rev, seq = self._seq
-            record_ops, new_seq = self._records_ops(
-                seq, [(RecordKind.PROCLAIMED, resource, epoch, lease.holder, {"value": value})]
+                res_rev, state = self._res.get(resource, (0, ResourceState()))
+            record_ops, number = self._resource_records(
+                resource,
+                state.n,
+                [(RecordKind.PROCLAIMED, resource, epoch, lease.holder, {"value": value})],
             )
-            new_value = LeaseValue(epoch, owner, lease.holder, lease.ttl, value, new_seq).encode()
+            new_value = LeaseValue(epoch, owner, lease.holder, lease.ttl, value, number).encode()
+            new_state = replace(state, n=number)
             ok, responses, revision = self._txn(
-                [_cmp(lease_key, "MOD", kv.mod_revision), _cmp(keys.seq, "MOD", seq_rev)],
-                [_put(lease_key, new_value, kv.lease), *record_ops],
-                [_get(keys.seq)],
+                [_cmp(lease_key, "MOD", kv.mod_revision), _cmp(keys.res(resource), "MOD", res_rev)],
+                [
+                    _put(lease_key, new_value, kv.lease),
+                    _put(keys.res(resource), new_state.encode()),
+                    *record_ops,
+                ],
+                [_get(keys.res(resource))],
                 what=f"proclaim on {resource}",
             )
             if ok:
                 with self._lock:
-                    self._seq = (revision, new_seq)
+                    self._res[resource] = (revision, new_state)
                     if pooled is not None and pooled.id == kv.lease:
                         pooled.lease_rev = revision
                 return
-            self._remember(seq=_first(responses[0]))
+            self._remember(res=(resource, _first(responses[0])))
         raise Unavailable(f"etcd: {resource} changed too often to proclaim (contention)")
 
     def current(self, resource: str) -> LeaseInfo | None:
@@ -1551,7 +1560,7 @@ class EtcdBackend:
         else:
             res_op, lease_op = _get(keys.res(resource)), _get(keys.lease(resource), keys_only=True)
         for _ in range(_MAX_ATTEMPTS):
-            responses, _ = self._read([res_op, lease_op, _get(keys.seq)], "reading records")
+            responses, _ = self._read([res_op, lease_op], "reading records")
             live = {kv.key for kv in _kvs(responses[1])}
             ended: list[tuple[str, KV, ResourceState]] = []
             for kv in _kvs(responses[0]):
@@ -1559,63 +1568,86 @@ class EtcdBackend:
                 state = ResourceState.decode(kv.value)
                 if state.state == "held" and keys.lease(name) not in live:
                     ended.append((name, kv, state))
-            seq_kv = _first(responses[2])
-            self._remember(seq=seq_kv)
             if not ended:
                 return
-            seq_rev, seq = _int_value(seq_kv)
             chunk = ended[:_SETTLE_CHUNK]
-            record_ops, new_seq = self._records_ops(
-                seq,
+            record_ops, numbers = self._records_ops(
                 [
                     (RecordKind.EXPIRED, name, state.epoch, state.holder, {})
                     for name, _, state in chunk
                 ],
+                {name: state.n for name, _, state in chunk},
             )
-            compare = [_cmp(keys.seq, "MOD", seq_rev)]
+            compare: list[Json] = []
             success = list(record_ops)
+            expired: dict[str, ResourceState] = {}
             for name, kv, state in chunk:
+                expired[name] = ResourceState(state.epoch, "expired", state.holder, numbers[name])
                 compare += [
                     _cmp(kv.key, "MOD", kv.mod_revision),
                     _cmp(keys.lease(name), "CREATE", 0),
                 ]
-                success.append(
-                    _put(
-                        kv.key,
-                        ResourceState(state.epoch, "expired", state.holder, new_seq).encode(),
-                    )
-                )
+                success.append(_put(kv.key, expired[name].encode()))
             ok, _, revision = self._txn(compare, success, [], what="recording expiries")
             if ok:
                 with self._lock:
-                    self._seq = (revision, new_seq)
-                    for name, _, state in chunk:
-                        self._res[name] = (
-                            revision,
-                            ResourceState(state.epoch, "expired", state.holder, new_seq),
-                        )
+                    for name, state in expired.items():
+                        self._res[name] = (revision, state)
                 if len(ended) <= _SETTLE_CHUNK:
                     return
 
     def _read_records(
         self, resource: str | None, after: int, limit: int
     ) -> tuple[list[Record], int]:
+        """Records with ``seq > after`` (of ``resource``, or all), oldest first; and the revision
+        of the first read.
+
+        Read in pages sorted by create revision from ``after``'s revision on (etcd filters and
+        sorts). A full page may end inside one transaction's records: its last revision is
+        left for the next page, which starts at that revision (and a page filled by one
+        transaction's records is followed by a read of all of them).
+        """
         keys = self._keys
-        start = keys.record(max(after, 0) + 1)
-        end = prefix_end(keys.rec_prefix)
+        start = keys.log_prefix if resource is None else keys.log(resource)
+        end = prefix_end(start)
+        after = max(after, 0)
+        first = after // SEQ_PER_REVISION
         found: list[Record] = []
         revision = 0
         while len(found) < limit:
-            responses, read_rev = self._read([_get(start, end, limit=_PAGE)], "reading records")
+            responses, read_rev = self._read(
+                [
+                    _get(
+                        start,
+                        end,
+                        min_create_revision=first,
+                        sort_order="ASCEND",
+                        sort_target="CREATE",
+                        limit=_PAGE,
+                    )
+                ],
+                "reading records",
+            )
             revision = revision or read_rev
             page = _kvs(responses[0])
-            for kv in page:
-                record = record_from(kv.value)
-                if resource is None or record.resource == resource:
-                    found.append(record)
-            if len(page) < _PAGE:
+            full = len(page) >= _PAGE
+            if full:
+                last = page[-1].create_revision
+                page = [kv for kv in page if kv.create_revision < last]
+                if not page:  # one transaction's records fill the page: read them all
+                    responses, _ = self._read(
+                        [_get(start, end, min_create_revision=last, max_create_revision=last)],
+                        "reading records",
+                    )
+                    page = _kvs(responses[0])
+                    last += 1
+                first = last
+            records = sorted(
+                (record_from(kv.value, kv.create_revision) for kv in page), key=lambda r: r.seq
+            )
+            found += [record for record in records if record.seq > after]
+            if not full:
                 break
-            start = page[-1].key + b"\x00"
         return found[:limit], revision
 
     def records(self, resource: str | None, after: int = 0, limit: int = 1000) -> list[Record]:
@@ -1630,20 +1662,26 @@ class EtcdBackend:
         kind: RecordKind,
         detail: dict[str, object],
     ) -> None:
-        keys = self._keys
+        res_key = self._keys.res(resource)
         for _ in range(_MAX_ATTEMPTS):
             with self._lock:
-                seq_rev, seq = self._seq
-            record_ops, new_seq = self._records_ops(seq, [(kind, resource, epoch, holder, detail)])
+                res_rev, state = self._res.get(resource, (0, ResourceState()))
+            record_ops, number = self._resource_records(
+                resource, state.n, [(kind, resource, epoch, holder, detail)]
+            )
+            new_state = replace(state, n=number)
             ok, responses, revision = self._txn(
-                [_cmp(keys.seq, "MOD", seq_rev)], record_ops, [_get(keys.seq)], what="report"
+                [_cmp(res_key, "MOD", res_rev)],
+                [_put(res_key, new_state.encode()), *record_ops],
+                [_get(res_key)],
+                what="report",
             )
             if ok:
                 with self._lock:
-                    self._seq = (revision, new_seq)
+                    self._res[resource] = (revision, new_state)
                 return
-            self._remember(seq=_first(responses[0]))
-        raise Unavailable("etcd: the record counter changed too often (contention)")
+            self._remember(res=(resource, _first(responses[0])))
+        raise Unavailable(f"etcd: {resource} changed too often to report (contention)")
 
     def watch(self, resource: str, after: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -1665,8 +1703,8 @@ class EtcdBackend:
             streams = [
                 WatchStream(
                     self._transport,
-                    keys.rec_prefix,
-                    prefix_end(keys.rec_prefix),
+                    keys.log(resource),
+                    prefix_end(keys.log(resource)),
                     revision + 1,
                     on_events,
                     on_trouble,
@@ -1709,11 +1747,7 @@ class EtcdBackend:
         new_minimum = 0
         for _ in range(_MAX_ATTEMPTS):
             responses, read_rev = self._read(
-                [
-                    _get(keys.res_prefix, prefix_end(keys.res_prefix)),
-                    _get(keys.minimum),
-                    _get(keys.seq),
-                ],
+                [_get(keys.res_prefix, prefix_end(keys.res_prefix)), _get(keys.minimum)],
                 "reading state to advance",
             )
             states = [
@@ -1721,22 +1755,20 @@ class EtcdBackend:
                 for kv in _kvs(responses[0])
             ]
             min_rev, old_minimum = _int_value(_first(responses[1]))
-            seq_rev, seq = _int_value(_first(responses[2]))
             new_minimum = max(old_minimum, minimum)
             recorded = {**detail, "minimum": new_minimum}
             first, rest = states[:_RESTORE_CHUNK], states[_RESTORE_CHUNK:]
-            record_ops, new_seq = self._records_ops(
-                seq,
+            record_ops, numbers = self._records_ops(
                 [
                     (RecordKind.RESTORED, name, max(state.epoch, new_minimum), None, recorded)
                     for name, state in first
                 ],
+                {name: state.n for name, state in first},
             )
             ok, _, revision = self._txn(
                 [
                     _cmp(keys.res_prefix, "MOD", read_rev + 1, "LESS", prefix_end(keys.res_prefix)),
                     _cmp(keys.minimum, "MOD", min_rev),
-                    _cmp(keys.seq, "MOD", seq_rev),
                 ],
                 [
                     _put(keys.minimum, str(new_minimum).encode()),
@@ -1744,7 +1776,7 @@ class EtcdBackend:
                     *[
                         _put(
                             keys.res(name),
-                            ResourceState(state.epoch, "restored", None, new_seq).encode(),
+                            ResourceState(state.epoch, "restored", None, numbers[name]).encode(),
                         )
                         for name, state in first
                     ],
@@ -1756,9 +1788,8 @@ class EtcdBackend:
             if ok:
                 with self._lock:
                     self._minimum = (revision, new_minimum)
-                    self._seq = (revision, new_seq)
                     self._res.clear()
-                self._record_restored(rest, recorded)
+                self._record_restored([name for name, _ in rest], recorded, revision)
                 return new_minimum
         raise Unavailable("etcd: the state changed too often to advance (contention)")
 
@@ -1773,7 +1804,7 @@ class EtcdBackend:
                 state = ResourceState.decode(kv.value) if kv is not None else ResourceState()
                 compare.append(_cmp(keys.res(name), "MOD", kv.mod_revision if kv else 0))
                 if floor > state.epoch:
-                    raised = ResourceState(floor, state.state, state.holder)
+                    raised = replace(state, epoch=floor)
                     success.append(_put(keys.res(name), raised.encode()))
             if not success:
                 return
@@ -1782,41 +1813,47 @@ class EtcdBackend:
                 return
         raise Unavailable("etcd: the state changed too often to advance (contention)")
 
-    def _record_restored(
-        self, states: list[tuple[str, ResourceState]], recorded: dict[str, object]
-    ) -> None:
+    def _record_restored(self, names: list[str], recorded: dict[str, object], since: int) -> None:
+        """Record the restore for the resources that the advance transaction (at revision
+        ``since``) left out, :data:`_RESTORE_CHUNK` per transaction, each compared by mod
+        revision. One granted since then keeps its state (its grant came after the restore);
+        the others are marked restored."""
         keys = self._keys
         with self._lock:
             new_minimum = self._minimum[1]
-        while states:
-            chunk = states[:_RESTORE_CHUNK]
-            with self._lock:
-                seq_rev, seq = self._seq
-            record_ops, new_seq = self._records_ops(
-                seq,
+        attempts = 0
+        while names:
+            attempts += 1
+            if attempts > _MAX_ATTEMPTS:
+                raise Unavailable("etcd: the state changed too often to record a restore")
+            chunk = names[:_RESTORE_CHUNK]
+            responses, _ = self._read([_get(keys.res(name)) for name in chunk], "reading epochs")
+            found: list[tuple[str, KV]] = []
+            for name, response in zip(chunk, responses, strict=True):
+                kv = _first(response)
+                if kv is not None:
+                    found.append((name, kv))
+            states = {name: ResourceState.decode(kv.value) for name, kv in found}
+            record_ops, numbers = self._records_ops(
                 [
                     (RecordKind.RESTORED, name, max(state.epoch, new_minimum), None, recorded)
-                    for name, state in chunk
+                    for name, state in states.items()
                 ],
+                {name: state.n for name, state in states.items()},
             )
-            updates: list[Json] = []
-            compare = [_cmp(keys.seq, "MOD", seq_rev)]
-            for name, state in chunk:
-                updates.append(
-                    _put(
-                        keys.res(name),
-                        ResourceState(state.epoch, "restored", None, new_seq).encode(),
-                    )
-                )
-            ok, responses, revision = self._txn(
-                compare, [*updates, *record_ops], [_get(keys.seq)], what="recording a restore"
-            )
+            compare: list[Json] = []
+            success: list[Json] = []
+            for name, kv in found:
+                state = states[name]
+                if kv.mod_revision <= since:
+                    state = ResourceState(state.epoch, "restored", None, numbers[name])
+                else:
+                    state = replace(state, n=numbers[name])
+                compare.append(_cmp(kv.key, "MOD", kv.mod_revision))
+                success.append(_put(kv.key, state.encode()))
+            ok, _, _ = self._txn(compare, [*success, *record_ops], [], what="recording a restore")
             if ok:
-                with self._lock:
-                    self._seq = (revision, new_seq)
-                states = states[_RESTORE_CHUNK:]
-            else:
-                self._remember(seq=_first(responses[0]))
+                names, attempts = names[_RESTORE_CHUNK:], 0
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:

@@ -5,16 +5,28 @@ is a prefix of another resource's keys)::
 
     P/meta/id                 coordinator id (32 hex), written once
     P/meta/minimum            coordinator-wide minimum epoch (decimal; absent = 0); see advance
-    P/meta/seq                record sequence counter (decimal; absent = 0)
-    P/res/NAME                durable per-resource state: last epoch and how its lease ended
+    P/res/NAME                durable per-resource state: last epoch, how its lease ended, and
+                              the number N of its last record
     P/lease/NAME              the live lease (attached to an etcd lease: etcd deletes it at expiry)
     P/queue/NAME:TICKET       a waiter (attached to its process's queue lease); order = create rev;
                               its value says how to hand the lease to it (see QueueValue)
     P/req/REQUEST_ID          a grant made with a request_id (attached to a 24 h retention lease)
-    P/rec/SEQ                 one record (SEQ zero-padded to 20 digits), oldest pruned
+    P/log/NAME:N              the resource's N-th record (N zero-padded to 20 digits), oldest pruned
 
 Epochs live in ``P/res/NAME`` and the minimum in ``P/meta/minimum``; etcd revisions are never
-used as epochs or sequence numbers (they move back after ``etcdctl snapshot restore``).
+used as epochs (they move back after ``etcdctl snapshot restore``).
+
+**No key is written by every change.** A resource's records are numbered by its own counter,
+kept in ``P/res/NAME`` and raised in the transaction that writes them (every such transaction
+compares that key's mod revision anyway), so changes of different resources never conflict. A
+record's ``seq`` — its place among *all* records of the coordinator — is the etcd revision that
+wrote it, times :data:`SEQ_PER_REVISION`, plus its index ``i`` in that transaction (stored in
+the value): ``seq`` follows commit order, because etcd revisions do. Like any etcd revision it
+moves back after a snapshot restore (as the earlier layout's counter key did).
+
+(The development layout before 0.1.0 kept one counter ``P/meta/seq`` and records under
+``P/rec/SEQ``: every change of every resource compared and wrote that one key, so changes of
+different resources conflicted and retried. Those keys are neither read nor written now.)
 """
 
 from __future__ import annotations
@@ -33,11 +45,14 @@ __all__ = [
     "QueueValue",
     "ResourceState",
     "record_from",
+    "record_seq",
     "record_value",
 ]
 
 DEFAULT_PREFIX = "/fenced"
 SEQ_DIGITS = 20
+SEQ_PER_REVISION = 128
+"""Records per transaction at most (etcd's default ``--max-txn-ops`` is 128 operations)."""
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -65,12 +80,11 @@ class Keys:
         self.meta_prefix = base + b"/meta/"
         self.coordinator_id = base + b"/meta/id"
         self.minimum = base + b"/meta/minimum"
-        self.seq = base + b"/meta/seq"
         self.res_prefix = base + b"/res/"
         self.lease_prefix = base + b"/lease/"
         self.queue_prefix = base + b"/queue/"
         self.req_prefix = base + b"/req/"
-        self.rec_prefix = base + b"/rec/"
+        self.log_prefix = base + b"/log/"
         self.all = base + b"/"
 
     def res(self, name: str) -> bytes:
@@ -89,8 +103,13 @@ class Keys:
     def request(self, request_id: str) -> bytes:
         return self.req_prefix + request_id.encode()
 
-    def record(self, seq: int) -> bytes:
-        return self.rec_prefix + str(seq).zfill(SEQ_DIGITS).encode()
+    def log(self, name: str) -> bytes:
+        """The prefix of ``name``'s records."""
+        return self.log_prefix + name.encode() + b":"
+
+    def record(self, name: str, number: int) -> bytes:
+        """The key of ``name``'s record number ``number``."""
+        return self.log(name) + str(number).zfill(SEQ_DIGITS).encode()
 
     def name_of(self, key: bytes, prefix: bytes) -> str:
         return key[len(prefix) :].decode()
@@ -123,9 +142,9 @@ def _encode_fields(value: LeaseValue | QueueValue | ResourceState) -> bytes:
 class LeaseValue:
     """The value of ``P/lease/NAME``. ``owner`` is the owner secret (never put in a record).
 
-    ``seq`` is the value of the record counter written by the same transaction (0: unknown), as
-    in :class:`ResourceState`: a waiter handed the lease by a release learns from the watch
-    event alone everything its own release will compare.
+    ``n`` is the resource's record counter written by the same transaction (0: unknown), as in
+    :class:`ResourceState`: a waiter handed the lease by a release learns from the watch event
+    alone everything its own release will compare and write.
     """
 
     epoch: int
@@ -133,7 +152,7 @@ class LeaseValue:
     holder: str
     ttl: float
     value: str | None = None
-    seq: int = 0
+    n: int = 0
 
     def encode(self) -> bytes:
         return _encode_fields(self)
@@ -148,7 +167,7 @@ class LeaseValue:
             str(data["holder"]),
             float(data["ttl"]),
             None if value is None else str(value),
-            int(data.get("seq", 0)),
+            int(data.get("n", 0)),
         )
 
 
@@ -197,15 +216,16 @@ class ResourceState:
 
     ``state`` is ``"held"`` while the lease of ``epoch`` may live (its end not recorded yet), else
     how it ended: ``"released"``, ``"expired"``, ``"restored"``, or ``"none"`` (never granted).
-    ``holder`` is the holder label of ``epoch`` (for the expiry record). ``seq`` is the value
-    of the record counter written by the same transaction (0: that transaction wrote none): a
-    waiter that watches this key learns the counter without reading it.
+    ``holder`` is the holder label of ``epoch`` (for the expiry record). ``n`` is the number of
+    the resource's last record (``P/log/NAME:N``; 0: none yet): the next record is ``n + 1``.
+    Every transaction that writes this key carries ``n`` over or raises it — a record key is
+    never written twice.
     """
 
     epoch: int = 0
     state: str = "none"
     holder: str | None = None
-    seq: int = 0
+    n: int = 0
 
     def encode(self) -> bytes:
         return _encode_fields(self)
@@ -218,20 +238,31 @@ class ResourceState:
             int(data["epoch"]),
             str(data["state"]),
             None if holder is None else str(holder),
-            int(data.get("seq", 0)),
+            int(data.get("n", 0)),
         )
 
 
-def record_value(record: Record) -> bytes:
-    return dumps(record.to_json())
+def record_value(record: Record, index: int) -> bytes:
+    """A record's value: its fields but ``seq`` (known once etcd commits it), and ``i``, its
+    index among the records of its transaction."""
+    fields = record.to_json()
+    del fields["seq"]
+    fields["i"] = index
+    return dumps(fields)
 
 
-def record_from(raw: bytes) -> Record:
+def record_seq(create_revision: int, index: int) -> int:
+    """The ``seq`` of the record with index ``index`` in the transaction of ``create_revision``."""
+    return create_revision * SEQ_PER_REVISION + index
+
+
+def record_from(raw: bytes, create_revision: int) -> Record:
+    """The record stored as ``raw`` by the transaction of ``create_revision``."""
     data = _loads(raw, "record")
     holder = data.get("holder")
     detail = data.get("detail") or {}
     return Record(
-        int(data["seq"]),
+        record_seq(create_revision, int(data["i"])),
         float(data["at"]),
         RecordKind(data["kind"]),
         str(data["resource"]),
