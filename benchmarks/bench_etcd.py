@@ -35,6 +35,9 @@ after one discarded warm-up round; ratios are taken per round, then the median i
 3. **fairness**: ``--processes`` processes (8) loop acquire / release on one key for
    ``--fair-seconds``, starting together; only grants inside the window count. Target: every
    fenced process gets ≥ 0.8 × the mean share.
+4. **spread**: the same processes, each cycling on a key of its own for ``--fair-seconds``
+   (many machines, many resources): total cycles/s and acquisitions that failed. No target;
+   nothing but the cluster's capacity should limit it.
 """
 
 from __future__ import annotations
@@ -324,52 +327,60 @@ def bench_handoff(endpoints: list[str], impls: list[str], rounds: int, per_round
 def _fair_worker(
     name: str, endpoints: list[str], key: str, start: float, seconds: float, conn: mpc.Connection
 ) -> None:
+    """Cycle on ``key`` from ``start`` for ``seconds``; send (acquisitions, failed acquires)."""
     driver = DRIVERS[name](endpoints, key)
     conn.send("ready")
     while time.monotonic() < start:
         time.sleep(0.001)
-    count = 0
+    count = failed = 0
     end = start + seconds
-    while True:
-        driver.acquire()
+    while time.monotonic() < end:
+        try:
+            driver.acquire()
+        except Exception:  # counted: a lock that gives up under load is part of the figure
+            failed += 1
+            continue
         if time.monotonic() < end:
             count += 1
-        else:
-            driver.release()
-            break
         driver.release()
-    conn.send(count)
+    conn.send((count, failed))
     driver.close()
+
+
+def _run_workers(
+    name: str, endpoints: list[str], keys: list[str], seconds: float
+) -> list[tuple[int, int]]:
+    """One process per key (the same key several times: they contend); their results."""
+    ctx = mp.get_context("spawn")
+    start = time.monotonic() + 3.0 + 0.3 * len(keys)
+    ends = []
+    for key in keys:
+        mine, theirs = ctx.Pipe()
+        process = ctx.Process(
+            target=_fair_worker, args=(name, endpoints, key, start, seconds, theirs), daemon=True
+        )
+        process.start()
+        ends.append((mine, process))
+    for conn, _ in ends:
+        assert conn.recv() == "ready"
+    results = []
+    for conn, process in ends:
+        results.append(conn.recv() if conn.poll(seconds + 60) else (0, 0))
+        process.join(10)
+    return results
 
 
 def bench_fairness(
     endpoints: list[str], impls: list[str], rounds: int, processes: int, seconds: float
 ) -> None:
-    ctx = mp.get_context("spawn")
     results: dict[str, list[list[int]]] = {name: [] for name in impls}
     print(f"\n[fairness] {rounds} rounds x {processes} processes x {seconds:g} s", flush=True)
     for number in range(rounds):
         order = impls if number % 2 == 0 else impls[::-1]
         for name in order:
             key = "fair-" + uuid.uuid4().hex[:6]
-            start = time.monotonic() + 3.0 + 0.3 * processes
-            ends = []
-            for _ in range(processes):
-                mine, theirs = ctx.Pipe()
-                process = ctx.Process(
-                    target=_fair_worker,
-                    args=(name, endpoints, key, start, seconds, theirs),
-                    daemon=True,
-                )
-                process.start()
-                ends.append((mine, process))
-            for conn, _ in ends:
-                assert conn.recv() == "ready"
-            counts = []
-            for conn, process in ends:
-                counts.append(conn.recv() if conn.poll(seconds + 60) else 0)
-                process.join(10)
-            results[name].append(counts)
+            found = _run_workers(name, endpoints, [key] * processes, seconds)
+            results[name].append([count for count, _ in found])
     rows = []
     for name in impls:
         worst = min(results[name], key=lambda c: min(c) / max(statistics.mean(c), 1e-9))
@@ -394,6 +405,29 @@ def bench_fairness(
         print(f"fenced min/mean share {fmt_ratio(share)}: target ≥ 0.8 {verdict(share >= 0.8)}")
 
 
+def bench_spread(endpoints: list[str], impls: list[str], processes: int, seconds: float) -> None:
+    """Processes that each cycle on a key of their own: nothing should make them conflict."""
+    print(f"\n[spread] {processes} processes x {seconds:g} s, one key each", flush=True)
+    rows = []
+    for name in impls:
+        base = "spread-" + uuid.uuid4().hex[:6]
+        found = _run_workers(name, endpoints, [f"{base}-{i}" for i in range(processes)], seconds)
+        counts = [count for count, _ in found]
+        rows.append(
+            [
+                name,
+                fmt_rate(sum(counts) / seconds),
+                f"{min(counts)} / {max(counts)}",
+                str(sum(failed for _, failed in found)),
+            ]
+        )
+    print_table(
+        f"4. Spread ({processes} processes, a key each, {seconds:g} s; no target)",
+        ["implementation", "cycles/s", "per-process min / max", "failed acquires"],
+        rows,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -402,10 +436,12 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--fair-seconds", type=float, default=4.0)
     parser.add_argument("--fair-rounds", type=int, default=1)
-    parser.add_argument("--only", action="append", choices=["cycles", "handoff", "fairness"])
+    parser.add_argument(
+        "--only", action="append", choices=["cycles", "handoff", "fairness", "spread"]
+    )
     parser.add_argument("--impl", action="append", choices=IMPLS)
     args = parser.parse_args()
-    sections = args.only or ["cycles", "handoff", "fairness"]
+    sections = args.only or ["cycles", "handoff", "fairness", "spread"]
     impls = args.impl or IMPLS
     with EtcdCluster(3) as cluster:
         endpoints = cluster.endpoints
@@ -419,6 +455,8 @@ def main() -> None:
             bench_handoff(ordered, impls, args.rounds, args.handoffs)
         if "fairness" in sections:
             bench_fairness(ordered, impls, args.fair_rounds, args.processes, args.fair_seconds)
+        if "spread" in sections:
+            bench_spread(ordered, impls, args.processes, args.fair_seconds)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from fenced.coordinator.backends.etcd_client import (
     WatchStream,
     b64,
 )
-from fenced.coordinator.backends.etcd_keys import record_from
+from fenced.coordinator.backends.etcd_keys import records_from
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
 from fenced.core.clock import ManualClock
@@ -928,7 +928,11 @@ def _records(cluster: EtcdCluster, prefix: str) -> list[tuple[int, Any]]:
     finally:
         raw.close()
     found = [KV.from_json(kv) for kv in reply.get("kvs", [])]
-    records = [(kv.create_revision, record_from(kv.value, kv.create_revision)) for kv in found]
+    records = [
+        (kv.create_revision, record)
+        for kv in found
+        for record in records_from(kv.value, kv.create_revision)
+    ]
     return sorted(records, key=lambda item: item[1].seq)
 
 

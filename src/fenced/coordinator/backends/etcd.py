@@ -162,8 +162,8 @@ from fenced.coordinator.backends.etcd_keys import (
     ResourceState,
     dumps,
     prefix_end,
-    record_from,
-    record_value,
+    records_from,
+    records_value,
 )
 from fenced.coordinator.backends.etcd_queue import EtcdTicket, QueueView
 from fenced.core.errors import (
@@ -200,7 +200,8 @@ RECHECK = 1.0
 REQUEST_RETENTION = 24 * 3600
 """Seconds a ``request_id`` is remembered at least (its key's retention lease lives 25 h)."""
 RECORDS_KEPT = 10_000
-"""Records kept per resource (the oldest are pruned every :data:`_PRUNE_EVERY` records)."""
+"""Record keys (recorded changes) kept per resource; the oldest are pruned every
+:data:`_PRUNE_EVERY` of them."""
 """Records kept; older ones are deleted by the grant that crosses a multiple of 1000."""
 
 _PRUNE_EVERY = 1000
@@ -757,21 +758,24 @@ class EtcdBackend:
     def _records_ops(
         self, items: list[_Item], numbers: dict[str, int]
     ) -> tuple[list[Json], dict[str, int]]:
-        """Puts of the records ``items`` of one transaction, each numbered after its
-        resource's last record number in ``numbers``; the raised numbers (to be written in the
-        same transaction, with each resource's ``P/res/NAME`` compared). A resource whose
-        number crosses a multiple of :data:`_PRUNE_EVERY` also loses its records older than
-        the newest :data:`RECORDS_KEPT`."""
+        """Puts of the records ``items`` of one transaction: one key per resource, numbered
+        after the resource's last record key in ``numbers``; the raised numbers (to be written
+        in the same transaction, with each resource's ``P/res/NAME`` compared). A resource
+        whose number crosses a multiple of :data:`_PRUNE_EVERY` also loses its record keys
+        older than the newest :data:`RECORDS_KEPT`."""
         if len(items) > SEQ_PER_REVISION:
             raise ValueError(f"{len(items)} records in one transaction")
         keys = self._keys
         at = time.time()
+        grouped: dict[str, list[tuple[int, Record]]] = {}
+        for index, (kind, resource, epoch, holder, detail) in enumerate(items):
+            record = Record(0, at, kind, resource, epoch, holder, detail)
+            grouped.setdefault(resource, []).append((index, record))
         raised = dict(numbers)
         ops: list[Json] = []
-        for index, (kind, resource, epoch, holder, detail) in enumerate(items):
+        for resource, records in grouped.items():
             raised[resource] += 1
-            record = Record(0, at, kind, resource, epoch, holder, detail)
-            ops.append(_put(keys.record(resource, raised[resource]), record_value(record, index)))
+            ops.append(_put(keys.record(resource, raised[resource]), records_value(records)))
         for resource, new in raised.items():
             if new // _PRUNE_EVERY > numbers[resource] // _PRUNE_EVERY and new > RECORDS_KEPT:
                 ops.append(
@@ -1369,7 +1373,7 @@ class EtcdBackend:
             kv = self._remember_release(resource, responses)
             record = _first(responses[-1])
             if unknown is not None and record is not None:
-                found = record_from(record.value, record.create_revision)
+                found = records_from(record.value, record.create_revision)[0]
                 if (found.kind, found.resource, found.epoch) == (
                     RecordKind.RELEASED,
                     resource,
@@ -1643,7 +1647,8 @@ class EtcdBackend:
                     last += 1
                 first = last
             records = sorted(
-                (record_from(kv.value, kv.create_revision) for kv in page), key=lambda r: r.seq
+                (r for kv in page for r in records_from(kv.value, kv.create_revision)),
+                key=lambda r: r.seq,
             )
             found += [record for record in records if record.seq > after]
             if not full:

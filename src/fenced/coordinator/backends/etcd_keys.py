@@ -11,17 +11,20 @@ is a prefix of another resource's keys)::
     P/queue/NAME:TICKET       a waiter (attached to its process's queue lease); order = create rev;
                               its value says how to hand the lease to it (see QueueValue)
     P/req/REQUEST_ID          a grant made with a request_id (attached to a 24 h retention lease)
-    P/log/NAME:N              the resource's N-th record (N zero-padded to 20 digits), oldest pruned
+    P/log/NAME:N              the records of the resource's N-th recorded change (a JSON list:
+                              the ones its transaction wrote; N zero-padded to 20 digits)
 
 Epochs live in ``P/res/NAME`` and the minimum in ``P/meta/minimum``; etcd revisions are never
 used as epochs (they move back after ``etcdctl snapshot restore``).
 
-**No key is written by every change.** A resource's records are numbered by its own counter,
-kept in ``P/res/NAME`` and raised in the transaction that writes them (every such transaction
-compares that key's mod revision anyway), so changes of different resources never conflict. A
-record's ``seq`` — its place among *all* records of the coordinator — is the etcd revision that
-wrote it, times :data:`SEQ_PER_REVISION`, plus its index ``i`` in that transaction (stored in
-the value): ``seq`` follows commit order, because etcd revisions do. Like any etcd revision it
+**No key is written by every change.** A resource's record keys are numbered by its own
+counter, kept in ``P/res/NAME`` and raised in the transaction that writes them (every such
+transaction compares that key's mod revision anyway), so changes of different resources never
+conflict. One transaction writes one record key per resource it records (a release that hands
+over: ``released`` and ``granted`` in one key). A record's ``seq`` — its place among *all*
+records of the coordinator — is the etcd revision that wrote it, times
+:data:`SEQ_PER_REVISION`, plus its index ``i`` among the records of that transaction (stored
+with it): ``seq`` follows commit order, because etcd revisions do. Like any etcd revision it
 moves back after a snapshot restore (as the earlier layout's counter key did).
 
 (The development layout before 0.1.0 kept one counter ``P/meta/seq`` and records under
@@ -44,9 +47,9 @@ __all__ = [
     "LeaseValue",
     "QueueValue",
     "ResourceState",
-    "record_from",
     "record_seq",
-    "record_value",
+    "records_from",
+    "records_value",
 ]
 
 DEFAULT_PREFIX = "/fenced"
@@ -242,13 +245,17 @@ class ResourceState:
         )
 
 
-def record_value(record: Record, index: int) -> bytes:
-    """A record's value: its fields but ``seq`` (known once etcd commits it), and ``i``, its
-    index among the records of its transaction."""
-    fields = record.to_json()
-    del fields["seq"]
-    fields["i"] = index
-    return dumps(fields)
+def records_value(records: list[tuple[int, Record]]) -> bytes:
+    """A record key's value: the records ``(i, record)`` that one transaction writes for one
+    resource, each without ``seq`` (known once etcd commits) and with ``i``, its index among
+    the records of that transaction."""
+    value = []
+    for index, record in records:
+        fields = record.to_json()
+        del fields["seq"]
+        fields["i"] = index
+        value.append(fields)
+    return _encode(value).encode()
 
 
 def record_seq(create_revision: int, index: int) -> int:
@@ -256,17 +263,27 @@ def record_seq(create_revision: int, index: int) -> int:
     return create_revision * SEQ_PER_REVISION + index
 
 
-def record_from(raw: bytes, create_revision: int) -> Record:
-    """The record stored as ``raw`` by the transaction of ``create_revision``."""
-    data = _loads(raw, "record")
-    holder = data.get("holder")
-    detail = data.get("detail") or {}
-    return Record(
-        record_seq(create_revision, int(data["i"])),
-        float(data["at"]),
-        RecordKind(data["kind"]),
-        str(data["resource"]),
-        int(data["epoch"]),
-        None if holder is None else str(holder),
-        dict(detail),
-    )
+def records_from(raw: bytes, create_revision: int) -> list[Record]:
+    """The records stored as ``raw`` by the transaction of ``create_revision``."""
+    try:
+        value = json.loads(raw)
+    except ValueError as error:
+        raise ConfigurationError(f"unreadable records in etcd: {raw[:100]!r}") from error
+    if not isinstance(value, list) or not all(isinstance(data, dict) for data in value):
+        raise ConfigurationError(f"unreadable records in etcd: {raw[:100]!r}")
+    records = []
+    for data in value:
+        holder = data.get("holder")
+        detail = data.get("detail") or {}
+        records.append(
+            Record(
+                record_seq(create_revision, int(data["i"])),
+                float(data["at"]),
+                RecordKind(data["kind"]),
+                str(data["resource"]),
+                int(data["epoch"]),
+                None if holder is None else str(holder),
+                dict(detail),
+            )
+        )
+    return records
