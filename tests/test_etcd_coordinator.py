@@ -1279,3 +1279,23 @@ def test_a_restore_recorded_after_a_grant_keeps_that_grant(
         (102, "released"),
     ]
     assert RecordKind.RESTORED in [r.kind for r in coord.history("b")]
+
+
+def test_only_a_caller_that_will_not_queue_pays_for_the_precise_remaining_time(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    """``Busy.remaining`` of ``wait=0`` asks etcd for the holder's etcd lease's time to live; a
+    caller that queues (``wait`` > 0) does not need it and makes no such request."""
+    url = etcd_cluster.url(prefix=_prefix())
+    holder, other = opened(url), opened(url)
+    held = holder.acquire(R, ttl=10, wait=0)
+    requests = _count_requests(_etcd(other))
+    with pytest.raises(Busy) as busy:
+        other.acquire(R, ttl=10, wait=0)
+    assert busy.value.epoch == held.epoch and 0 < busy.value.remaining <= 11
+    assert "lease/timetolive" in [path for _, path in requests]
+    requests.clear()
+    with pytest.raises(Busy):
+        other.acquire(R, ttl=10, wait=0.3)
+    assert "lease/timetolive" not in [path for _, path in requests]
+    assert holder.release(held)

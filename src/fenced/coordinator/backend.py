@@ -53,6 +53,10 @@ class GrantRequest:
     request_id: str | None = None
     value: str | None = None
     """An election candidate's advertised value, shown by ``current`` while it leads."""
+    queues: bool = False
+    """The caller queues when this attempt is not granted (``acquire`` with ``wait`` other than
+    0): it uses a :class:`Blocked` answer only to queue, so a backend may leave out work that
+    only makes ``Blocked.remaining`` precise (an upper bound, such as the ttl, is enough)."""
 
 
 @dataclass(frozen=True, slots=True)

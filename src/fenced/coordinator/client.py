@@ -147,7 +147,9 @@ class Coordinator:
         advertised = None if value is None else validate_value(value)
         if rid is not None:
             self.require(CAP_REQUEST_ID)
-        request = GrantRequest(name, policy.ttl, secrets.token_hex(16), label, rid, advertised)
+        request = GrantRequest(
+            name, policy.ttl, secrets.token_hex(16), label, rid, advertised, patience != 0
+        )
         give_up = None if patience is None else self._clock.monotonic() + patience
         ticket: Ticket | None = None
         try:

@@ -1045,8 +1045,8 @@ class EtcdBackend:
             ticket.blocked = blocked
             self._follow(ticket, pred, revision)
             return blocked
-        if lease_kv is not None:
-            return self._blocked(lease_kv, self._last(name), None)
+        if lease_kv is not None:  # the remaining time costs a request: only for a Busy
+            return self._blocked(lease_kv, self._last(name), None, precise=not request.queues)
         with self._lock:
             fresh = (self._res[name][0], self._minimum[0])
         if fresh == compared:  # every other compare held: the queue is not empty
