@@ -946,14 +946,15 @@ def _handoffs(records: list[tuple[int, Any]]) -> list[tuple[Any, Any]]:
     return pairs
 
 
-def _count_requests(backend: EtcdBackend) -> list[tuple[float, str]]:
-    """Record ``(time, path)`` of every request ``backend`` makes from now on."""
-    calls: list[tuple[float, str]] = []
+def _count_requests(backend: EtcdBackend) -> list[tuple[float, str, bool]]:
+    """Record ``(time, path, writes)`` of every request ``backend`` makes from now on
+    (``writes``: sent as one that may change something)."""
+    calls: list[tuple[float, str, bool]] = []
     transport = backend._transport
     call = transport.call
 
     def counted(path: str, body: dict[str, Any], **options: Any) -> dict[str, Any]:
-        calls.append((time.monotonic(), path))
+        calls.append((time.monotonic(), path, bool(options.get("mutating"))))
         return call(path, body, **options)
 
     transport.call = counted  # type: ignore[method-assign]
@@ -964,7 +965,8 @@ def test_a_release_hands_the_lease_to_the_head_in_its_own_transaction(
     etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
 ) -> None:
     """The release puts the head's grant (epoch + 1, on the etcd lease the waiter created when
-    it queued); the waiter returns from the watch event, without a request of its own."""
+    it queued); the waiter returns from the watch event, without a write of its own (a read
+    may coincide: the catch-up read of its watch, or its periodic recheck, on a busy machine)."""
     prefix = _prefix()
     url = etcd_cluster.url(prefix=prefix)
     holder, waiter = opened(url), opened(url)
@@ -989,8 +991,8 @@ def test_a_release_hands_the_lease_to_the_head_in_its_own_transaction(
     handed = _handoffs(_records(etcd_cluster, prefix))
     assert [(r.epoch, g.epoch, g.holder) for r, g in handed] == [(3, 4, "waiter")]
     assert handed[0][1].detail == {"after": "released"}
-    during = [path for at, path in requests if released_at <= at <= returned_at]
-    assert not [path for path in during if path.startswith("kv/")], during
+    during = [path for at, path, writes in requests if released_at <= at <= returned_at and writes]
+    assert not during, during
 
 
 def test_a_waiter_that_leaves_after_being_handed_the_lease_hands_it_on(
@@ -1188,7 +1190,7 @@ def test_changes_of_different_resources_never_conflict(
     requests = _count_requests(_etcd(mine))
     lease = mine.acquire("a", ttl=5, wait=0)
     assert mine.release(lease)
-    assert [path for _, path in requests if path == "kv/txn"] == ["kv/txn", "kv/txn"]
+    assert [path for _, path, _ in requests if path == "kv/txn"] == ["kv/txn", "kv/txn"]
     kinds = [(r.resource, r.kind, r.epoch) for r in mine.history()]
     GRANTED, RELEASED = RecordKind.GRANTED, RecordKind.RELEASED
     assert kinds == [
@@ -1293,9 +1295,9 @@ def test_only_a_caller_that_will_not_queue_pays_for_the_precise_remaining_time(
     with pytest.raises(Busy) as busy:
         other.acquire(R, ttl=10, wait=0)
     assert busy.value.epoch == held.epoch and 0 < busy.value.remaining <= 11
-    assert "lease/timetolive" in [path for _, path in requests]
+    assert "lease/timetolive" in [path for _, path, _ in requests]
     requests.clear()
     with pytest.raises(Busy):
         other.acquire(R, ttl=10, wait=0.3)
-    assert "lease/timetolive" not in [path for _, path in requests]
+    assert "lease/timetolive" not in [path for _, path, _ in requests]
     assert holder.release(held)
