@@ -360,13 +360,13 @@ def _first(response: Json) -> KV | None:
 
 
 def _int_value(kv: KV | None) -> tuple[int, int]:
-    """``(mod_revision, value)`` of a counter key (``(0, 0)`` when absent)."""
+    """``(mod_revision, value)`` of a decimal key such as the minimum (``(0, 0)`` when absent)."""
     if kv is None:
         return 0, 0
     try:
         return kv.mod_revision, int(kv.value)
     except ValueError as error:
-        raise ConfigurationError(f"unreadable counter in etcd: {kv.value[:50]!r}") from error
+        raise ConfigurationError(f"unreadable number in etcd: {kv.value[:50]!r}") from error
 
 
 def _owner(lease_kv: KV) -> str:
@@ -384,7 +384,7 @@ def _handoff(queued: KV) -> bool:
 
 @dataclass(frozen=True)
 class _Release:
-    """One attempt of a release: its transaction, and the state and counter it writes."""
+    """One attempt of a release: its transaction, and the state it writes."""
 
     compare: list[Json]
     success: list[Json]
