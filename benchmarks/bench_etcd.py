@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_etcd.py                 # ~3 minutes
+    .venv/bin/python benchmarks/bench_etcd.py                 # ~3.5 minutes
     .venv/bin/python benchmarks/bench_etcd.py --rounds 9 --seconds 1
     .venv/bin/python benchmarks/bench_etcd.py --only cycles --only handoff
 
