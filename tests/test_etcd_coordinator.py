@@ -40,7 +40,7 @@ from fenced.coordinator.backends.etcd_client import (
     WatchStream,
     b64,
 )
-from fenced.coordinator.backends.etcd_keys import records_from
+from fenced.coordinator.backends.etcd_keys import SEQ_PER_REVISION, records_from
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
 from fenced.core.clock import ManualClock
@@ -1217,7 +1217,7 @@ def test_records_are_read_in_pages_that_end_inside_a_transaction(
     coord.backend.advance(1000, {}, {"reason": "advance"})
     whole = coord.history()
     assert [r.kind for r in whole].count(RecordKind.RESTORED) == 5
-    assert len({r.seq // 128 for r in whole if r.kind is RecordKind.RESTORED}) == 1
+    assert len({r.seq // SEQ_PER_REVISION for r in whole if r.kind is RecordKind.RESTORED}) == 1
     seqs = [r.seq for r in whole]
     assert seqs == sorted(set(seqs))
     monkeypatch.setattr(etcd_module, "_PAGE", 3)
@@ -1301,3 +1301,25 @@ def test_only_a_caller_that_will_not_queue_pays_for_the_precise_remaining_time(
         other.acquire(R, ttl=10, wait=0.3)
     assert "lease/timetolive" not in [path for _, path, _ in requests]
     assert holder.release(held)
+
+
+def test_a_record_key_of_another_shape_is_a_configuration_error(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    """A value under ``P/log/`` that is not fenced's list of records (a list of objects
+    without the fields) is a one-line ConfigurationError, not a KeyError from deep inside."""
+    prefix = _prefix()
+    coord = opened(etcd_cluster.url(prefix=prefix))
+    coord.release(coord.acquire(R, ttl=5, wait=0))
+    raw = _raw(etcd_cluster)
+    try:
+        raw.call(
+            "kv/put",
+            {"key": b64(f"{prefix}/log/other:{'9' * 20}"), "value": b64('[{"kind": "granted"}]')},
+            mutating=True,
+        )
+    finally:
+        raw.close()
+    with pytest.raises(ConfigurationError, match="unreadable records in etcd"):
+        coord.history()
+    assert [r.kind for r in coord.history(R)] == [RecordKind.GRANTED, RecordKind.RELEASED]

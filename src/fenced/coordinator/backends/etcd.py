@@ -193,6 +193,17 @@ log = logging.getLogger("fenced.coordinator.etcd")
 _Item = tuple[RecordKind, str, int, str | None, dict[str, object]]
 """A record to write: kind, resource, epoch, holder, detail."""
 
+
+def _restored(
+    states: list[tuple[str, ResourceState]], minimum: int, detail: dict[str, object]
+) -> list[_Item]:
+    """The ``restored`` records of these resources after ``advance`` raised the minimum."""
+    return [
+        (RecordKind.RESTORED, name, max(state.epoch, minimum), None, detail)
+        for name, state in states
+    ]
+
+
 QUEUE_TTL = 2
 """TTL (s) of the etcd lease of a process's waiter keys: a dead waiter is skipped after that."""
 RECHECK = 1.0
@@ -1764,11 +1775,7 @@ class EtcdBackend:
             recorded = {**detail, "minimum": new_minimum}
             first, rest = states[:_RESTORE_CHUNK], states[_RESTORE_CHUNK:]
             record_ops, numbers = self._records_ops(
-                [
-                    (RecordKind.RESTORED, name, max(state.epoch, new_minimum), None, recorded)
-                    for name, state in first
-                ],
-                {name: state.n for name, state in first},
+                _restored(first, new_minimum, recorded), {name: state.n for name, state in first}
             )
             ok, _, revision = self._txn(
                 [
@@ -1798,18 +1805,28 @@ class EtcdBackend:
                 return new_minimum
         raise Unavailable("etcd: the state changed too often to advance (contention)")
 
+    def _read_states(self, names: list[str]) -> list[tuple[str, int, ResourceState]]:
+        """``(name, mod revision, state)`` of each resource, in one read (a resource never
+        granted: revision 0 and a blank state)."""
+        responses, _ = self._read([_get(self._keys.res(name)) for name in names], "reading epochs")
+        found = []
+        for name, response in zip(names, responses, strict=True):
+            kv = _first(response)
+            if kv is None:
+                found.append((name, 0, ResourceState()))
+            else:
+                found.append((name, kv.mod_revision, ResourceState.decode(kv.value)))
+        return found
+
     def _raise_floors(self, floors: dict[str, int]) -> None:
         keys = self._keys
         for _ in range(_MAX_ATTEMPTS):
-            responses, _ = self._read([_get(keys.res(name)) for name in floors], "reading epochs")
             compare: list[Json] = []
             success: list[Json] = []
-            for (name, floor), response in zip(floors.items(), responses, strict=True):
-                kv = _first(response)
-                state = ResourceState.decode(kv.value) if kv is not None else ResourceState()
-                compare.append(_cmp(keys.res(name), "MOD", kv.mod_revision if kv else 0))
-                if floor > state.epoch:
-                    raised = replace(state, epoch=floor)
+            for name, revision, state in self._read_states(list(floors)):
+                compare.append(_cmp(keys.res(name), "MOD", revision))
+                if floors[name] > state.epoch:
+                    raised = replace(state, epoch=floors[name])
                     success.append(_put(keys.res(name), raised.encode()))
             if not success:
                 return
@@ -1832,30 +1849,21 @@ class EtcdBackend:
             if attempts > _MAX_ATTEMPTS:
                 raise Unavailable("etcd: the state changed too often to record a restore")
             chunk = names[:_RESTORE_CHUNK]
-            responses, _ = self._read([_get(keys.res(name)) for name in chunk], "reading epochs")
-            found: list[tuple[str, KV]] = []
-            for name, response in zip(chunk, responses, strict=True):
-                kv = _first(response)
-                if kv is not None:
-                    found.append((name, kv))
-            states = {name: ResourceState.decode(kv.value) for name, kv in found}
+            found = [item for item in self._read_states(chunk) if item[1]]
+            states = [(name, state) for name, _, state in found]
             record_ops, numbers = self._records_ops(
-                [
-                    (RecordKind.RESTORED, name, max(state.epoch, new_minimum), None, recorded)
-                    for name, state in states.items()
-                ],
-                {name: state.n for name, state in states.items()},
+                _restored(states, new_minimum, recorded), {name: state.n for name, state in states}
             )
             compare: list[Json] = []
             success: list[Json] = []
-            for name, kv in found:
-                state = states[name]
-                if kv.mod_revision <= since:
-                    state = ResourceState(state.epoch, "restored", None, numbers[name])
-                else:
-                    state = replace(state, n=numbers[name])
-                compare.append(_cmp(kv.key, "MOD", kv.mod_revision))
-                success.append(_put(kv.key, state.encode()))
+            for name, revision, state in found:
+                marked = (
+                    ResourceState(state.epoch, "restored", None, numbers[name])
+                    if revision <= since
+                    else replace(state, n=numbers[name])
+                )
+                compare.append(_cmp(keys.res(name), "MOD", revision))
+                success.append(_put(keys.res(name), marked.encode()))
             ok, _, _ = self._txn(compare, [*success, *record_ops], [], what="recording a restore")
             if ok:
                 names, attempts = names[_RESTORE_CHUNK:], 0

@@ -271,19 +271,18 @@ def records_from(raw: bytes, create_revision: int) -> list[Record]:
         raise ConfigurationError(f"unreadable records in etcd: {raw[:100]!r}") from error
     if not isinstance(value, list) or not all(isinstance(data, dict) for data in value):
         raise ConfigurationError(f"unreadable records in etcd: {raw[:100]!r}")
-    records = []
-    for data in value:
-        holder = data.get("holder")
-        detail = data.get("detail") or {}
-        records.append(
+    try:
+        return [
             Record(
                 record_seq(create_revision, int(data["i"])),
                 float(data["at"]),
                 RecordKind(data["kind"]),
                 str(data["resource"]),
                 int(data["epoch"]),
-                None if holder is None else str(holder),
-                dict(detail),
+                None if data.get("holder") is None else str(data["holder"]),
+                dict(data.get("detail") or {}),
             )
-        )
-    return records
+            for data in value
+        ]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ConfigurationError(f"unreadable records in etcd: {raw[:100]!r}") from error
