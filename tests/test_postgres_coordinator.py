@@ -50,7 +50,7 @@ from fenced.core.lease import Lease, LeaseState
 from fenced.core.records import RecordKind
 from fenced.core.restore import restore_base
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres_conn import migrate, parse_url
+from fenced.fence.postgres_conn import Pool, execute, migrate, parse_url
 from fenced.fence.postgres_store import open_postgres_store
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.postgres import PgBouncer, PostgresServer
@@ -405,6 +405,38 @@ def test_through_a_transaction_pooling_pgbouncer(
     assert c.done_at - released < 2.0
     degraded.release(c.result)
     assert third.url.startswith("postgresql://")
+
+
+def test_a_statement_prepared_by_another_client_of_the_pooler_is_never_run(
+    postgres_server: PostgresServer,
+) -> None:
+    """Behind a transaction pooler with one server session, fenced's pool runs a query often;
+    then another client deallocates every prepared statement there and prepares its own as
+    psycopg names them (``_pg3_0``, …). Had the pool let psycopg prepare the query, it would now
+    run that client's ``SELECT k`` under its own ``_pg3_0`` and read another query's rows,
+    without an error: fenced's pool never lets psycopg prepare (its own hot statements are
+    named after their text), so every answer stays right."""
+    query = b"SELECT count(*) FROM pg_class WHERE relname = %s"
+    with PgBouncer(postgres_server, pool_mode="transaction", pool_size=1) as bouncer:
+        dsn = bouncer.url("postgres")
+        pool = Pool(dsn, display="pooled", size=1)
+        try:
+            with pool.connection(5) as conn:
+                for _ in range(8):  # more runs than psycopg's default threshold (5)
+                    assert execute(pool, conn, query, ("pg_class",)) == [(1,)]
+            with psycopg.connect(dsn, autocommit=True) as other:
+                other.execute("DEALLOCATE ALL")
+                for k in range(8):  # one parameter too, as the pool's query
+                    other.execute(
+                        f"SELECT {k + 100}::bigint WHERE %s::text IS NOT NULL".encode(),
+                        ("x",),
+                        prepare=True,
+                    )
+            with pool.connection(5) as conn:
+                for _ in range(3):
+                    assert execute(pool, conn, query, ("pg_class",)) == [(1,)]
+        finally:
+            pool.close()
 
 
 # -- schema, URLs and errors ----------------------------------------------------------------------

@@ -431,11 +431,17 @@ class Pool:
     Nothing is ever sent twice: once a statement has gone out, failures are reported, never
     retried here.
 
-    ``prepare``: let psycopg prepare statements that run often (on by default). A
-    transaction-pooling PgBouncer before 1.21 loses them between transactions; the first such
-    failure (``prepared statement … does not exist`` / ``already exists``, raised before anything
-    executed) turns them off for the pool for good and :func:`execute` sends the statement again,
-    unprepared.
+    ``prepare``: run the hot statements (:class:`Statement`, the coordinator's direct ones) as
+    prepared statements named after their text (on by default). A transaction-pooling PgBouncer
+    before 1.21 loses them between transactions; the first such failure (``prepared statement …
+    does not exist`` / ``already exists``, raised before anything executed) turns them off for
+    the pool for good and the statement is sent again, unprepared.
+
+    psycopg's own automatic preparation is never used (``prepare_threshold=None``): it names
+    statements ``_pg3_0``, ``_pg3_1``, … per client connection, so behind a transaction pooler a
+    server session can hold *another client's* ``_pg3_0`` for another query, and running it
+    returns that query's rows without any error. A name derived from the text always means the
+    same statement, on any session.
     """
 
     def __init__(
@@ -478,7 +484,7 @@ class Pool:
             if self._inner is None:
                 self._inner = ConnectionPool(
                     self.conninfo,
-                    kwargs={"autocommit": True, "prepare_threshold": self._threshold()},
+                    kwargs={"autocommit": True, "prepare_threshold": None},  # see the docstring
                     min_size=0,
                     max_size=self.size,
                     open=True,
@@ -490,17 +496,12 @@ class Pool:
                 )
             return self._inner
 
-    def _threshold(self) -> int | None:
-        return 5 if self._prepare else None
-
     def _check(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         """The psycopg pool's check of a connection it is about to lend (no round trip)."""
         if _dead(conn):
             conn.close()  # the pool replaces a closed connection instead of keeping it
             self.discard_idle()
             raise psycopg.OperationalError("the idle connection was closed by the server")
-        if not self._prepare:
-            conn.prepare_threshold = None
 
     def open_connection(self, budget: float) -> psycopg.Connection[tuple[Any, ...]]:
         """A new connection outside the pool, retrying refused/starting-up connects until
@@ -518,7 +519,7 @@ class Pool:
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         conn: psycopg.Connection[tuple[Any, ...]] = psycopg.Connection.connect(
-            self.conninfo, autocommit=True, prepare_threshold=self._threshold()
+            self.conninfo, autocommit=True, prepare_threshold=None
         )
         return conn
 
@@ -640,7 +641,6 @@ class Pool:
                 self.display,
             )
         self._prepare = False
-        conn.prepare_threshold = None
         return True
 
     def discard_idle(self) -> None:
