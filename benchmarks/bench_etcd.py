@@ -10,7 +10,8 @@ The benchmark starts its own 3-member etcd cluster (``fenced.testing.etcd.EtcdCl
 ports, fsync on as etcd always does, ``--heartbeat-interval 50 --election-timeout 500``) and
 stops it by PID at the end. Implementations, all through the same cluster, each on its own key:
 
-- ``fenced``: ``fenced.connect("etcd://…")``, ``acquire(ttl=30)`` / ``release()``: a fencing
+- ``fenced``: ``fenced.connect("etcd://…")`` (requests over etcd's gRPC API, watches over its
+  JSON gateway), ``acquire(ttl=30)`` / ``release()``: a fencing
   token, the epoch and the record written in the grant's transaction; a release hands the lease
   to the head waiter in its own transaction (the holder's process watches the line of a key it
   takes a second time, and the waiter's of the key it queues for: the warm-up round covers it);
@@ -38,6 +39,10 @@ after one discarded warm-up round; ratios are taken per round, then the median i
 4. **spread**: the same processes, each cycling on a key of its own for ``--fair-seconds``
    (many machines, many resources): total cycles/s and acquisitions that failed. No target;
    nothing but the cluster's capacity should limit it.
+5. **api**: fenced's uncontended cycle with its requests over gRPC (the default, the ``fenced``
+   row above) and over etcd's JSON gateway (``?api=gateway``), interleaved: cycles/s, and the
+   CPU per cycle of the three members (``/proc/PID/stat``) and of this process. No target; it
+   shows why the default is gRPC.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import asyncio
 import math
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+import os
 import random
 import statistics
 import sys
@@ -78,10 +84,11 @@ class Driver(Protocol):
 
 
 class FencedDriver:
-    def __init__(self, endpoints: list[str], key: str) -> None:
+    def __init__(self, endpoints: list[str], key: str, api: str = "grpc") -> None:
         import fenced
 
-        self._coord = fenced.connect("etcd://" + ",".join(endpoints) + "?prefix=/bench-fenced")
+        url = "etcd://" + ",".join(endpoints) + "?prefix=/bench-fenced&api=" + api
+        self._coord = fenced.connect(url)
         self._key = key
         self._lease: Any = None
 
@@ -428,6 +435,56 @@ def bench_spread(endpoints: list[str], impls: list[str], processes: int, seconds
     )
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far (``/proc/PID/stat``)."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def bench_api(endpoints: list[str], pids: list[int], rounds: int, seconds: float) -> None:
+    """fenced's uncontended cycle with its requests over gRPC (the default) and over etcd's JSON
+    gateway (``?api=gateway``): throughput, and the CPU each cycle costs the three members and
+    this client process (why the default is gRPC: docs/etcd.md, "Client")."""
+    apis = ["grpc", "gateway"]
+    drivers = {api: FencedDriver(endpoints, "api-" + api, api) for api in apis}
+    found: dict[str, list[tuple[float, float, float]]] = {api: [] for api in apis}
+    print(f"\n[api] warm-up + {rounds} rounds x {seconds:g} s per API", flush=True)
+    for number in range(rounds + 1):
+        for api in apis if number % 2 == 0 else apis[::-1]:
+            members, client = _cpu_seconds(pids), time.process_time()
+            durations = cycles(drivers[api], seconds if number else min(seconds, 0.5))
+            count = len(durations)
+            if number and count:
+                found[api].append(
+                    (
+                        count / sum(durations),
+                        (_cpu_seconds(pids) - members) / count,
+                        (time.process_time() - client) / count,
+                    )
+                )
+    for driver in drivers.values():
+        driver.close()
+    rows = [
+        [
+            api,
+            fmt_rate(statistics.median(f[0] for f in found[api])),
+            fmt_time(statistics.median(f[1] for f in found[api])),
+            fmt_time(statistics.median(f[2] for f in found[api])),
+        ]
+        for api in apis
+    ]
+    print_table(
+        "5. fenced's requests over gRPC vs over the JSON gateway (uncontended cycle; no target)",
+        ["api", "cycles/s", "members' CPU / cycle", "client CPU / cycle"],
+        rows,
+    )
+    per_round = [g[0] / w[0] for g, w in zip(found["grpc"], found["gateway"], strict=True)]
+    print(f"grpc / gateway: {fmt_ratio(statistics.median(per_round))} (median of per-round ratios)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -437,11 +494,11 @@ def main() -> None:
     parser.add_argument("--fair-seconds", type=float, default=4.0)
     parser.add_argument("--fair-rounds", type=int, default=1)
     parser.add_argument(
-        "--only", action="append", choices=["cycles", "handoff", "fairness", "spread"]
+        "--only", action="append", choices=["cycles", "handoff", "fairness", "spread", "api"]
     )
     parser.add_argument("--impl", action="append", choices=IMPLS)
     args = parser.parse_args()
-    sections = args.only or ["cycles", "handoff", "fairness", "spread"]
+    sections = args.only or ["cycles", "handoff", "fairness", "spread", "api"]
     impls = args.impl or IMPLS
     with EtcdCluster(3) as cluster:
         endpoints = cluster.endpoints
@@ -457,6 +514,9 @@ def main() -> None:
             bench_fairness(ordered, impls, args.fair_rounds, args.processes, args.fair_seconds)
         if "spread" in sections:
             bench_spread(ordered, impls, args.processes, args.fair_seconds)
+        if "api" in sections:
+            pids = [pid for pid in (member.pid for member in cluster.members) if pid is not None]
+            bench_api(ordered, pids, args.rounds, args.seconds)
 
 
 if __name__ == "__main__":

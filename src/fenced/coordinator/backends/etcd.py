@@ -238,6 +238,7 @@ class EtcdSettings:
     prefix: str
     timeout: float
     connect_timeout: float
+    api: str = "grpc"
 
 
 def _positive(name: str, text: str) -> float:
@@ -251,7 +252,10 @@ def _positive(name: str, text: str) -> float:
 
 
 def parse_etcd_url(url: str) -> EtcdSettings:
-    """Parse ``etcd://host:port[,host:port…][/][?prefix=/p&timeout=S&connect_timeout=S]``."""
+    """Parse ``etcd://host:port[,host:port…][/][?prefix=/p&timeout=S&connect_timeout=S&api=A]``.
+
+    ``api``: ``grpc`` (the default) or ``gateway`` (etcd's JSON gateway, for a network that
+    passes only HTTP/1.1); watches use the gateway either way (``docs/etcd.md``, "Client")."""
     # Split by hand: urllib's urlsplit rejects a multi-host netloc with an IPv6 literal.
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() != "etcd":
@@ -283,7 +287,7 @@ def parse_etcd_url(url: str) -> EtcdSettings:
     if not endpoints:
         raise ConfigurationError(f"{url!r}: no etcd endpoint")
     options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=False))
-    unknown = set(options) - {"prefix", "timeout", "connect_timeout"}
+    unknown = set(options) - {"prefix", "timeout", "connect_timeout", "api"}
     if unknown:
         raise ConfigurationError(f"{url!r}: unknown etcd URL parameter(s) {sorted(unknown)}")
     prefix = options.get("prefix", DEFAULT_PREFIX)
@@ -294,7 +298,10 @@ def parse_etcd_url(url: str) -> EtcdSettings:
         if "connect_timeout" in options
         else min(1.0, timeout)
     )
-    return EtcdSettings(endpoints, prefix, timeout, connect)
+    api = options.get("api", "grpc")
+    if api not in ("grpc", "gateway"):
+        raise ConfigurationError(f"{url!r}: api must be grpc or gateway, not {api!r}")
+    return EtcdSettings(endpoints, prefix, timeout, connect, api)
 
 
 def _port(url: str, text: str) -> int:
@@ -446,10 +453,22 @@ class EtcdBackend:
             f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             for host, port in settings.endpoints
         )
-        query = "" if settings.prefix == DEFAULT_PREFIX else f"?prefix={settings.prefix}"
-        self.url = f"etcd://{hosts}{query}"
+        query = [] if settings.prefix == DEFAULT_PREFIX else [f"prefix={settings.prefix}"]
+        if settings.api != "grpc":
+            query.append(f"api={settings.api}")
+        self.url = f"etcd://{hosts}" + ("?" + "&".join(query) if query else "")
         self._keys = Keys(settings.prefix)
-        self._transport = Transport(
+        transport: type[Transport] = Transport
+        if settings.api == "grpc":
+            try:
+                from fenced.coordinator.backends.etcd_grpc import GrpcTransport  # noqa: PLC0415
+            except ImportError as error:
+                raise ConfigurationError(
+                    "etcd:// over gRPC needs grpcio and protobuf: pip install 'fenced[etcd]', "
+                    f"or add ?api=gateway to the URL ({error})"
+                ) from error
+            transport = GrpcTransport
+        self._transport = transport(
             settings.endpoints, timeout=settings.timeout, connect_timeout=settings.connect_timeout
         )
         self._lock = threading.Lock()

@@ -358,7 +358,7 @@ class Transport:
     # -- requests -------------------------------------------------------------------------
     def call(self, path: str, body: Json, *, mutating: bool, timeout: float | None = None) -> Json:
         """POST ``body`` to ``/v3/<path>``; the decoded reply (see the module docstring)."""
-        data = _compact_json(body).encode()
+        data = self._encode(path, body)
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         last: EtcdError = NotApplied("no endpoint answered")
@@ -380,9 +380,15 @@ class Transport:
             time.sleep(min(_RETRY_PAUSE[min(attempt, len(_RETRY_PAUSE) - 1)], remaining))
         raise NotApplied(f"etcd unavailable after {budget:g}s ({last})", last.code)
 
+    def _encode(self, path: str, body: Json) -> Any:
+        """``body`` as :meth:`_once` sends it (here: compact JSON)."""
+        del path
+        return _compact_json(body).encode()
+
     def _once(
-        self, endpoint: _Endpoint, path: str, data: bytes, timeout: float, mutating: bool
+        self, endpoint: _Endpoint, path: str, data: Any, timeout: float, mutating: bool
     ) -> Json:
+        """One attempt at one endpoint: the reply, or the classified error (module docstring)."""
         conn = self._checkout(endpoint, timeout)
         kept = False
         try:
@@ -433,7 +439,10 @@ class Transport:
         """
         for endpoint in list(self._endpoints):
             try:
-                status = self._once(endpoint, "maintenance/status", b"{}", timeout, False)
+                status = self._once(
+                    endpoint, "maintenance/status", self._encode("maintenance/status", {}),
+                    timeout, False,
+                )  # fmt: skip
             except EtcdError:
                 continue
             member = str(status.get("header", {}).get("member_id", ""))
