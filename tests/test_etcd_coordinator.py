@@ -951,13 +951,13 @@ def _count_requests(backend: EtcdBackend) -> list[tuple[float, str, bool]]:
     (``writes``: sent as one that may change something)."""
     calls: list[tuple[float, str, bool]] = []
     transport = backend._transport
-    call = transport.call
+    attempts = transport._attempts
 
-    def counted(path: str, body: dict[str, Any], **options: Any) -> dict[str, Any]:
-        calls.append((time.monotonic(), path, bool(options.get("mutating"))))
-        return call(path, body, **options)
+    def counted(path: str, body: dict[str, Any], mutating: bool, timeout: float | None) -> Any:
+        calls.append((time.monotonic(), path, mutating))
+        return attempts(path, body, mutating, timeout)
 
-    transport.call = counted  # type: ignore[method-assign]
+    transport._attempts = counted  # type: ignore[method-assign]
     return calls
 
 

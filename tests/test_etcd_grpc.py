@@ -25,7 +25,8 @@ from fenced.coordinator.backends.etcd_client import (
     b64,
     unb64,
 )
-from fenced.coordinator.backends.etcd_grpc import GrpcTransport, to_json, to_message
+from fenced.coordinator.backends.etcd_grpc import GrpcTransport
+from fenced.coordinator.backends.etcd_messages import to_json, to_message
 from fenced.core.errors import ConfigurationError, Unavailable
 from fenced.testing.conformance import wait_for
 from fenced.testing.etcd import EtcdCluster

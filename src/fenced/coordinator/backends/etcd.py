@@ -143,15 +143,16 @@ from fenced.coordinator.backend import (
     Ticket,
     owned_ticket,
 )
+from fenced.coordinator.backends import etcd_rpc_pb2 as rpc
 from fenced.coordinator.backends.etcd_client import (
     KV,
+    EtcdError,
     EtcdRejected,
     Event,
     MaybeApplied,
     NotApplied,
     Transport,
     WatchStream,
-    b64,
 )
 from fenced.coordinator.backends.etcd_keys import (
     DEFAULT_PREFIX,
@@ -318,63 +319,36 @@ _TARGET_FIELD = {
     "VERSION": "version",
     "LEASE": "lease",
 }
-
-
-_KEYS_ENCODED: dict[bytes, str] = {}
-
-
-def _k(key: bytes) -> str:
-    """``b64(key)``, remembered: a resource's keys recur in every transaction."""
-    text = _KEYS_ENCODED.get(key)
-    if text is None:
-        if len(_KEYS_ENCODED) >= 4096:
-            _KEYS_ENCODED.clear()
-        text = _KEYS_ENCODED[key] = b64(key)
-    return text
+_Op = rpc.RequestOp  # a transaction's operation, built as etcd's message (no JSON on the way)
 
 
 def _cmp(
     key: bytes, target: str, value: int, result: str = "EQUAL", range_end: bytes | None = None
-) -> Json:
-    compare: Json = {"key": _k(key), "target": target, "result": result}
-    compare[_TARGET_FIELD[target]] = str(value)
-    if range_end is not None:
-        compare["range_end"] = _k(range_end)
+) -> rpc.Compare:
+    compare = rpc.Compare(key=key, target=target, result=result, range_end=range_end or b"")
+    setattr(compare, _TARGET_FIELD[target], value)
     return compare
 
 
-def _put(key: bytes, value: bytes, lease: int = 0) -> Json:
-    request: Json = {"key": _k(key), "value": b64(value)}
-    if lease:
-        request["lease"] = str(lease)
-    return {"request_put": request}
+def _put(key: bytes, value: bytes, lease: int = 0) -> _Op:
+    return _Op(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
 
 
-def _get(key: bytes, range_end: bytes | None = None, **options: Any) -> Json:
-    request: Json = {"key": _k(key)}
-    if range_end is not None:
-        request["range_end"] = _k(range_end)
-    for name, value in options.items():
-        request[name] = (
-            str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-        )
-    return {"request_range": request}
+def _get(key: bytes, range_end: bytes | None = None, **options: Any) -> _Op:
+    return _Op(request_range=rpc.RangeRequest(key=key, range_end=range_end or b"", **options))
 
 
-def _delete(key: bytes, range_end: bytes | None = None) -> Json:
-    request: Json = {"key": _k(key)}
-    if range_end is not None:
-        request["range_end"] = _k(range_end)
-    return {"request_delete_range": request}
+def _delete(key: bytes, range_end: bytes | None = None) -> _Op:
+    return _Op(request_delete_range=rpc.DeleteRangeRequest(key=key, range_end=range_end or b""))
 
 
-def _kvs(response: Json) -> list[KV]:
-    return [KV.from_json(kv) for kv in response.get("response_range", {}).get("kvs", [])]
+def _kvs(response: rpc.ResponseOp) -> list[KV]:
+    return [KV.from_message(kv) for kv in response.response_range.kvs]
 
 
-def _first(response: Json) -> KV | None:
-    found = _kvs(response)
-    return found[0] if found else None
+def _first(response: rpc.ResponseOp) -> KV | None:
+    kvs = response.response_range.kvs
+    return KV.from_message(kvs[0]) if kvs else None
 
 
 def _int_value(kv: KV | None) -> tuple[int, int]:
@@ -404,9 +378,9 @@ def _handoff(queued: KV) -> bool:
 class _Release:
     """One attempt of a release: its transaction, and the state it writes."""
 
-    compare: list[Json]
-    success: list[Json]
-    reads: list[Json]  # after a failure: lease, res, meta, queue head (, the head's request_id)
+    compare: list[rpc.Compare]
+    success: list[_Op]
+    reads: list[_Op]  # after a failure: lease, res, meta, queue head (, the head's request_id)
     state: ResourceState
     record: bytes  # the key of its RELEASED record
     handed: QueueValue | None = None  # the waiter it hands the lease to
@@ -499,27 +473,35 @@ class EtcdBackend:
     def _call(self, path: str, body: Json, *, mutating: bool, what: str) -> Json:
         try:
             return self._transport.call(path, body, mutating=mutating)
-        except NotApplied as error:
-            raise Unavailable(f"etcd: {what}: {error}") from error
-        except MaybeApplied as error:
-            raise OutcomeUnknown(f"etcd: {what}: {error}") from error
-        except EtcdRejected as error:
-            if error.code in (7, 16):
-                raise ConfigurationError(f"etcd refused {what}: {error}") from error
-            raise
+        except EtcdError as error:
+            raise self._translated(error, what) from error
+
+    @staticmethod
+    def _translated(error: EtcdError, what: str) -> Exception:
+        """The fenced error for a transport's ``error`` (an :class:`EtcdRejected` stays one)."""
+        if isinstance(error, NotApplied):
+            return Unavailable(f"etcd: {what}: {error}")
+        if isinstance(error, MaybeApplied):
+            return OutcomeUnknown(f"etcd: {what}: {error}")
+        if isinstance(error, EtcdRejected) and error.code in (7, 16):
+            return ConfigurationError(f"etcd refused {what}: {error}")
+        return error
 
     def _txn(
-        self, compare: list[Json], success: list[Json], failure: list[Json], *, what: str
-    ) -> tuple[bool, list[Json], int]:
-        mutating = any("request_range" not in op for op in success + failure)
-        reply = self._call(
-            "kv/txn",
-            {"compare": compare, "success": success, "failure": failure},
-            mutating=mutating,
-            what=what,
-        )
-        header = reply.get("header", {})
-        cluster = str(header.get("cluster_id", ""))
+        self, compare: list[rpc.Compare], success: list[_Op], failure: list[_Op], *, what: str
+    ) -> tuple[bool, list[rpc.ResponseOp], int]:
+        mutating = any(op.WhichOneof("request") != "request_range" for op in success + failure)
+        try:
+            reply = self._transport.call_message(
+                "kv/txn",
+                {"compare": compare, "success": success, "failure": failure},
+                mutating=mutating,
+            )
+        except EtcdError as error:
+            raise self._translated(error, what) from error
+        assert isinstance(reply, rpc.TxnResponse)
+        header = reply.header
+        cluster = str(header.cluster_id) if header.cluster_id else ""
         if cluster and cluster != self._cluster_id:
             if self._cluster_id:  # another cluster (a snapshot restore): drop every cached view
                 log.warning(
@@ -529,10 +511,9 @@ class EtcdBackend:
                     self._res.clear()
                     self._minimum = (-1, 0)
             self._cluster_id = cluster
-        revision = int(header.get("revision", 0))
-        return bool(reply.get("succeeded", False)), list(reply.get("responses", [])), revision
+        return reply.succeeded, list(reply.responses), header.revision
 
-    def _read(self, ops: list[Json], what: str) -> tuple[list[Json], int]:
+    def _read(self, ops: list[_Op], what: str) -> tuple[list[rpc.ResponseOp], int]:
         _, responses, revision = self._txn([], ops, [], what=what)
         return responses, revision
 
@@ -777,17 +758,17 @@ class EtcdBackend:
             if minimum is not False:
                 self._minimum = _int_value(minimum if isinstance(minimum, KV) else None)
 
-    def _meta(self) -> Json:
+    def _meta(self) -> _Op:
         """One read of ``P/meta/``: the minimum epoch (and the id)."""
         return _get(self._keys.meta_prefix, prefix_end(self._keys.meta_prefix))
 
-    def _remember_meta(self, response: Json) -> None:
+    def _remember_meta(self, response: rpc.ResponseOp) -> None:
         found = {kv.key: kv for kv in _kvs(response)}
         self._remember(minimum=found.get(self._keys.minimum))
 
     def _records_ops(
         self, items: list[_Item], numbers: dict[str, int]
-    ) -> tuple[list[Json], dict[str, int]]:
+    ) -> tuple[list[_Op], dict[str, int]]:
         """Puts of the records ``items`` of one transaction: one key per resource, numbered
         after the resource's last record key in ``numbers``; the raised numbers (to be written
         in the same transaction, with each resource's ``P/res/NAME`` compared). A resource
@@ -802,7 +783,7 @@ class EtcdBackend:
             record = Record(0, at, kind, resource, epoch, holder, detail)
             grouped.setdefault(resource, []).append((index, record))
         raised = dict(numbers)
-        ops: list[Json] = []
+        ops: list[_Op] = []
         for resource, records in grouped.items():
             raised[resource] += 1
             ops.append(_put(keys.record(resource, raised[resource]), records_value(records)))
@@ -815,7 +796,7 @@ class EtcdBackend:
 
     def _resource_records(
         self, resource: str, number: int, items: list[_Item]
-    ) -> tuple[list[Json], int]:
+    ) -> tuple[list[_Op], int]:
         """:meth:`_records_ops` for records of one resource whose last number is ``number``."""
         ops, raised = self._records_ops(items, {resource: number})
         return ops, raised[resource]
@@ -1045,7 +1026,7 @@ class EtcdBackend:
         self,
         request: GrantRequest,
         ticket: EtcdTicket | None,
-        responses: list[Json],
+        responses: list[rpc.ResponseOp],
         revision: int,
         compared: tuple[int, int],
     ) -> Granted | Blocked | None:
@@ -1427,7 +1408,9 @@ class EtcdBackend:
         lease_ttl = float(pooled.ttl) if pooled is not None else 1.0
         return min(lease_ttl, 3 * self._transport.timeout)
 
-    def _read_settling(self, ops: list[Json], what: str, settle: float) -> list[Json] | None:
+    def _read_settling(
+        self, ops: list[_Op], what: str, settle: float
+    ) -> list[rpc.ResponseOp] | None:
         """:meth:`_read`, tried again on ``Unavailable`` for up to ``settle`` seconds; None if
         it never answered (the last error is logged)."""
         deadline = time.monotonic() + settle
@@ -1443,7 +1426,7 @@ class EtcdBackend:
                     return None
             time.sleep(0.05)
 
-    def _remember_release(self, resource: str, responses: list[Json]) -> KV | None:
+    def _remember_release(self, resource: str, responses: list[rpc.ResponseOp]) -> KV | None:
         """Cache what a failed release read (see :class:`_Release`); the lease key."""
         self._remember(res=(resource, _first(responses[1])))
         self._remember_meta(responses[2])
@@ -1612,7 +1595,7 @@ class EtcdBackend:
                 ],
                 {name: state.n for name, _, state in chunk},
             )
-            compare: list[Json] = []
+            compare: list[rpc.Compare] = []
             success = list(record_ops)
             expired: dict[str, ResourceState] = {}
             for name, kv, state in chunk:
@@ -1840,8 +1823,8 @@ class EtcdBackend:
     def _raise_floors(self, floors: dict[str, int]) -> None:
         keys = self._keys
         for _ in range(_MAX_ATTEMPTS):
-            compare: list[Json] = []
-            success: list[Json] = []
+            compare: list[rpc.Compare] = []
+            success: list[_Op] = []
             for name, revision, state in self._read_states(list(floors)):
                 compare.append(_cmp(keys.res(name), "MOD", revision))
                 if floors[name] > state.epoch:
@@ -1873,8 +1856,8 @@ class EtcdBackend:
             record_ops, numbers = self._records_ops(
                 _restored(states, new_minimum, recorded), {name: state.n for name, state in states}
             )
-            compare: list[Json] = []
-            success: list[Json] = []
+            compare: list[rpc.Compare] = []
+            success: list[_Op] = []
             for name, revision, state in found:
                 marked = (
                     ResourceState(state.epoch, "restored", None, numbers[name])

@@ -54,11 +54,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import Message
+
+from fenced.coordinator.backends.etcd_messages import METHODS, Json, to_json, to_message
+
 __all__ = [
     "KV",
     "EtcdError",
     "EtcdRejected",
     "Event",
+    "Json",
     "MaybeApplied",
     "NotApplied",
     "Stream",
@@ -68,7 +73,6 @@ __all__ = [
     "unb64",
 ]
 
-Json = dict[str, Any]
 log = logging.getLogger("fenced.coordinator.etcd")
 
 _RETRY_PAUSE = (0.02, 0.05, 0.1, 0.2)
@@ -84,8 +88,9 @@ _NOT_APPLIED_MESSAGES = (
     "unhealthy cluster",
 )
 _HEADERS = {"Content-Type": "application/json", "Grpc-Metadata-hasleader": "true"}
-_compact_json = json.JSONEncoder(separators=(",", ":")).encode
-"""One encoder for every request body (``json.dumps`` with options builds one per call)."""
+_compact_json = json.JSONEncoder(separators=(",", ":"), default=to_json).encode
+"""One encoder for every request body (``json.dumps`` with options builds one per call); a
+message in a body is written as the gateway's JSON of it."""
 _IDLE_KEPT = 16  # idle keep-alive connections kept per endpoint
 _READ_CHUNK = 65536
 # http.client writes a request's head and its body with two send()s: corked, they leave in one
@@ -136,6 +141,11 @@ class KV:
     mod_revision: int
     version: int
     lease: int
+
+    @classmethod
+    def from_message(cls, kv: Any) -> KV:
+        """From etcd's ``KeyValue`` message."""
+        return cls(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease)
 
     @classmethod
     def from_json(cls, data: Json) -> KV:
@@ -358,6 +368,27 @@ class Transport:
     # -- requests -------------------------------------------------------------------------
     def call(self, path: str, body: Json, *, mutating: bool, timeout: float | None = None) -> Json:
         """POST ``body`` to ``/v3/<path>``; the decoded reply (see the module docstring)."""
+        return self._reply_json(self._attempts(path, body, mutating, timeout))
+
+    def call_message(
+        self, path: str, body: Json, *, mutating: bool, timeout: float | None = None
+    ) -> Message:
+        """:meth:`call`, with the reply as etcd's message (:data:`~.etcd_messages.METHODS`).
+
+        ``body`` may hold messages where the gateway's JSON has objects (ops, compares)."""
+        return self._reply_message(path, self._attempts(path, body, mutating, timeout))
+
+    def _reply_json(self, reply: Any) -> Json:
+        """What :meth:`_once` returned, as the gateway's JSON (here: it is that already)."""
+        result: Json = reply
+        return result
+
+    def _reply_message(self, path: str, reply: Any) -> Message:
+        """What :meth:`_once` returned, as the reply message of ``path``."""
+        return to_message(METHODS[path][2], reply, strict=False)
+
+    def _attempts(self, path: str, body: Json, mutating: bool, timeout: float | None) -> Any:
+        """:meth:`_once` at one endpoint after another until one answers or the budget ends."""
         data = self._encode(path, body)
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
@@ -381,13 +412,14 @@ class Transport:
         raise NotApplied(f"etcd unavailable after {budget:g}s ({last})", last.code)
 
     def _encode(self, path: str, body: Json) -> Any:
-        """``body`` as :meth:`_once` sends it (here: compact JSON)."""
+        """``body`` as :meth:`_once` sends it (here: compact JSON; a message as the gateway's
+        JSON of it)."""
         del path
         return _compact_json(body).encode()
 
     def _once(
         self, endpoint: _Endpoint, path: str, data: Any, timeout: float, mutating: bool
-    ) -> Json:
+    ) -> Any:
         """One attempt at one endpoint: the reply, or the classified error (module docstring)."""
         conn = self._checkout(endpoint, timeout)
         kept = False
@@ -439,9 +471,11 @@ class Transport:
         """
         for endpoint in list(self._endpoints):
             try:
-                status = self._once(
-                    endpoint, "maintenance/status", self._encode("maintenance/status", {}),
-                    timeout, False,
+                status = self._reply_json(
+                    self._once(
+                        endpoint, "maintenance/status", self._encode("maintenance/status", {}),
+                        timeout, False,
+                    )
                 )  # fmt: skip
             except EtcdError:
                 continue

@@ -6,8 +6,10 @@ etcd's gRPC API instead of its JSON gateway: the gateway is a gRPC client inside
 re-encodes every request and reply, and it costs the members ~1.3 ms of CPU per request more than
 gRPC does (``docs/etcd.md``, "Client"). Watches still stream from the gateway (the inherited
 :meth:`~Transport.open_stream`); failover between endpoints, the time budget and the errors are
-the inherited ones. Callers keep passing and receiving the gateway's JSON: bytes as base64,
-64-bit integers as strings, enums by name (:func:`to_message`, :func:`to_json`).
+the inherited ones. :meth:`~Transport.call` takes and returns the gateway's JSON (bytes as
+base64, 64-bit integers as strings, enums by name: :mod:`.etcd_messages`);
+:meth:`~Transport.call_message` returns etcd's reply message as it came, and both accept
+messages inside the body (the backend builds its transactions' ops as messages).
 
 Failure classification (per attempt at one endpoint)::
 
@@ -33,17 +35,13 @@ subchannels of its own (``grpc.use_local_subchannel_pool``), so a replacement re
 
 from __future__ import annotations
 
-import base64
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import grpc
-from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-from google.protobuf.message_factory import GetMessageClass
 
-from fenced.coordinator.backends import etcd_rpc_pb2 as rpc
 from fenced.coordinator.backends.etcd_client import (
     EtcdError,
     Json,
@@ -52,57 +50,9 @@ from fenced.coordinator.backends.etcd_client import (
     _classify,
     _Endpoint,
 )
+from fenced.coordinator.backends.etcd_messages import METHODS, to_json, to_message
 
-__all__ = ["GrpcTransport", "to_json", "to_message"]
-
-_METHODS: dict[str, tuple[str, type[Message], type[Message], bool]] = {
-    "kv/range": ("/etcdserverpb.KV/Range", rpc.RangeRequest, rpc.RangeResponse, False),
-    "kv/put": ("/etcdserverpb.KV/Put", rpc.PutRequest, rpc.PutResponse, False),
-    "kv/deleterange": (
-        "/etcdserverpb.KV/DeleteRange",
-        rpc.DeleteRangeRequest,
-        rpc.DeleteRangeResponse,
-        False,
-    ),
-    "kv/txn": ("/etcdserverpb.KV/Txn", rpc.TxnRequest, rpc.TxnResponse, False),
-    "kv/compaction": (
-        "/etcdserverpb.KV/Compact",
-        rpc.CompactionRequest,
-        rpc.CompactionResponse,
-        False,
-    ),
-    "lease/grant": (
-        "/etcdserverpb.Lease/LeaseGrant",
-        rpc.LeaseGrantRequest,
-        rpc.LeaseGrantResponse,
-        False,
-    ),
-    "lease/revoke": (
-        "/etcdserverpb.Lease/LeaseRevoke",
-        rpc.LeaseRevokeRequest,
-        rpc.LeaseRevokeResponse,
-        False,
-    ),
-    "lease/timetolive": (
-        "/etcdserverpb.Lease/LeaseTimeToLive",
-        rpc.LeaseTimeToLiveRequest,
-        rpc.LeaseTimeToLiveResponse,
-        False,
-    ),
-    "lease/keepalive": (  # a stream in etcd's API: one request, its first reply
-        "/etcdserverpb.Lease/LeaseKeepAlive",
-        rpc.LeaseKeepAliveRequest,
-        rpc.LeaseKeepAliveResponse,
-        True,
-    ),
-    "maintenance/status": (
-        "/etcdserverpb.Maintenance/Status",
-        rpc.StatusRequest,
-        rpc.StatusResponse,
-        False,
-    ),
-}
-"""Gateway path → gRPC method, request and reply messages, and whether it is a stream."""
+__all__ = ["GrpcTransport"]
 
 _METADATA = (("hasleader", "true"),)  # etcd's "require leader" (the gateway's Grpc-Metadata-)
 _OPTIONS = [
@@ -114,118 +64,6 @@ _OPTIONS = [
 ]
 _NOT_SENT = "failed to connect to all addresses"  # the channel refused the call: never sent
 _ETCD_ANSWERS = ("etcdserver:", "mvcc:", "auth:")  # how etcd's own errors begin
-
-
-# -- JSON <-> messages ----------------------------------------------------------------------------
-
-_INTEGERS = frozenset(
-    {
-        FieldDescriptor.TYPE_INT64,
-        FieldDescriptor.TYPE_UINT64,
-        FieldDescriptor.TYPE_INT32,
-        FieldDescriptor.TYPE_UINT32,
-        FieldDescriptor.TYPE_SINT64,
-        FieldDescriptor.TYPE_SINT32,
-        FieldDescriptor.TYPE_FIXED64,
-        FieldDescriptor.TYPE_SFIXED64,
-    }
-)
-_MESSAGE, _ENUM, _BYTES, _INTEGER, _OTHER = range(5)
-_Plan = dict[str, tuple[int, Any, bool]]
-_plans: dict[type[Message], _Plan] = {}
-_decoded: dict[str, bytes] = {}  # keys recur in every request: decoded once
-_DECODED_KEPT = 4096
-
-
-def _kind(field: Any) -> int:
-    if field.type == FieldDescriptor.TYPE_MESSAGE:
-        return _MESSAGE
-    if field.type == FieldDescriptor.TYPE_ENUM:
-        return _ENUM
-    if field.type == FieldDescriptor.TYPE_BYTES:
-        return _BYTES
-    return _INTEGER if field.type in _INTEGERS else _OTHER
-
-
-def _plan(cls: type[Message]) -> _Plan:
-    """Per field of ``cls``: its kind, its message class or enum values, whether repeated."""
-    plan = _plans.get(cls)
-    if plan is None:
-        plan = {}
-        field: Any
-        for field in cls.DESCRIPTOR.fields:
-            kind = _kind(field)
-            arg: Any = None
-            if kind == _MESSAGE:
-                arg = GetMessageClass(field.message_type)
-            elif kind == _ENUM:
-                arg = {value.name: value.number for value in field.enum_type.values}
-            plan[field.name] = (kind, arg, field.is_repeated)
-        _plans[cls] = plan
-    return plan
-
-
-def _unb64(text: str) -> bytes:
-    raw = _decoded.get(text)
-    if raw is None:
-        raw = base64.b64decode(text)
-        if len(text) <= 256:
-            if len(_decoded) >= _DECODED_KEPT:
-                _decoded.clear()
-            _decoded[text] = raw
-    return raw
-
-
-def _from_json(kind: int, arg: Any, value: Any) -> Any:
-    if kind == _MESSAGE:
-        return to_message(arg, value)
-    if kind == _BYTES:
-        return _unb64(value)
-    if kind == _INTEGER:
-        return int(value)
-    if kind == _ENUM:
-        return arg[value] if isinstance(value, str) else int(value)
-    return value
-
-
-def to_message(cls: type[Message], body: Json) -> Message:
-    """The message ``cls`` that the gateway would decode from ``body`` (its JSON form).
-
-    Raises ``KeyError`` for a field ``cls`` does not have (a programming error: the gateway
-    would refuse it too)."""
-    plan = _plan(cls)
-    fields: dict[str, Any] = {}
-    for name, value in body.items():
-        kind, arg, repeated = plan[name]
-        if repeated:
-            fields[name] = [_from_json(kind, arg, item) for item in value]
-        else:
-            fields[name] = _from_json(kind, arg, value)
-    return cls(**fields)
-
-
-def _to_json(field: Any, value: Any) -> Any:
-    kind = _kind(field)
-    if kind == _MESSAGE:
-        return to_json(value)
-    if kind == _BYTES:
-        return base64.b64encode(value).decode("ascii")
-    if kind == _INTEGER:
-        return str(value)
-    if kind == _ENUM:
-        return field.enum_type.values_by_number[value].name
-    return value
-
-
-def to_json(message: Message) -> Json:
-    """``message`` as the gateway would send it: fields set to their default are left out."""
-    out: Json = {}
-    for field, value in message.ListFields():
-        if field.is_repeated:
-            out[field.name] = [_to_json(field, item) for item in value]
-        else:
-            out[field.name] = _to_json(field, value)
-    return out
 
 
 # -- transport ------------------------------------------------------------------------------------
@@ -245,7 +83,7 @@ class _Channel:
     def method(self, path: str) -> Callable[..., Any]:
         call = self.calls.get(path)
         if call is None:
-            method, request, reply, streaming = _METHODS[path]
+            method, request, reply, streaming = METHODS[path]
             make = self.channel.stream_stream if streaming else self.channel.unary_unary
             call = make(
                 method,
@@ -310,13 +148,13 @@ class GrpcTransport(Transport):
             channel.close()
 
     def _encode(self, path: str, body: Json) -> Any:
-        if path not in _METHODS:
+        if path not in METHODS:
             raise ValueError(f"etcd: no gRPC method for {path!r}")
-        return to_message(_METHODS[path][1], body)
+        return to_message(METHODS[path][1], body)
 
     def _once(
         self, endpoint: _Endpoint, path: str, data: Any, timeout: float, mutating: bool
-    ) -> Json:
+    ) -> Message:
         channel = self._channel(endpoint)
         if not channel.connected:  # connect first: a call must not wait for a connection
             wait = min(timeout, self.connect_timeout)
@@ -329,7 +167,7 @@ class GrpcTransport(Transport):
             channel.connected = True
         call = channel.method(path)
         try:
-            if _METHODS[path][3]:
+            if METHODS[path][3]:
                 replies = call(iter((data,)), timeout=timeout, metadata=_METADATA)
                 try:
                     reply = next(replies, None)
@@ -342,7 +180,16 @@ class GrpcTransport(Transport):
         except grpc.RpcError as error:
             raise self._failed(endpoint, channel, error, mutating) from error
         self._prefer(endpoint)
+        message: Message = reply
+        return message
+
+    def _reply_json(self, reply: Any) -> Json:
         return to_json(reply)
+
+    def _reply_message(self, path: str, reply: Any) -> Message:
+        del path
+        result: Message = reply
+        return result
 
     def _failed(
         self, endpoint: _Endpoint, channel: _Channel, error: grpc.RpcError, mutating: bool
