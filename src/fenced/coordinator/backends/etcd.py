@@ -1,8 +1,9 @@
 """The etcd coordinator backend: ``etcd://host:port[,host:port…][?prefix=/fenced&timeout=5]``.
 
-fenced on a Raft-replicated etcd 3.4+ cluster, through etcd's JSON gateway (see
-:mod:`.etcd_client` and ``docs/etcd.md`` for the client choice and the key layout in
-:mod:`.etcd_keys`).
+fenced on a Raft-replicated etcd 3.4+ cluster: requests through etcd's gRPC API
+(:mod:`.etcd_grpc`; ``?api=gateway``: its JSON gateway, :mod:`.etcd_client`), watches through
+the gateway (see ``docs/etcd.md`` for the client choice, and :mod:`.etcd_keys` for the key
+layout).
 
 Guarantees
 ----------
@@ -129,6 +130,7 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl
@@ -380,7 +382,8 @@ class _Release:
 
     compare: list[rpc.Compare]
     success: list[_Op]
-    reads: list[_Op]  # after a failure: lease, res, meta, queue head (, the head's request_id)
+    reads: Callable[[], list[_Op]]  # after a failure: lease, res, meta, queue head (, the
+    # head's request_id); built only then
     state: ResourceState
     record: bytes  # the key of its RELEASED record
     handed: QueueValue | None = None  # the waiter it hands the lease to
@@ -1376,7 +1379,7 @@ class EtcdBackend:
             # (no failure branch: a release that fails is rare, reads are cheaper)
             settle = 0.0 if unknown is None else self._settle_for(pooled)
             responses = self._read_settling(
-                [*plan.reads, _get(plan.record)], f"reading {resource} to release it", settle
+                [*plan.reads(), _get(plan.record)], f"reading {resource} to release it", settle
             )
             if responses is None:  # only after a lost reply (settle > 0): still unknown
                 assert unknown is not None
@@ -1442,12 +1445,17 @@ class EtcdBackend:
             res_rev, state = self._res.get(resource, (0, ResourceState()))
             minimum = self._minimum[1]
         compare = [_cmp(lease_key, "MOD", lease_rev), _cmp(res_key, "MOD", res_rev)]
-        reads = [
-            _get(lease_key),
-            _get(res_key),
-            self._meta(),
-            _get(queue, prefix_end(queue), sort_order="ASCEND", sort_target="CREATE", limit=1),
-        ]
+        request_key: bytes | None = None
+
+        def reads() -> list[_Op]:
+            found = [
+                _get(lease_key),
+                _get(res_key),
+                self._meta(),
+                _get(queue, prefix_end(queue), sort_order="ASCEND", sort_target="CREATE", limit=1),
+            ]
+            return found if request_key is None else [*found, _get(request_key)]
+
         items: list[_Item] = [(RecordKind.RELEASED, resource, epoch, holder, {})]
         record = keys.record(resource, state.n + 1)
         if head is None:
@@ -1487,7 +1495,6 @@ class EtcdBackend:
                     self._retention_lease_id(),
                 )
             )
-            reads.append(_get(request_key))
         return _Release(compare, success, reads, new_state, record, waiter, head.key)
 
     def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
