@@ -163,6 +163,7 @@ class GrpcTransport(Transport):
                 ready.result(timeout=wait)
             except grpc.FutureTimeoutError as error:
                 ready.cancel()
+                self._retire(endpoint, channel)  # the next attempt connects afresh
                 raise NotApplied(f"cannot connect within {wait:g}s") from error
             channel.connected = True
         call = channel.method(path)
