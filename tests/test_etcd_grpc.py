@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pb2, json_format
 from google.protobuf.message import Message
 
 import fenced
-from fenced.coordinator.backends import etcd_rpc_pb2 as rpc
+from fenced.coordinator.backends import etcd_rpc as rpc
 from fenced.coordinator.backends.etcd import EtcdBackend
 from fenced.coordinator.backends.etcd_client import (
     EtcdRejected,
@@ -121,8 +121,8 @@ def test_replies_read_as_the_gateway_writes_them() -> None:
 
 
 def test_the_checked_in_messages_are_those_of_the_proto(tmp_path: Path) -> None:
-    """``etcd_rpc_pb2.py`` describes exactly ``etcd_rpc.proto`` (``./dev protos`` regenerates
-    it)."""
+    """``etcd_rpc.binpb``, which ``etcd_rpc`` loads, describes exactly ``etcd_rpc.proto``
+    (``./dev protos`` recompiles it)."""
     out = tmp_path / "set.pb"
     subprocess.run(
         [
@@ -135,15 +135,19 @@ def test_the_checked_in_messages_are_those_of_the_proto(tmp_path: Path) -> None:
         ],
         check=True,
     )
-    compiled = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
-    messages = list(compiled.message_type)
-    while messages:  # protoc's descriptor sets name each field's JSON name; gencode does not
-        message = messages.pop()
-        messages += message.nested_type
-        for field in message.field:
-            field.ClearField("json_name")
-    checked_in = descriptor_pb2.FileDescriptorProto.FromString(rpc.DESCRIPTOR.serialized_pb)
-    assert checked_in == compiled
+    compiled = out.read_bytes()
+    assert (BACKENDS / "etcd_rpc.binpb").read_bytes() == compiled
+    loaded = descriptor_pb2.FileDescriptorProto()
+    rpc.DESCRIPTOR.CopyToProto(loaded)  # what the pool holds
+    checked_in = descriptor_pb2.FileDescriptorSet.FromString(compiled).file[0]
+    for described in (loaded, checked_in):  # (whether a pool's copy has JSON names varies)
+        messages = list(described.message_type)
+        while messages:
+            message = messages.pop()
+            messages += message.nested_type
+            for field in message.field:
+                field.ClearField("json_name")
+    assert loaded == checked_in
 
 
 # -- which failures may have been applied --------------------------------------------------------

@@ -145,7 +145,7 @@ from fenced.coordinator.backend import (
     Ticket,
     owned_ticket,
 )
-from fenced.coordinator.backends import etcd_rpc_pb2 as rpc
+from fenced.coordinator.backends import etcd_rpc as rpc
 from fenced.coordinator.backends.etcd_client import (
     KV,
     EtcdError,

@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from fenced.coordinator.backends import etcd_rpc_pb2 as rpc
+from fenced.coordinator.backends import etcd_rpc as rpc
 
 __all__ = ["METHODS", "Json", "to_json", "to_message"]
 
@@ -93,6 +93,15 @@ _decoded: dict[str, bytes] = {}  # keys recur in every request: decoded once
 _DECODED_KEPT = 4096
 
 
+def _repeated(field: Any) -> bool:
+    """Is ``field`` repeated? (``is_repeated`` in newer protobuf, ``label`` in older ones: 7.x
+    has no ``label``.)"""
+    repeated = getattr(field, "is_repeated", None)
+    if repeated is None:
+        return bool(field.label == FieldDescriptor.LABEL_REPEATED)
+    return bool(repeated)
+
+
 def _kind(field: Any) -> int:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         return _MESSAGE
@@ -116,7 +125,7 @@ def _plan(cls: type[Message]) -> _Plan:
                 arg = GetMessageClass(field.message_type)
             elif kind == _ENUM:
                 arg = {value.name: value.number for value in field.enum_type.values}
-            plan[field.name] = (kind, arg, field.is_repeated)
+            plan[field.name] = (kind, arg, _repeated(field))
         _plans[cls] = plan
     return plan
 
@@ -184,7 +193,7 @@ def to_json(message: Message) -> Json:
     """``message`` as the gateway would send it: fields set to their default are left out."""
     out: Json = {}
     for field, value in message.ListFields():
-        if field.is_repeated:
+        if _repeated(field):
             out[field.name] = [_to_json(field, item) for item in value]
         else:
             out[field.name] = _to_json(field, value)
