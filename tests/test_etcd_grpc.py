@@ -318,3 +318,29 @@ def test_the_gateway_api_serves_the_same_coordinator(etcd_cluster: EtcdCluster) 
         grpc_client.close()
     with pytest.raises(ConfigurationError, match="api must be grpc or gateway"):
         fenced.connect(etcd_cluster.url(api="rest"))
+
+
+def test_without_grpcio_the_error_says_what_to_install(etcd_cluster: EtcdCluster) -> None:
+    """In a process where grpcio cannot be imported, ``etcd://`` is refused with a one-line
+    error naming the extra and the way around it, and ``?api=gateway`` works."""
+    prefix = f"/nogrpc-{uuid.uuid4().hex[:6]}"
+    code = f"""
+import sys
+sys.modules["grpc"] = None  # as if grpcio were not installed
+import fenced
+from fenced.core.errors import ConfigurationError
+try:
+    fenced.connect({etcd_cluster.url(prefix=prefix)!r})
+except ConfigurationError as error:
+    print("refused:", error)
+with fenced.connect({etcd_cluster.url(prefix=prefix, api="gateway")!r}) as coord:
+    lease = coord.acquire("r", ttl=5, wait=0)
+    print("gateway:", coord.release(lease), "grpc" in sys.modules and sys.modules["grpc"])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "refused: etcd:// over gRPC needs grpcio: pip install 'fenced[etcd]', or add " in (
+        done.stdout
+    )
+    assert "gateway: True None" in done.stdout

@@ -74,8 +74,12 @@ def open_backend(url: str, *, host_clock: HostClock | None = None) -> Coordinato
                 "etcd:// decides expiry by etcd leases (the etcd leader's clock); "
                 "host_clock cannot be injected"
             )
-        from fenced.coordinator.backends.etcd import EtcdBackend  # noqa: PLC0415
-
+        try:
+            from fenced.coordinator.backends.etcd import EtcdBackend  # noqa: PLC0415
+        except ImportError as error:
+            raise ConfigurationError(
+                f"the etcd backend needs protobuf and grpcio: pip install 'fenced[etcd]' ({error})"
+            ) from error
         return EtcdBackend(url)
     if scheme in _LATER:
         raise ConfigurationError(

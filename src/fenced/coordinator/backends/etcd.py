@@ -441,7 +441,7 @@ class EtcdBackend:
                 from fenced.coordinator.backends.etcd_grpc import GrpcTransport  # noqa: PLC0415
             except ImportError as error:
                 raise ConfigurationError(
-                    "etcd:// over gRPC needs grpcio and protobuf: pip install 'fenced[etcd]', "
+                    "etcd:// over gRPC needs grpcio: pip install 'fenced[etcd]', "
                     f"or add ?api=gateway to the URL ({error})"
                 ) from error
             transport = GrpcTransport
@@ -477,7 +477,10 @@ class EtcdBackend:
         try:
             return self._transport.call(path, body, mutating=mutating)
         except EtcdError as error:
-            raise self._translated(error, what) from error
+            translated = self._translated(error, what)
+            if translated is error:
+                raise
+            raise translated from error
 
     @staticmethod
     def _translated(error: EtcdError, what: str) -> Exception:
@@ -501,7 +504,10 @@ class EtcdBackend:
                 mutating=mutating,
             )
         except EtcdError as error:
-            raise self._translated(error, what) from error
+            translated = self._translated(error, what)
+            if translated is error:
+                raise
+            raise translated from error
         assert isinstance(reply, rpc.TxnResponse)
         header = reply.header
         cluster = str(header.cluster_id) if header.cluster_id else ""
