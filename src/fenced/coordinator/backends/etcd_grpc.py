@@ -27,9 +27,10 @@ A call is started only on a channel that has connected; a new channel is first c
 ``connect_timeout``, so a member that is down or cut off costs a :class:`NotApplied` and the next
 endpoint, not an unknown outcome. (A connected channel whose connection the member closed while
 idle reconnects by itself; if it cannot, grpc refuses the call before sending it.) After a
-failure that was not etcd's own answer, the endpoint's channel is replaced (the old one is closed
-once calls still running on it have had their time): a connection that stopped answering is not
-used again, as the HTTP client never reuses a connection whose reply was lost. Each channel has
+failure that was not etcd's own answer, and after a connect timeout, the endpoint's channel is
+replaced (the old one is closed once calls still running on it have had their time): a
+connection that stopped answering is not used again, as the HTTP client never reuses a
+connection whose reply was lost. Each channel has
 subchannels of its own (``grpc.use_local_subchannel_pool``), so a replacement really reconnects.
 """
 
