@@ -273,7 +273,7 @@ def test_a_member_without_a_leader_refuses_before_applying(tmp_path: Path) -> No
             )
             try:
                 with pytest.raises(NotApplied, match="no leader"):
-                    wait_for_refusal(transport)
+                    _write_until_refused(transport)
             finally:
                 transport.close()
             with pytest.raises(Unavailable, match="no leader"):
@@ -282,7 +282,7 @@ def test_a_member_without_a_leader_refuses_before_applying(tmp_path: Path) -> No
             coordinator.close()
 
 
-def wait_for_refusal(transport: Transport) -> None:
+def _write_until_refused(transport: Transport) -> None:
     """Write until the member refuses (it notices the lost quorum after its election timeout)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

@@ -630,7 +630,8 @@ class Pool:
         """True (and prepared statements off from now on) if ``error`` says a pooler lost one.
 
         Such an error happens at Parse/Bind, before anything executed: re-sending is safe. The
-        pool's other connections stop preparing when they are next lent.
+        pool's other connections stop using prepared statements too (:attr:`prepare` is read
+        before each hot statement).
         """
         if getattr(error, "sqlstate", None) not in ("26000", "42P05") or conn.broken:
             return False

@@ -130,7 +130,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl
@@ -148,7 +148,6 @@ from fenced.coordinator.backend import (
 from fenced.coordinator.backends import etcd_rpc as rpc
 from fenced.coordinator.backends.etcd_client import (
     KV,
-    EtcdError,
     EtcdRejected,
     Event,
     MaybeApplied,
@@ -349,8 +348,24 @@ def _kvs(response: rpc.ResponseOp) -> list[KV]:
 
 
 def _first(response: rpc.ResponseOp) -> KV | None:
-    kvs = response.response_range.kvs
-    return KV.from_message(kvs[0]) if kvs else None
+    found = _kvs(response)
+    return found[0] if found else None
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """Raise the fenced error for a transport's error inside (``what``: the operation, for the
+    message); an :class:`EtcdRejected` other than a permission error passes unchanged."""
+    try:
+        yield
+    except NotApplied as error:
+        raise Unavailable(f"etcd: {what}: {error}") from error
+    except MaybeApplied as error:
+        raise OutcomeUnknown(f"etcd: {what}: {error}") from error
+    except EtcdRejected as error:
+        if error.code in (7, 16):
+            raise ConfigurationError(f"etcd refused {what}: {error}") from error
+        raise
 
 
 def _int_value(kv: KV | None) -> tuple[int, int]:
@@ -474,40 +489,19 @@ class EtcdBackend:
 
     # -- plumbing ---------------------------------------------------------------------------
     def _call(self, path: str, body: Json, *, mutating: bool, what: str) -> Json:
-        try:
+        with _translated(what):
             return self._transport.call(path, body, mutating=mutating)
-        except EtcdError as error:
-            translated = self._translated(error, what)
-            if translated is error:
-                raise
-            raise translated from error
-
-    @staticmethod
-    def _translated(error: EtcdError, what: str) -> Exception:
-        """The fenced error for a transport's ``error`` (an :class:`EtcdRejected` stays one)."""
-        if isinstance(error, NotApplied):
-            return Unavailable(f"etcd: {what}: {error}")
-        if isinstance(error, MaybeApplied):
-            return OutcomeUnknown(f"etcd: {what}: {error}")
-        if isinstance(error, EtcdRejected) and error.code in (7, 16):
-            return ConfigurationError(f"etcd refused {what}: {error}")
-        return error
 
     def _txn(
         self, compare: list[rpc.Compare], success: list[_Op], failure: list[_Op], *, what: str
     ) -> tuple[bool, list[rpc.ResponseOp], int]:
         mutating = any(op.WhichOneof("request") != "request_range" for op in success + failure)
-        try:
+        with _translated(what):
             reply = self._transport.call_message(
                 "kv/txn",
                 {"compare": compare, "success": success, "failure": failure},
                 mutating=mutating,
             )
-        except EtcdError as error:
-            translated = self._translated(error, what)
-            if translated is error:
-                raise
-            raise translated from error
         assert isinstance(reply, rpc.TxnResponse)
         header = reply.header
         cluster = str(header.cluster_id) if header.cluster_id else ""

@@ -149,9 +149,10 @@ class GrpcTransport(Transport):
             channel.close()
 
     def _encode(self, path: str, body: Json) -> Any:
-        if path not in METHODS:
+        method = METHODS.get(path)
+        if method is None:
             raise ValueError(f"etcd: no gRPC method for {path!r}")
-        return to_message(METHODS[path][1], body)
+        return to_message(method[1], body)
 
     def _once(
         self, endpoint: _Endpoint, path: str, data: Any, timeout: float, mutating: bool

@@ -89,8 +89,6 @@ _INTEGERS = frozenset(
 _MESSAGE, _ENUM, _BYTES, _INTEGER, _OTHER = range(5)
 _Plan = dict[str, tuple[int, Any, bool]]
 _plans: dict[type[Message], _Plan] = {}
-_decoded: dict[str, bytes] = {}  # keys recur in every request: decoded once
-_DECODED_KEPT = 4096
 
 
 def _repeated(field: Any) -> bool:
@@ -113,7 +111,8 @@ def _kind(field: Any) -> int:
 
 
 def _plan(cls: type[Message]) -> _Plan:
-    """Per field of ``cls``: its kind, its message class or enum values, whether repeated."""
+    """Per field name of ``cls``: its kind, its message class or enum descriptor, whether it is
+    repeated (worked out once per class, for both directions)."""
     plan = _plans.get(cls)
     if plan is None:
         plan = {}
@@ -124,32 +123,21 @@ def _plan(cls: type[Message]) -> _Plan:
             if kind == _MESSAGE:
                 arg = GetMessageClass(field.message_type)
             elif kind == _ENUM:
-                arg = {value.name: value.number for value in field.enum_type.values}
+                arg = field.enum_type
             plan[field.name] = (kind, arg, _repeated(field))
         _plans[cls] = plan
     return plan
-
-
-def _unb64(text: str) -> bytes:
-    raw = _decoded.get(text)
-    if raw is None:
-        raw = base64.b64decode(text)
-        if len(text) <= 256:
-            if len(_decoded) >= _DECODED_KEPT:
-                _decoded.clear()
-            _decoded[text] = raw
-    return raw
 
 
 def _from_json(kind: int, arg: Any, value: Any) -> Any:
     if kind == _MESSAGE:
         return value if isinstance(value, Message) else to_message(arg, value)
     if kind == _BYTES:
-        return _unb64(value)
+        return base64.b64decode(value)
     if kind == _INTEGER:
         return int(value)
     if kind == _ENUM:
-        return arg[value] if isinstance(value, str) else int(value)
+        return arg.values_by_name[value].number if isinstance(value, str) else int(value)
     return value
 
 
@@ -176,8 +164,7 @@ def to_message(cls: type[Message], body: Json, *, strict: bool = True) -> Messag
     return cls(**fields)
 
 
-def _to_json(field: Any, value: Any) -> Any:
-    kind = _kind(field)
+def _to_json(kind: int, arg: Any, value: Any) -> Any:
     if kind == _MESSAGE:
         return to_json(value)
     if kind == _BYTES:
@@ -185,16 +172,18 @@ def _to_json(field: Any, value: Any) -> Any:
     if kind == _INTEGER:
         return str(value)
     if kind == _ENUM:
-        return field.enum_type.values_by_number[value].name
+        return arg.values_by_number[value].name
     return value
 
 
 def to_json(message: Message) -> Json:
     """``message`` as the gateway would send it: fields set to their default are left out."""
+    plan = _plan(type(message))
     out: Json = {}
     for field, value in message.ListFields():
-        if _repeated(field):
-            out[field.name] = [_to_json(field, item) for item in value]
+        kind, arg, repeated = plan[field.name]
+        if repeated:
+            out[field.name] = [_to_json(kind, arg, item) for item in value]
         else:
-            out[field.name] = _to_json(field, value)
+            out[field.name] = _to_json(kind, arg, value)
     return out
