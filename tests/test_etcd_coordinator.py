@@ -40,7 +40,13 @@ from fenced.coordinator.backends.etcd_client import (
     WatchStream,
     b64,
 )
-from fenced.coordinator.backends.etcd_keys import SEQ_PER_REVISION, records_from
+from fenced.coordinator.backends.etcd_keys import (
+    SEQ_PER_REVISION,
+    STAMP_LATER,
+    records_from,
+    records_value,
+    stamped,
+)
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
 from fenced.core.clock import ManualClock
@@ -54,7 +60,7 @@ from fenced.core.errors import (
     Unavailable,
 )
 from fenced.core.lease import LeaseState
-from fenced.core.records import RecordKind
+from fenced.core.records import Record, RecordKind
 from fenced.core.restore import restore_base
 from fenced.core.token import FencingToken
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
@@ -993,6 +999,71 @@ def test_a_release_hands_the_lease_to_the_head_in_its_own_transaction(
     assert handed[0][1].detail == {"after": "released"}
     during = [path for at, path, writes in requests if released_at <= at <= returned_at and writes]
     assert not during, during
+
+
+def test_a_handoff_built_ahead_is_stamped_at_the_release_and_rebuilt_when_stale(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    """The holder's process builds the handoff to a new head when its view of the line changes
+    (off the release's path); the release sends that transaction with its records' time set
+    at the release, and builds a fresh one when anything it was built from changed since (here
+    a proclaim moved the lease key and the resource's record number)."""
+    prefix = _prefix()
+    url = etcd_cluster.url(prefix=prefix)
+    holder, waiter = opened(url), opened(url)
+    held = _etcd(holder)
+    built_by: list[str] = []
+    build = held._release_plan
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        built_by.append(threading.current_thread().name)
+        return build(*args, **kwargs)
+
+    held._release_plan = counted  # type: ignore[method-assign]
+    assert holder.release(holder.acquire(R, ttl=10, wait=0))
+    lease = holder.acquire(R, ttl=10, wait=0)  # taken again: the holder's process watches
+    wait_for(lambda: R in held._views, what="the holder's view of the line")
+    released_at: list[float] = []
+    with ThreadPoolExecutor(1) as pool:
+        for stale in (False, True):
+            waiting = pool.submit(waiter.acquire, R, ttl=10, wait=10, holder=f"stale={stale}")
+            wait_for(lambda: R in held._planned, what="the handoff built ahead")
+            if stale:
+                held.proclaim(R, lease.epoch, lease.owner, "moved")
+            built_by.clear()
+            released_at.append(time.time())
+            assert holder.release(lease)
+            granted = waiting.result(10)
+            assert granted.epoch == lease.epoch + 1
+            here = threading.current_thread().name
+            assert built_by.count(here) == (1 if stale else 0), built_by
+            assert R not in held._planned
+            assert waiter.release(granted)
+            lease = holder.acquire(R, ttl=10, wait=5)
+    assert holder.release(lease)
+    handed = _handoffs(_records(etcd_cluster, prefix))
+    assert [(g.holder, g.epoch - r.epoch) for r, g in handed] == [
+        ("stale=False", 1),
+        ("stale=True", 1),
+    ]
+    for (released, granted), at in zip(handed, released_at, strict=True):
+        assert at <= released.at == granted.at <= time.time()
+
+
+def test_records_built_ahead_get_their_time_wherever_the_pattern_appears_in_strings() -> None:
+    """``stamped`` replaces only the records' own ``at`` fields: a holder label or value that
+    spells the placeholder is left as it was (a quote inside a JSON string is escaped)."""
+    trap = '"at":-8.125,'
+    records = [
+        (0, Record(0, STAMP_LATER, RecordKind.RELEASED, R, 6, trap, {})),
+        (1, Record(0, STAMP_LATER, RecordKind.GRANTED, R, 7, "b", {"value": trap})),
+    ]
+    value = stamped(records_value(records), 1_764_820_000.123456)
+    found = records_from(value, 5)
+    assert [(r.at, r.holder, dict(r.detail)) for r in found] == [
+        (1_764_820_000.123456, trap, {}),
+        (1_764_820_000.123456, "b", {"value": trap}),
+    ]
 
 
 def test_a_waiter_that_leaves_after_being_handed_the_lease_hands_it_on(

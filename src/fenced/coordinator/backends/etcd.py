@@ -124,6 +124,7 @@ connection attempt, default 1).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -158,6 +159,7 @@ from fenced.coordinator.backends.etcd_client import (
 from fenced.coordinator.backends.etcd_keys import (
     DEFAULT_PREFIX,
     SEQ_PER_REVISION,
+    STAMP_LATER,
     Keys,
     LeaseValue,
     QueueValue,
@@ -166,6 +168,7 @@ from fenced.coordinator.backends.etcd_keys import (
     prefix_end,
     records_from,
     records_value,
+    stamped,
 )
 from fenced.coordinator.backends.etcd_queue import EtcdTicket, QueueView
 from fenced.core.errors import (
@@ -396,13 +399,21 @@ class _Release:
     """One attempt of a release: its transaction, and the state it writes."""
 
     compare: list[rpc.Compare]
-    success: list[_Op]
+    success: list[_Op]  # its records' ops last (see stamp)
     reads: Callable[[], list[_Op]]  # after a failure: lease, res, meta, queue head (, the
     # head's request_id); built only then
     state: ResourceState
     record: bytes  # the key of its RELEASED record
+    basis: tuple[object, ...]  # everything it was built from (see EtcdBackend._planned_ahead)
+    records: int  # how many of the last ``success`` ops are its records'
     handed: QueueValue | None = None  # the waiter it hands the lease to
     head: bytes = b""  # that waiter's queue key
+
+    def stamp(self, at: float) -> None:
+        """Give the records of this plan, built at :data:`STAMP_LATER`, the time ``at``."""
+        for op in self.success[len(self.success) - self.records :]:
+            if op.HasField("request_put"):
+                op.request_put.value = stamped(op.request_put.value, at)
 
 
 # -- pooled etcd leases ----------------------------------------------------------------------
@@ -471,6 +482,7 @@ class EtcdBackend:
         self._retention: _PooledLease | None = None
         self._orphans: dict[bytes, EtcdTicket] = {}  # waiters whose leave() failed: retried
         self._views: dict[str, QueueView] = {}
+        self._planned: dict[str, _Release] = {}  # handoffs built ahead (_plan_ahead)
         self._granted: dict[str, float] = {}
         self._retiring: list[EtcdTicket] = []  # granted waiters whose watch the keeper stops
         self._cluster_id = ""
@@ -770,17 +782,18 @@ class EtcdBackend:
         self._remember(minimum=found.get(self._keys.minimum))
 
     def _records_ops(
-        self, items: list[_Item], numbers: dict[str, int]
+        self, items: list[_Item], numbers: dict[str, int], at: float | None = None
     ) -> tuple[list[_Op], dict[str, int]]:
         """Puts of the records ``items`` of one transaction: one key per resource, numbered
         after the resource's last record key in ``numbers``; the raised numbers (to be written
         in the same transaction, with each resource's ``P/res/NAME`` compared). A resource
         whose number crosses a multiple of :data:`_PRUNE_EVERY` also loses its record keys
-        older than the newest :data:`RECORDS_KEPT`."""
+        older than the newest :data:`RECORDS_KEPT`. The records' time is ``at`` (default: now;
+        :data:`STAMP_LATER`: see :func:`stamped`)."""
         if len(items) > SEQ_PER_REVISION:
             raise ValueError(f"{len(items)} records in one transaction")
         keys = self._keys
-        at = time.time()
+        at = time.time() if at is None else at
         grouped: dict[str, list[tuple[int, Record]]] = {}
         for index, (kind, resource, epoch, holder, detail) in enumerate(items):
             record = Record(0, at, kind, resource, epoch, holder, detail)
@@ -798,10 +811,10 @@ class EtcdBackend:
         return ops, raised
 
     def _resource_records(
-        self, resource: str, number: int, items: list[_Item]
+        self, resource: str, number: int, items: list[_Item], at: float | None = None
     ) -> tuple[list[_Op], int]:
         """:meth:`_records_ops` for records of one resource whose last number is ``number``."""
-        ops, raised = self._records_ops(items, {resource: number})
+        ops, raised = self._records_ops(items, {resource: number}, at)
         return ops, raised[resource]
 
     # -- grants ---------------------------------------------------------------------------
@@ -1214,7 +1227,11 @@ class EtcdBackend:
             if len(self._views) >= _VIEWS_KEPT:
                 oldest = min(self._views, key=lambda name: self._views[name].used)
                 evicted = self._views.pop(oldest)
-            self._views[resource] = QueueView(self._transport, self._keys.queue(resource))
+            self._views[resource] = QueueView(
+                self._transport,
+                self._keys.queue(resource),
+                functools.partial(self._plan_ahead, resource),
+            )
         for stale in (view, evicted):
             if stale is not None:
                 stale.stop()
@@ -1355,11 +1372,15 @@ class EtcdBackend:
         elif pooled is not None:
             holder = pooled.holder
         head = self._queue_head(resource)
+        ahead = self._planned_ahead(resource, epoch, holder, lease_rev, head)
         passed: set[bytes] = set()  # waiters that cannot be handed the lease
         for _ in range(_MAX_ATTEMPTS):
-            if head is not None and (head.key in passed or not _handoff(head)):
-                head = None
-            plan = self._release_plan(resource, epoch, holder, lease_rev, head)
+            if ahead is not None:
+                plan, ahead = ahead, None
+            else:
+                if head is not None and (head.key in passed or not _handoff(head)):
+                    head = None
+                plan = self._release_plan(resource, epoch, holder, lease_rev, head)
             unknown: OutcomeUnknown | None = None
             try:
                 ok, _, revision = self._txn(
@@ -1436,9 +1457,16 @@ class EtcdBackend:
         return _first(responses[0])
 
     def _release_plan(
-        self, resource: str, epoch: int, holder: str, lease_rev: int, head: KV | None
+        self,
+        resource: str,
+        epoch: int,
+        holder: str,
+        lease_rev: int,
+        head: KV | None,
+        at: float | None = None,
     ) -> _Release:
-        """The transaction that releases ``epoch`` (and hands the lease to ``head``, if given)."""
+        """The transaction that releases ``epoch`` (and hands the lease to ``head``, if given),
+        with its records at ``at`` (default: now)."""
         keys = self._keys
         lease_key, res_key, queue = keys.lease(resource), keys.res(resource), keys.queue(resource)
         with self._lock:
@@ -1458,11 +1486,20 @@ class EtcdBackend:
 
         items: list[_Item] = [(RecordKind.RELEASED, resource, epoch, holder, {})]
         record = keys.record(resource, state.n + 1)
+        basis = (
+            epoch,
+            holder,
+            lease_rev,
+            None if head is None else (head.key, head.mod_revision),
+            res_rev,
+            state,
+            minimum,
+        )
         if head is None:
-            record_ops, number = self._resource_records(resource, state.n, items)
+            record_ops, number = self._resource_records(resource, state.n, items, at)
             new_state = ResourceState(max(state.epoch, epoch), "released", holder, number)
             success = [_delete(lease_key), _put(res_key, new_state.encode()), *record_ops]
-            return _Release(compare, success, reads, new_state, record)
+            return _Release(compare, success, reads, new_state, record, basis, len(record_ops))
         waiter = QueueValue.decode(head.value)
         granted = max(state.epoch, epoch, minimum) + 1
         if granted > MAX_EPOCH:
@@ -1471,7 +1508,7 @@ class EtcdBackend:
         if waiter.value is not None:
             detail["value"] = waiter.value
         items.append((RecordKind.GRANTED, resource, granted, waiter.holder, detail))
-        record_ops, number = self._resource_records(resource, state.n, items)
+        record_ops, number = self._resource_records(resource, state.n, items, at)
         new_state = ResourceState(granted, "held", waiter.holder, number)
         value = LeaseValue(granted, waiter.owner, waiter.holder, waiter.ttl, waiter.value, number)
         # The head's key, unchanged. Nothing else is needed: create revisions only grow, so a
@@ -1483,7 +1520,6 @@ class EtcdBackend:
             _put(lease_key, value.encode(), waiter.lease),
             _delete(head.key),
             _put(res_key, new_state.encode()),
-            *record_ops,
         ]
         if waiter.request_id is not None:
             request_key = keys.request(waiter.request_id)
@@ -1495,7 +1531,60 @@ class EtcdBackend:
                     self._retention_lease_id(),
                 )
             )
-        return _Release(compare, success, reads, new_state, record, waiter, head.key)
+        success += record_ops
+        return _Release(
+            compare, success, reads, new_state, record, basis, len(record_ops), waiter, head.key
+        )
+
+    def _plan_ahead(self, resource: str) -> None:
+        """The line of ``resource`` changed (called by its view's watch thread): if this
+        process holds ``resource``, build the release that hands it to the new head now, so
+        that :meth:`release` finds it ready (:meth:`_planned_ahead`) instead of spending a
+        few hundred microseconds of a cold interpreter on it before it sends the handoff.
+
+        Only a hint: any failure leaves the release to build its plan itself. Heads with a
+        request_id are left to the release too (their plan may have to grant a retention
+        lease: a request, not for a watch thread).
+        """
+        with self._lock:
+            self._planned.pop(resource, None)
+            grants = [
+                (pooled.grant, pooled.holder, pooled.lease_rev)
+                for pooled in self._leases.values()
+                if pooled.grant is not None and pooled.grant[0] == resource
+            ]
+        head = self._queue_head(resource)
+        if len(grants) != 1 or head is None or not grants[0][2]:
+            return
+        (_, epoch, _), holder, lease_rev = grants[0]
+        try:
+            waiter = QueueValue.decode(head.value)
+            if not waiter.handoff or waiter.request_id is not None:
+                return
+            plan = self._release_plan(resource, epoch, holder, lease_rev, head, STAMP_LATER)
+        except Exception as error:
+            log.debug("planning the handoff of %s: %s", resource, error)
+            return
+        with self._lock:
+            self._planned[resource] = plan
+
+    def _planned_ahead(
+        self, resource: str, epoch: int, holder: str, lease_rev: int, head: KV | None
+    ) -> _Release | None:
+        """The release :meth:`_plan_ahead` built, if it was built from exactly what this
+        release would build it from (the lease, the head's key and revision, the cached state
+        and minimum), with its records' time set to now; else None. Used once."""
+        with self._lock:
+            plan = self._planned.pop(resource, None)
+            res_rev, state = self._res.get(resource, (0, ResourceState()))
+            minimum = self._minimum[1]
+        if plan is None or head is None:
+            return None
+        basis = (epoch, holder, lease_rev, (head.key, head.mod_revision), res_rev, state, minimum)
+        if plan.basis != basis:
+            return None
+        plan.stamp(time.time())
+        return plan
 
     def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
         keys = self._keys

@@ -43,6 +43,7 @@ from fenced.core.records import Record, RecordKind
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "STAMP_LATER",
     "Keys",
     "LeaseValue",
     "QueueValue",
@@ -50,6 +51,7 @@ __all__ = [
     "record_seq",
     "records_from",
     "records_value",
+    "stamped",
 ]
 
 DEFAULT_PREFIX = "/fenced"
@@ -243,6 +245,19 @@ class ResourceState:
             None if holder is None else str(holder),
             int(data.get("n", 0)),
         )
+
+
+STAMP_LATER = -8.125
+"""An ``at`` that no record has: records built with it are given their time by
+:func:`stamped` (a transaction prepared before it is sent)."""
+
+
+def stamped(value: bytes, at: float) -> bytes:
+    """A :func:`records_value` built with ``at = STAMP_LATER``, with ``at`` in its place.
+
+    The pattern ``"at":-8.125,`` can only be a record's own field: inside a JSON string its
+    quotes would be escaped."""
+    return value.replace(b'"at":-8.125,', b'"at":' + float.__repr__(at).encode() + b",")
 
 
 def records_value(records: list[tuple[int, Record]]) -> bytes:

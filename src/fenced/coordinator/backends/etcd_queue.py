@@ -7,8 +7,9 @@ waiter's owner secret, i.e. handed it the lease) and wakes the waiter; the backe
 
 :class:`QueueView` is the line of one resource as a holder's process sees it through a watch on
 ``P/queue/NAME:``: the release of that process hands the lease to its head in the release's own
-transaction. A view is a hint only — the handoff compares everything it assumed — so a stale
-view costs a retry, never a wrong grant.
+transaction; ``changed`` is called (by the watch's thread) after each change of the line, so
+that the holder can build that transaction before it releases. A view is a hint only — the
+handoff compares everything it assumed — so a stale view costs a retry, never a wrong grant.
 
 Both watches start at the *current* revision (etcd's "synced" group: no 100 ms catch-up loop)
 and cover the gap since the state they start from with one read at the revision etcd confirmed
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from fenced.coordinator.backend import Blocked, GrantRequest
 from fenced.coordinator.backends.etcd_client import KV, Event, Transport, WatchStream, b64
@@ -142,9 +144,12 @@ class QueueView:
     docstring). :meth:`head` is None until the view is loaded, and after its watch ended (a
     compacted revision): the owner then opens a new one."""
 
-    def __init__(self, transport: Transport, prefix: bytes) -> None:
+    def __init__(
+        self, transport: Transport, prefix: bytes, changed: Callable[[], None] | None = None
+    ) -> None:
         self._transport = transport
         self._prefix = prefix
+        self._changed = changed
         self._lock = threading.Lock()
         self._waiters: dict[bytes, KV] = {}
         self._ready = False
@@ -183,6 +188,8 @@ class QueueView:
                     self._waiters.pop(event.kv.key, None)
                 else:
                     self._waiters[event.kv.key] = event.kv
+        if self._changed is not None:
+            self._changed()
 
     def _on_trouble(self, reason: str) -> None:
         if reason in ("compacted", "changed"):  # changed: the first read failed
