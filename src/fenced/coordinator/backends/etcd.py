@@ -482,7 +482,7 @@ class EtcdBackend:
         self._retention: _PooledLease | None = None
         self._orphans: dict[bytes, EtcdTicket] = {}  # waiters whose leave() failed: retried
         self._views: dict[str, QueueView] = {}
-        self._planned: dict[str, _Release] = {}  # handoffs built ahead (_plan_ahead)
+        self._planned: dict[str, _Release] = {}  # handoffs built ahead, one per view at most
         self._granted: dict[str, float] = {}
         self._retiring: list[EtcdTicket] = []  # granted waiters whose watch the keeper stops
         self._cluster_id = ""
@@ -716,6 +716,8 @@ class EtcdBackend:
                     if view.broken or now - view.used > _VIEW_IDLE
                 ]
                 stopped = [self._views.pop(name) for name in idle]
+                for name in idle:
+                    self._planned.pop(name, None)  # only views keep their handoffs current
                 retiring, self._retiring = self._retiring, []
             for ticket in retiring:
                 ticket.stop()
@@ -1227,6 +1229,7 @@ class EtcdBackend:
             if len(self._views) >= _VIEWS_KEPT:
                 oldest = min(self._views, key=lambda name: self._views[name].used)
                 evicted = self._views.pop(oldest)
+                self._planned.pop(oldest, None)
             self._views[resource] = QueueView(
                 self._transport,
                 self._keys.queue(resource),
@@ -1566,7 +1569,8 @@ class EtcdBackend:
             log.debug("planning the handoff of %s: %s", resource, error)
             return
         with self._lock:
-            self._planned[resource] = plan
+            if resource in self._views:  # not dropped meanwhile (it would never be replaced)
+                self._planned[resource] = plan
 
     def _planned_ahead(
         self, resource: str, epoch: int, holder: str, lease_rev: int, head: KV | None
