@@ -959,7 +959,7 @@ def _count_requests(backend: EtcdBackend) -> list[tuple[float, str, bool]]:
     transport = backend._transport
     attempts = transport._attempts
 
-    def counted(path: str, body: dict[str, Any], mutating: bool, timeout: float | None) -> Any:
+    def counted(path: str, body: Any, mutating: bool, timeout: float | None) -> Any:
         calls.append((time.monotonic(), path, mutating))
         return attempts(path, body, mutating, timeout)
 
@@ -1001,15 +1001,16 @@ def test_a_release_hands_the_lease_to_the_head_in_its_own_transaction(
     assert not during, during
 
 
+@pytest.mark.parametrize("api", ["grpc", "gateway"])
 def test_a_handoff_built_ahead_is_stamped_at_the_release_and_rebuilt_when_stale(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator], api: str
 ) -> None:
     """The holder's process builds the handoff to a new head when its view of the line changes
     (off the release's path); the release sends that transaction with its records' time set
     at the release, and builds a fresh one when anything it was built from changed since (here
     a proclaim moved the lease key and the resource's record number)."""
     prefix = _prefix()
-    url = etcd_cluster.url(prefix=prefix)
+    url = etcd_cluster.url(prefix=prefix, api=api)
     holder, waiter = opened(url), opened(url)
     held = _etcd(holder)
     built_by: list[str] = []

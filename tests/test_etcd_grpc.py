@@ -99,6 +99,15 @@ def test_requests_are_the_messages_the_gateway_would_decode() -> None:
         assert to_message(cls, body) == json_format.ParseDict(body, cls()), cls.__name__
 
 
+def test_a_request_built_as_its_message_is_sent_as_it_is() -> None:
+    """A body that is the request message already is taken as it is; another message where
+    that request was expected is a programming error, never a silent conversion."""
+    txn = rpc.TxnRequest(success=[rpc.RequestOp(request_put=rpc.PutRequest(key=b"k"))])
+    assert to_message(rpc.TxnRequest, txn) is txn
+    with pytest.raises(TypeError, match="a PutRequest where a TxnRequest was expected"):
+        to_message(rpc.TxnRequest, rpc.PutRequest(key=b"k"))
+
+
 def test_replies_read_as_the_gateway_writes_them() -> None:
     header = rpc.ResponseHeader(cluster_id=2**63 + 5, member_id=3, revision=99, raft_term=4)
     kv = rpc.KeyValue(key=b"k", value=b"\x00v", create_revision=5, mod_revision=6, version=2)

@@ -408,12 +408,16 @@ class _Release:
     records: int  # how many of the last ``success`` ops are its records'
     handed: QueueValue | None = None  # the waiter it hands the lease to
     head: bytes = b""  # that waiter's queue key
+    request: rpc.TxnRequest | None = None  # the transaction as sent, if built ahead
 
     def stamp(self, at: float) -> None:
-        """Give the records of this plan, built at :data:`STAMP_LATER`, the time ``at``."""
-        for op in self.success[len(self.success) - self.records :]:
-            if op.HasField("request_put"):
-                op.request_put.value = stamped(op.request_put.value, at)
+        """Give the records of this plan, built at :data:`STAMP_LATER`, the time ``at`` in
+        what will be sent: ``request`` if it was built, else ``success``."""
+        ops = self.success if self.request is None else self.request.success
+        for index in range(len(ops) - self.records, len(ops)):
+            if ops[index].HasField("request_put"):
+                put = ops[index].request_put
+                put.value = stamped(put.value, at)
 
 
 # -- pooled etcd leases ----------------------------------------------------------------------
@@ -505,15 +509,28 @@ class EtcdBackend:
             return self._transport.call(path, body, mutating=mutating)
 
     def _txn(
-        self, compare: list[rpc.Compare], success: list[_Op], failure: list[_Op], *, what: str
+        self,
+        compare: list[rpc.Compare],
+        success: list[_Op],
+        failure: list[_Op],
+        *,
+        what: str,
+        built: rpc.TxnRequest | None = None,
     ) -> tuple[bool, list[rpc.ResponseOp], int]:
+        """One transaction; its outcome, replies and revision. ``built``: the same transaction
+        as a message already (it is sent as it is)."""
         mutating = any(op.WhichOneof("request") != "request_range" for op in success + failure)
+        body = (
+            built
+            if built is not None
+            else {
+                "compare": compare,
+                "success": success,
+                "failure": failure,
+            }
+        )
         with _translated(what):
-            reply = self._transport.call_message(
-                "kv/txn",
-                {"compare": compare, "success": success, "failure": failure},
-                mutating=mutating,
-            )
+            reply = self._transport.call_message("kv/txn", body, mutating=mutating)
         assert isinstance(reply, rpc.TxnResponse)
         header = reply.header
         cluster = str(header.cluster_id) if header.cluster_id else ""
@@ -1387,7 +1404,11 @@ class EtcdBackend:
             unknown: OutcomeUnknown | None = None
             try:
                 ok, _, revision = self._txn(
-                    plan.compare, plan.success, [], what=f"release of {resource}"
+                    plan.compare,
+                    plan.success,
+                    [],
+                    what=f"release of {resource}",
+                    built=plan.request,
                 )
             except EtcdRejected as error:
                 if error.code != 5 or head is None:
@@ -1565,6 +1586,7 @@ class EtcdBackend:
             if not waiter.handoff or waiter.request_id is not None:
                 return
             plan = self._release_plan(resource, epoch, holder, lease_rev, head, STAMP_LATER)
+            plan = replace(plan, request=rpc.TxnRequest(compare=plan.compare, success=plan.success))
         except Exception as error:
             log.debug("planning the handoff of %s: %s", resource, error)
             return

@@ -371,11 +371,12 @@ class Transport:
         return self._reply_json(self._attempts(path, body, mutating, timeout))
 
     def call_message(
-        self, path: str, body: Json, *, mutating: bool, timeout: float | None = None
+        self, path: str, body: Json | Message, *, mutating: bool, timeout: float | None = None
     ) -> Message:
         """:meth:`call`, with the reply as etcd's message (:data:`~.etcd_messages.METHODS`).
 
-        ``body`` may hold messages where the gateway's JSON has objects (ops, compares)."""
+        ``body`` may hold messages where the gateway's JSON has objects (ops, compares), or be
+        the request message itself."""
         return self._reply_message(path, self._attempts(path, body, mutating, timeout))
 
     def _reply_json(self, reply: Any) -> Json:
@@ -387,7 +388,9 @@ class Transport:
         """What :meth:`_once` returned, as the reply message of ``path``."""
         return to_message(METHODS[path][2], reply, strict=False)
 
-    def _attempts(self, path: str, body: Json, mutating: bool, timeout: float | None) -> Any:
+    def _attempts(
+        self, path: str, body: Json | Message, mutating: bool, timeout: float | None
+    ) -> Any:
         """:meth:`_once` at one endpoint after another until one answers or the budget ends."""
         data = self._encode(path, body)
         budget = self.timeout if timeout is None else timeout
@@ -411,7 +414,7 @@ class Transport:
             time.sleep(min(_RETRY_PAUSE[min(attempt, len(_RETRY_PAUSE) - 1)], remaining))
         raise NotApplied(f"etcd unavailable after {budget:g}s ({last})", last.code)
 
-    def _encode(self, path: str, body: Json) -> Any:
+    def _encode(self, path: str, body: Json | Message) -> Any:
         """``body`` as :meth:`_once` sends it (here: compact JSON; a message as the gateway's
         JSON of it)."""
         del path

@@ -148,7 +148,7 @@ class GrpcTransport(Transport):
         for channel in channels:
             channel.close()
 
-    def _encode(self, path: str, body: Json) -> Any:
+    def _encode(self, path: str, body: Json | Message) -> Any:
         method = METHODS.get(path)
         if method is None:
             raise ValueError(f"etcd: no gRPC method for {path!r}")

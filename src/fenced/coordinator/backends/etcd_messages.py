@@ -141,13 +141,17 @@ def _from_json(kind: int, arg: Any, value: Any) -> Any:
     return value
 
 
-def to_message(cls: type[Message], body: Json, *, strict: bool = True) -> Message:
+def to_message(cls: type[Message], body: Json | Message, *, strict: bool = True) -> Message:
     """The message ``cls`` that the gateway would decode from ``body`` (its JSON form); a value
-    that is a message already is taken as it is.
+    (or a ``body``) that is a message already is taken as it is.
 
     ``strict``: a field ``cls`` does not have raises ``KeyError`` (in a request: a programming
     error, the gateway would refuse it too); not strict, it is left out (a reply of a newer etcd
     through the gateway)."""
+    if isinstance(body, Message):
+        if not isinstance(body, cls):
+            raise TypeError(f"a {type(body).__name__} where a {cls.__name__} was expected")
+        return body
     plan = _plan(cls)
     fields: dict[str, Any] = {}
     for name, value in body.items():
