@@ -1067,6 +1067,39 @@ def test_records_built_ahead_get_their_time_wherever_the_pattern_appears_in_stri
     ]
 
 
+def test_a_caller_whose_process_sees_a_waiter_queues_without_a_failed_grant(
+    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+) -> None:
+    """A process that watches the line of a resource (it took it twice) and sees a waiter in
+    it queues a new acquire at once: one write (its queue key), not a grant attempt that etcd
+    would commit as a failed write first; it is still served after that waiter, and a caller
+    that will not wait still asks etcd."""
+    prefix = _prefix()
+    url = etcd_cluster.url(prefix=prefix)
+    holder, first, late = opened(url), opened(url), opened(url)
+    for _ in range(2):
+        assert late.release(late.acquire(R, ttl=10, wait=0))
+    seen = _etcd(late)
+    lease = holder.acquire(R, ttl=10, wait=0)
+    with ThreadPoolExecutor(2) as pool:
+        waiting_first = pool.submit(first.acquire, R, ttl=10, wait=10, holder="first")
+        wait_for(lambda: seen._queue_head(R) is not None, what="the late process's view")
+        requests = _count_requests(seen)
+        with pytest.raises(Busy):
+            late.acquire(R, ttl=10, wait=0)
+        assert ("kv/txn", True) in [(path, writes) for _, path, writes in requests]  # tried
+        requests.clear()
+        waiting_late = pool.submit(late.acquire, R, ttl=10, wait=10, holder="late")
+        wait_for(lambda: _queued(etcd_cluster, prefix) == 2, what="the late caller to queue")
+        txns = [path for _, path, writes in requests if writes and path == "kv/txn"]
+        assert txns == ["kv/txn"], requests  # its queue key, no failed grant before it
+        assert holder.release(lease)
+        served = waiting_first.result(10)
+        assert served.holder == "first"
+        assert first.release(served)
+        assert waiting_late.result(10).epoch == served.epoch + 1
+
+
 def test_a_waiter_that_leaves_after_being_handed_the_lease_hands_it_on(
     etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
 ) -> None:
