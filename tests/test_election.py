@@ -378,6 +378,42 @@ def _record(seq: int, kind: RecordKind, epoch: int, **detail: object) -> Record:
     return Record(seq, 0.0, kind, NAME, epoch, "h", detail)
 
 
+class _HandedOverDuringTheRecheck:
+    """Records of one election in which term 1 is released and term 2 granted exactly between
+    an observer's read that found nothing new and its re-check of the last epoch."""
+
+    def __init__(self) -> None:
+        self.records = [_record(1, RecordKind.GRANTED, 1)]
+
+    def current(self, resource: str) -> None:
+        return None
+
+    def last_epoch(self, resource: str) -> int:
+        if len(self.records) == 1:
+            self.records += [_record(2, RecordKind.RELEASED, 1), _record(3, RecordKind.GRANTED, 2)]
+        return max(record.epoch for record in self.records)
+
+    def history(self, resource: str | None = None, *, after: int = 0) -> list[Record]:
+        return [record for record in self.records if record.seq > after]
+
+    def watch(self, resource: str, after: int, timeout: float) -> None:
+        time.sleep(min(timeout, 0.01))
+
+
+def test_a_term_granted_during_the_observers_recheck_is_not_taken_for_a_restore() -> None:
+    """The re-check that looks for a renumbered history (the last epoch is above every term
+    seen) first reads on from its position: a handoff that committed just before it is new
+    history, and the live term ends as released, not replaced."""
+    ops = _HandedOverDuringTheRecheck()
+    observer = Observer(ops, ops, NAME, recheck=0.0)
+    changes = [observer.get(DEADLINE) for _ in range(3)]
+    assert summary([c for c in changes if c is not None]) == [
+        ("elected", 1, None),
+        ("ended", 1, "released"),
+        ("elected", 2, None),
+    ]
+
+
 def test_term_tracker_is_idempotent_by_term_when_a_history_is_read_again() -> None:
     tracker = TermTracker(NAME)
     history = [

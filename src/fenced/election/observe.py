@@ -26,8 +26,9 @@ The value of an ELECTED change is the value the term advertised when the observe
 ended before the observer read it shows the value None unless it proclaimed one.
 
 A coordinator restored from a backup may number its records from below the last one seen; the
-observer notices at its next re-check (the name's last epoch is above every term it saw), reads
-the history again, and delivers what it has not delivered yet: terms are compared, not positions.
+observer notices at its next re-check (the name's last epoch is above every term it saw, and no
+record follows its position), reads the history again, and delivers what it has not delivered
+yet: terms are compared, not positions.
 
 Timeline of a short term::
 
@@ -435,6 +436,17 @@ class Observer:
         seen = self._tracker.highest
         if last is None or last <= seen:
             return False
+        # A term granted since the read that found nothing is newer, not renumbered: its
+        # records (and those of the end of ours) follow our position. Only when nothing does is
+        # the history read again (reading it again would skip the end of the live term).
+        newer = self._call(
+            functools.partial(self._ops.history, self._name, after=self._seq), deadline
+        )
+        if newer is None:
+            return False
+        if newer:
+            self._absorb(newer, deadline)
+            return True
         self._tracker.highest = last  # a restore may raise it without any record: check once
         replay: list[Record] = []
         while True:

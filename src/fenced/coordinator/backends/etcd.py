@@ -520,15 +520,9 @@ class EtcdBackend:
         """One transaction; its outcome, replies and revision. ``built``: the same transaction
         as a message already (it is sent as it is)."""
         mutating = any(op.WhichOneof("request") != "request_range" for op in success + failure)
-        body = (
-            built
-            if built is not None
-            else {
-                "compare": compare,
-                "success": success,
-                "failure": failure,
-            }
-        )
+        body: Any = built
+        if built is None:
+            body = {"compare": compare, "success": success, "failure": failure}
         with _translated(what):
             reply = self._transport.call_message("kv/txn", body, mutating=mutating)
         assert isinstance(reply, rpc.TxnResponse)

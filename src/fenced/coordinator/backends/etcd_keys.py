@@ -250,6 +250,7 @@ class ResourceState:
 STAMP_LATER = -8.125
 """An ``at`` that no record has: records built with it are given their time by
 :func:`stamped` (a transaction prepared before it is sent)."""
+_STAMP_FIELD = b'"at":' + float.__repr__(STAMP_LATER).encode() + b","  # as json writes it
 
 
 def stamped(value: bytes, at: float) -> bytes:
@@ -257,7 +258,7 @@ def stamped(value: bytes, at: float) -> bytes:
 
     The pattern ``"at":-8.125,`` can only be a record's own field: inside a JSON string its
     quotes would be escaped."""
-    return value.replace(b'"at":-8.125,', b'"at":' + float.__repr__(at).encode() + b",")
+    return value.replace(_STAMP_FIELD, b'"at":' + float.__repr__(at).encode() + b",")
 
 
 def records_value(records: list[tuple[int, Record]]) -> bytes:
