@@ -398,26 +398,38 @@ def _handoff(queued: KV) -> bool:
 class _Release:
     """One attempt of a release: its transaction, and the state it writes."""
 
-    compare: list[rpc.Compare]
-    success: list[_Op]  # its records' ops last (see stamp)
+    request: rpc.TxnRequest  # its records' ops last in ``success`` (see stamp)
     reads: Callable[[], list[_Op]]  # after a failure: lease, res, meta, queue head (, the
     # head's request_id); built only then
     state: ResourceState
     record: bytes  # the key of its RELEASED record
-    basis: tuple[object, ...]  # everything it was built from (see EtcdBackend._planned_ahead)
+    basis: tuple[object, ...]  # everything it was built from (_basis)
     records: int  # how many of the last ``success`` ops are its records'
     handed: QueueValue | None = None  # the waiter it hands the lease to
     head: bytes = b""  # that waiter's queue key
-    request: rpc.TxnRequest | None = None  # the transaction as sent, if built ahead
 
     def stamp(self, at: float) -> None:
-        """Give the records of this plan, built at :data:`STAMP_LATER`, the time ``at`` in
-        what will be sent: ``request`` if it was built, else ``success``."""
-        ops = self.success if self.request is None else self.request.success
+        """Give the records of this plan, built at :data:`STAMP_LATER`, the time ``at``."""
+        ops = self.request.success
         for index in range(len(ops) - self.records, len(ops)):
             if ops[index].HasField("request_put"):
                 put = ops[index].request_put
                 put.value = stamped(put.value, at)
+
+
+def _basis(
+    epoch: int,
+    holder: str,
+    lease_rev: int,
+    head: KV | None,
+    res_rev: int,
+    state: ResourceState,
+    minimum: int,
+) -> tuple[object, ...]:
+    """What a release's transaction is built from: the same basis, the same transaction (but
+    for its records' time)."""
+    seen = None if head is None else (head.key, head.mod_revision)
+    return (epoch, holder, lease_rev, seen, res_rev, state, minimum)
 
 
 # -- pooled etcd leases ----------------------------------------------------------------------
@@ -509,22 +521,18 @@ class EtcdBackend:
             return self._transport.call(path, body, mutating=mutating)
 
     def _txn(
-        self,
-        compare: list[rpc.Compare],
-        success: list[_Op],
-        failure: list[_Op],
-        *,
-        what: str,
-        built: rpc.TxnRequest | None = None,
+        self, compare: list[rpc.Compare], success: list[_Op], failure: list[_Op], *, what: str
     ) -> tuple[bool, list[rpc.ResponseOp], int]:
-        """One transaction; its outcome, replies and revision. ``built``: the same transaction
-        as a message already (it is sent as it is)."""
-        mutating = any(op.WhichOneof("request") != "request_range" for op in success + failure)
-        body: Any = built
-        if built is None:
-            body = {"compare": compare, "success": success, "failure": failure}
+        """One transaction; its outcome, replies and revision."""
+        request = rpc.TxnRequest(compare=compare, success=success, failure=failure)
+        return self._send(request, what)
+
+    def _send(self, request: rpc.TxnRequest, what: str) -> tuple[bool, list[rpc.ResponseOp], int]:
+        """:meth:`_txn` of a transaction built already."""
+        ops = [*request.success, *request.failure]
+        mutating = any(op.WhichOneof("request") != "request_range" for op in ops)
         with _translated(what):
-            reply = self._transport.call_message("kv/txn", body, mutating=mutating)
+            reply = self._transport.call_message("kv/txn", request, mutating=mutating)
         assert isinstance(reply, rpc.TxnResponse)
         header = reply.header
         cluster = str(header.cluster_id) if header.cluster_id else ""
@@ -1408,13 +1416,7 @@ class EtcdBackend:
                 plan = self._release_plan(resource, epoch, holder, lease_rev, head)
             unknown: OutcomeUnknown | None = None
             try:
-                ok, _, revision = self._txn(
-                    plan.compare,
-                    plan.success,
-                    [],
-                    what=f"release of {resource}",
-                    built=plan.request,
-                )
+                ok, _, revision = self._send(plan.request, f"release of {resource}")
             except EtcdRejected as error:
                 if error.code != 5 or head is None:
                     raise Unavailable(f"etcd: release of {resource}: {error}") from error
@@ -1515,20 +1517,13 @@ class EtcdBackend:
 
         items: list[_Item] = [(RecordKind.RELEASED, resource, epoch, holder, {})]
         record = keys.record(resource, state.n + 1)
-        basis = (
-            epoch,
-            holder,
-            lease_rev,
-            None if head is None else (head.key, head.mod_revision),
-            res_rev,
-            state,
-            minimum,
-        )
+        basis = _basis(epoch, holder, lease_rev, head, res_rev, state, minimum)
         if head is None:
             record_ops, number = self._resource_records(resource, state.n, items, at)
             new_state = ResourceState(max(state.epoch, epoch), "released", holder, number)
             success = [_delete(lease_key), _put(res_key, new_state.encode()), *record_ops]
-            return _Release(compare, success, reads, new_state, record, basis, len(record_ops))
+            request = rpc.TxnRequest(compare=compare, success=success)
+            return _Release(request, reads, new_state, record, basis, len(record_ops))
         waiter = QueueValue.decode(head.value)
         granted = max(state.epoch, epoch, minimum) + 1
         if granted > MAX_EPOCH:
@@ -1560,10 +1555,8 @@ class EtcdBackend:
                     self._retention_lease_id(),
                 )
             )
-        success += record_ops
-        return _Release(
-            compare, success, reads, new_state, record, basis, len(record_ops), waiter, head.key
-        )
+        request = rpc.TxnRequest(compare=compare, success=[*success, *record_ops])
+        return _Release(request, reads, new_state, record, basis, len(record_ops), waiter, head.key)
 
     def _plan_ahead(self, resource: str) -> None:
         """The line of ``resource`` changed (called by its view's watch thread): if this
@@ -1591,7 +1584,6 @@ class EtcdBackend:
             if not waiter.handoff or waiter.request_id is not None:
                 return
             plan = self._release_plan(resource, epoch, holder, lease_rev, head, STAMP_LATER)
-            plan = replace(plan, request=rpc.TxnRequest(compare=plan.compare, success=plan.success))
         except Exception as error:
             log.debug("planning the handoff of %s: %s", resource, error)
             return
@@ -1609,10 +1601,9 @@ class EtcdBackend:
             plan = self._planned.pop(resource, None)
             res_rev, state = self._res.get(resource, (0, ResourceState()))
             minimum = self._minimum[1]
-        if plan is None or head is None:
-            return None
-        basis = (epoch, holder, lease_rev, (head.key, head.mod_revision), res_rev, state, minimum)
-        if plan.basis != basis:
+        if plan is None or plan.basis != _basis(
+            epoch, holder, lease_rev, head, res_rev, state, minimum
+        ):
             return None
         plan.stamp(time.time())
         return plan

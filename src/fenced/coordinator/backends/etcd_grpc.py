@@ -9,7 +9,8 @@ gRPC does (``docs/etcd.md``, "Client"). Watches still stream from the gateway (t
 the inherited ones. :meth:`~Transport.call` takes and returns the gateway's JSON (bytes as
 base64, 64-bit integers as strings, enums by name: :mod:`.etcd_messages`);
 :meth:`~Transport.call_message` returns etcd's reply message as it came, and both accept
-messages inside the body (the backend builds its transactions' ops as messages).
+messages inside the body or a body that is the request message (the backend sends its
+transactions as ``TxnRequest`` messages).
 
 Failure classification (per attempt at one endpoint)::
 
