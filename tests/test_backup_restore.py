@@ -5,13 +5,19 @@
 * a backup taken while 4 processes acquire and release in a loop restores to a consistent state;
 * restoring a corrupt or foreign file fails clearly and changes nothing;
 * ``fenced restore --advance`` after a restore behind fenced's back, from store floors;
-* the advance step works on any backend through the contract (memory here).
+* the advance step works on any backend through the contract (memory here);
+* restores of one backup in quick succession, the coordinator's files lost in between, never
+  hand out a token twice (the base moves with every wall-clock millisecond and a restore waits
+  for the next one; a coarse clock only makes it wait longer, a stuck one fails it);
+* ``fenced backup`` refuses every file of the live database, by any path.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 import os
 import shutil
 import sqlite3
@@ -28,7 +34,8 @@ from fenced.coordinator import restore as restoring
 from fenced.coordinator.backends.sqlite_backup import inspect_database
 from fenced.core.errors import ConfigurationError
 from fenced.core.records import RecordKind
-from fenced.core.restore import restore_base
+from fenced.core.restore import restore_base, restore_tick
+from fenced.core.token import MAX_EPOCH, validate_epoch
 
 R = "exports/daily"
 FENCED = [sys.executable, "-m", "fenced"]
@@ -38,11 +45,12 @@ STARTUP = 20.0
 pytestmark = pytest.mark.slow
 
 
-def fenced_cmd(*args: str) -> subprocess.CompletedProcess[str]:
+def fenced_cmd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "FENCED_URL"}
     return subprocess.run(
-        [*FENCED, *args], capture_output=True, text=True, env=env, timeout=60, check=False
-    )
+        [*FENCED, *args], capture_output=True, text=True, env=env, timeout=60, check=False,
+        cwd=cwd,
+    )  # fmt: skip
 
 
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
@@ -302,7 +310,10 @@ def memory() -> Iterator[fenced.Coordinator]:
 
 def test_advance_works_through_the_backend_contract(memory: fenced.Coordinator) -> None:
     lease = memory.acquire(R, ttl=30, wait=0)
-    report = restoring.advance(memory, floors={"jobs/other": 7}, now=600.0)
+    reads = itertools.count()  # a wall clock at 600 s that moves 1 ms at each read
+    report = restoring.advance(
+        memory, floors={"jobs/other": 7}, wall=lambda: 600.0 + next(reads) / 1000
+    )
     assert report.minimum == max(restore_base(600.0), 7) == 10 << 32
     assert report.to_json()["era"] == 10
     assert memory.current(R) is None  # the leases of the state before are gone
@@ -310,3 +321,180 @@ def test_advance_works_through_the_backend_contract(memory: fenced.Coordinator) 
     assert memory.acquire(R, ttl=5, wait=0).epoch == (10 << 32) + 1
     with pytest.raises(ConfigurationError, match="too close"):
         restoring.advance(memory, floors={"x": 2**63 - 10})
+
+
+# -- restores in quick succession ----------------------------------------------------------------
+
+
+def lose(directory: Path) -> None:
+    """The coordinator's files are lost (a disk replaced, a directory wiped)."""
+    for path in directory.iterdir():
+        path.unlink()
+
+
+def first_and_more(url: str, issued: list[int]) -> fenced.Lease:
+    """The first grant after a restore (checked against every earlier one), then two more."""
+    with fenced.connect(url) as coord:
+        first = coord.acquire(R, ttl=5, wait=0)
+        assert all(first.epoch > epoch for epoch in issued), (first.epoch, issued)
+        issued.append(first.epoch)
+        coord.release(first)
+        issued.append(grant(coord, 2).epoch)
+    return first
+
+
+def test_the_restore_base_moves_with_every_millisecond_and_keeps_the_minute_as_era() -> None:
+    minute = 29_000_000  # 2025
+    assert restore_base(60.0 * minute) == minute << 32  # the start of a minute: its era
+    bases = [restore_base(60 * minute + (tick + 0.5) / 1000) for tick in range(-2, 60_002)]
+    assert [restore_tick(60 * minute + (t + 0.5) / 1000) for t in (0, 59_999)] == [
+        60_000 * minute,
+        60_000 * minute + 59_999,
+    ]
+    steps = [later - earlier for earlier, later in itertools.pairwise(bases)]
+    assert min(steps) >= 2**16  # room for 2**16 grants of one resource per millisecond
+    assert [base >> 32 for base in (bases[0], bases[2], bases[-3], bases[-1])] == [
+        minute - 1,
+        minute,
+        minute,
+        minute + 1,
+    ]
+    year_6000 = (6000 - 1970) * 365.25 * 86_400
+    validate_epoch(restore_base(year_6000) + 2**32)  # still a valid token epoch, with room
+    assert restore_base(year_6000) < MAX_EPOCH - 2**32
+
+
+def test_restores_of_one_backup_within_a_second_never_repeat_a_token(area: Path) -> None:
+    url = f"sqlite://{area}/db/fenced.db"
+    with fenced.connect(url) as coord:
+        coord.release(grant(coord, 3))
+    restoring.backup(url, area / "backup.db")
+    issued = [3]
+    tokens = []
+    for _ in range(3):  # three restores of the same backup, well within one minute
+        lose(area / "db")  # nothing is known of the state the restore replaces
+        report = restoring.restore(url, area / "backup.db")
+        assert report.known == 3
+        tokens.append(str(first_and_more(url, issued).token))
+    assert len(set(tokens)) == 3, tokens
+    assert issued == sorted(issued) and len(set(issued)) == len(issued)
+    # The state the restore replaces is there this time: its epochs count too.
+    report = restoring.restore(url, area / "backup.db")
+    assert report.known == issued[-1] < report.minimum
+    assert first_and_more(url, issued).epoch == report.minimum + 1
+
+
+def test_fenced_restore_twice_within_a_minute_never_repeats_a_token(area: Path) -> None:
+    url = f"sqlite://{area}/db/fenced.db"
+    with fenced.connect(url) as coord:
+        coord.release(grant(coord, 3))
+    backup_file = area / "backup.db"
+    assert fenced_cmd("backup", str(backup_file), "--url", url).returncode == 0
+    issued = [3]
+    minimums = []
+    for restore_args in (["restore", str(backup_file)], ["restore", str(backup_file)]):
+        lose(area / "db")
+        result = fenced_cmd(*restore_args, "--url", url, "--yes", "--json")
+        assert result.returncode == 0, result.stderr
+        minimums.append(json.loads(result.stdout)["minimum"])
+        first_and_more(url, issued)
+    for _ in range(2):  # the same backup copied back behind fenced's back, then --advance
+        lose(area / "db")
+        shutil.copyfile(backup_file, area / "db" / "fenced.db")
+        result = fenced_cmd("restore", "--advance", "--url", url, "--yes", "--json")
+        assert result.returncode == 0, result.stderr
+        minimums.append(json.loads(result.stdout)["minimum"])
+        first_and_more(url, issued)
+    assert minimums == sorted(set(minimums)), minimums
+    assert issued == sorted(set(issued)), issued
+
+
+def test_a_coarse_wall_clock_only_makes_a_restore_wait(
+    area: Path, memory: fenced.Coordinator
+) -> None:
+    def coarse() -> float:  # a clock that moves in steps of 50 ms
+        return math.floor(time.time() * 20) / 20
+
+    url = f"sqlite://{area}/db/fenced.db"
+    with fenced.connect(url) as coord:
+        coord.release(grant(coord, 3))
+    restoring.backup(url, area / "backup.db")
+    issued = [3]
+    bases = []
+    for _ in range(3):
+        lose(area / "db")
+        bases.append(restoring.restore(url, area / "backup.db", wall=coarse).base)
+        first_and_more(url, issued)
+    assert bases == sorted(set(bases)) and issued == sorted(set(issued)), (bases, issued)
+    epochs = []
+    for _ in range(3):  # the same on any backend, through advance
+        restoring.advance(memory, wall=coarse)
+        lease = memory.acquire(R, ttl=5, wait=0)
+        memory.release(lease)
+        epochs.append(lease.epoch)
+    assert epochs == sorted(set(epochs)) and epochs[0] > issued[-1], epochs
+
+
+def test_a_wall_clock_that_does_not_move_fails_a_restore_and_changes_nothing(
+    area: Path, memory: fenced.Coordinator
+) -> None:
+    def stuck() -> float:
+        return 1_800_000_000.0
+
+    url = f"sqlite://{area}/db/fenced.db"
+    with fenced.connect(url) as coord:
+        coord.release(grant(coord, 3))
+    restoring.backup(url, area / "backup.db")
+    before = snapshot(area / "db")
+    with pytest.raises(ConfigurationError, match=r"wall clock did not pass .* nothing was changed"):
+        restoring.restore(url, area / "backup.db", wall=stuck)
+    assert snapshot(area / "db") == before  # no staging file left either
+    lease = memory.acquire(R, ttl=30, wait=0)
+    with pytest.raises(ConfigurationError, match="wall clock did not pass"):
+        restoring.advance(memory, wall=stuck)
+    assert memory.current(R) is not None  # the lease was not ended: nothing was advanced
+    assert memory.release(lease) is True
+    assert memory.acquire(R, ttl=5, wait=0).epoch == lease.epoch + 1
+
+
+# -- backup refuses the live database's files ------------------------------------------------------
+
+
+def test_backup_refuses_every_file_of_the_live_database(area: Path) -> None:
+    url = f"sqlite://{area}/db/fenced.db"
+    db = area / "db" / "fenced.db"
+    coord = fenced.connect(url)
+    try:
+        lease = coord.acquire(R, ttl=30, wait=0)
+        assert Path(f"{db}-wal").exists() and Path(f"{db}-shm").exists()
+        links = area / "links"
+        links.mkdir()
+        (links / "wal-symlink").symlink_to(f"{db}-wal")
+        (links / "db-symlink").symlink_to(db)
+        os.link(db, links / "db-hardlink")
+        os.link(f"{db}-wal", links / "wal-hardlink")
+        (area / "dir-symlink").symlink_to(area / "db")
+        destinations = [
+            db, Path(f"{db}-wal"), Path(f"{db}-shm"), Path(f"{db}-journal"),
+            area / "db" / ".." / "db" / "fenced.db-wal", area / "dir-symlink" / "fenced.db-shm",
+            *sorted(links.iterdir()),
+        ]  # fmt: skip
+        before, aside = snapshot(area / "db"), snapshot(links)
+        for dest in destinations:
+            message = one_line_error(fenced_cmd("backup", str(dest), "--url", url))
+            assert "is a file of the live coordinator database" in message, message
+        relative = fenced_cmd(
+            "backup", "db/fenced.db-wal", "--url", "sqlite:db/fenced.db", cwd=area
+        )
+        assert "live coordinator database" in one_line_error(relative)
+        assert snapshot(area / "db") == before and snapshot(links) == aside  # nothing written
+        assert not Path(f"{db}-journal").exists()
+        info = coord.current(R)
+        assert info is not None and info.epoch == lease.epoch  # the holder's state is intact
+        with fenced.connect(url) as other:
+            assert other.coordinator_id == coord.coordinator_id
+            assert other.last_epoch(R) == lease.epoch
+        done = fenced_cmd("backup", str(area / "backup.db"), "--url", url)
+        assert done.returncode == 0, done.stderr
+    finally:
+        coord.close()

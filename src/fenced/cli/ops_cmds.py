@@ -352,7 +352,8 @@ def backup_command(dest: str, as_json: bool, url: str | None) -> None:
     """Write a consistent online copy of the embedded (sqlite:) coordinator to DEST.
 
     Safe while leases are granted and released. DEST is a file (replaced atomically) or a
-    directory (the copy is named fenced-<coordinator id>.db). Restore it with 'fenced restore'.
+    directory (the copy is named fenced-<coordinator id>.db), never the live database or its
+    -wal, -shm or -journal file (by any path or link). Restore it with 'fenced restore'.
     """
     info = restoring.backup(url, dest)
     if as_json:

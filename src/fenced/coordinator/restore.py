@@ -4,19 +4,29 @@ A coordinator restored from a backup has forgotten every epoch granted after the
 granted those epochs again, a store could not tell the new owner of epoch 42 from the old one.
 So every restore ends with an **advance**: the coordinator-wide minimum epoch is raised to ::
 
-    max(restore_base(now),                      # floor(unix minutes) << 32, core/restore.py
+    max(restore_base(now),                      # the wall-clock millisecond, core/restore.py
         every epoch known in the state being replaced and in the restored state,
         every floor the given stores report)
 
 and no later grant of any resource — old or new — gets an epoch at or below it. Every lease of
 the state before the restore is ended, and a RESTORED record (detail: ``reason``, ``source``,
 ``base``, ``known``, ``store_floor``, ``era``, ``jump``, ``minimum``) goes into each resource's
-history. Why post-restore tokens cannot be confused with pre-restore ones: the time-based base
-is above any epoch the lost state could have issued (unless it granted one resource more than
-2**32 times a minute), and the known epochs and store floors cover a wall clock that was set
-back. A restore that did not go through fenced (files copied back, ``pg_restore``, an etcd
-snapshot restore) is made safe the same way by :func:`advance` alone (``fenced restore
---advance --floor-from STORE``).
+history. Why post-restore tokens cannot be confused with pre-restore ones, even when the state
+being replaced is lost and nothing is known about it:
+
+* the base grows by ``2**16`` per millisecond of wall-clock time, and a restore or advance does
+  not make its new state visible before the wall clock reads a later millisecond than the one
+  its base came from (it waits for that, at most :data:`CLOCK_PATIENCE`; a clock that does not
+  move in that time is an error and nothing is changed). So a later restore, even of the same
+  backup within the same second, reads a later millisecond and gets a base above every epoch
+  the earlier restored state granted — unless it granted one resource ``2**16`` times per
+  millisecond, which no coordinator can — provided the wall clock did not step back between
+  the two restores;
+* the known epochs and store floors cover a wall clock that was set back.
+
+A restore that did not go through fenced (files copied back, ``pg_restore``, an etcd snapshot
+restore) is made safe the same way by :func:`advance` alone (``fenced restore --advance
+--floor-from STORE``).
 
 Functions (also used by ``fenced verify``):
 
@@ -31,7 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -40,11 +50,12 @@ from fenced.coordinator.backends import sqlite_backup
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, resolve_url
 from fenced.core.errors import ConfigurationError
-from fenced.core.restore import RESTORE_SHIFT, restore_base
+from fenced.core.restore import RESTORE_SHIFT, restore_base, restore_tick
 from fenced.core.token import MAX_EPOCH
 from fenced.core.urls import path_from_url, scheme_of
 
 __all__ = [
+    "CLOCK_PATIENCE",
     "BackupInfo",
     "FloorSource",
     "RestoreReport",
@@ -56,6 +67,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("fenced.coordinator")
+
+CLOCK_PATIENCE = 1.0
+"""Seconds (monotonic) a restore waits for the wall clock to read a later millisecond than the
+one its base came from; a clock that does not get there (stopped, or stepped back) fails it."""
 
 
 class FloorSource(Protocol):
@@ -183,6 +198,23 @@ def _detail(
     }
 
 
+def _past_tick(tick: int, wall: Callable[[], float]) -> None:
+    """Return once ``wall`` reads a later millisecond than ``tick`` (see the module docstring).
+
+    Raises ConfigurationError after :data:`CLOCK_PATIENCE` seconds of a wall clock that does not
+    get there; the caller has changed nothing visible yet.
+    """
+    deadline = time.monotonic() + CLOCK_PATIENCE
+    while restore_tick(wall()) <= tick:
+        if time.monotonic() >= deadline:
+            raise ConfigurationError(
+                f"the wall clock did not pass {tick} ms since the Unix epoch within "
+                f"{CLOCK_PATIENCE:g} s (stopped, or stepped back): nothing was changed; a "
+                "restore needs a wall clock that moves forward (see docs/operations.md)"
+            )
+        time.sleep(0.001)
+
+
 def _sqlite_path(url: str | None, what: str) -> tuple[str, Path]:
     resolved = resolve_url(url)
     if scheme_of(resolved) != "sqlite":
@@ -216,7 +248,7 @@ def restore(
     *,
     stores: Iterable[FloorSource] = (),
     floors: Mapping[str, int] | None = None,
-    now: float | None = None,
+    wall: Callable[[], float] = time.time,
     force: bool = False,
 ) -> RestoreReport:
     """Put the backup ``src`` back as the embedded coordinator at ``url``, restore-safe.
@@ -228,10 +260,13 @@ def restore(
     bound to the current one reject its tokens: move the current database away to restore onto
     an empty location); advance the staged copy's epochs (see the module docstring: the known
     epochs are the backup's and the replaced database's, the floors those of ``stores`` and
-    ``floors``) and record RESTORED; only then replace the database atomically. A crash at any
-    point leaves the old database or the advanced new one, never an unadvanced copy.
+    ``floors``) and record RESTORED; wait until ``wall`` reads a later millisecond than the one
+    the base came from (ConfigurationError, nothing changed, if it does not within
+    :data:`CLOCK_PATIENCE`); only then replace the database atomically. A crash at any point
+    leaves the old database or the advanced new one, never an unadvanced copy. Run one restore
+    of a database at a time.
 
-    The coordinator id of the backup is kept. ``now`` (wall-clock seconds) is for tests.
+    The coordinator id of the backup is kept. ``wall`` (Unix seconds) is for tests.
     ``force=True`` replaces the database even while processes have it open (fault-injection
     tests): their open connections keep working on the replaced file, so whatever they grant
     from then on is lost to the restored state and is refused by every store that has seen a
@@ -264,16 +299,18 @@ def restore(
         names = set(staged.epochs) | set(current.epochs if current else {})
         reported = _merge(store_floors(stores, names), floors or {})
         known = max(staged.largest_epoch, current.largest_epoch if current else 0)
-        minimum, base, floor = plan_minimum(time.time() if now is None else now, known, reported)
+        now = wall()
+        minimum, base, floor = plan_minimum(now, known, reported)
         per_resource = _merge(current.epochs if current else {}, reported)
         detail = _detail("restore", str(source), minimum, base, known, floor)
         from fenced.coordinator.backends.sqlite import SQLiteBackend  # noqa: PLC0415
 
-        staged_backend = SQLiteBackend(staging)
+        staged_backend = SQLiteBackend(staging, marker=False)  # a transient copy
         try:
             new_minimum = staged_backend.advance(minimum, per_resource, detail)
         finally:
             staged_backend.close()
+        _past_tick(restore_tick(now), wall)
         if not force:
             _refuse_if_in_use(target)
         sqlite_backup.install(staging, target)
@@ -300,37 +337,41 @@ def advance(
     *,
     stores: Iterable[FloorSource] = (),
     floors: Mapping[str, int] | None = None,
-    now: float | None = None,
+    wall: Callable[[], float] = time.time,
     reason: str = "advance",
 ) -> RestoreReport:
     """Make a coordinator restore-safe in place: raise its minimum epoch, end its leases.
 
     ``target``: a :class:`Coordinator`, or a URL (None: ``$FENCED_URL`` or the default) that is
     connected and closed here. The new minimum is ``max(restore_base(now), the coordinator's
-    last epochs, the floors of stores and floors)`` (see the module docstring); the backend's
+    last epochs, the floors of stores and floors)`` (see the module docstring); once ``wall``
+    reads a later millisecond than the one the base came from (ConfigurationError, nothing
+    changed, if it does not within :data:`CLOCK_PATIENCE`), the backend's
     :meth:`~fenced.coordinator.backend.CoordinatorBackend.advance` applies it in one atomic step
     and records RESTORED for every resource. Works on every backend. Run it after state was
     restored behind fenced's back, before any worker uses the coordinator again (a lease
-    granted in between is ended by it, which is safe but surprising).
+    granted in between is ended by it, which is safe but surprising). ``wall`` is for tests.
     """
     if isinstance(target, Coordinator):
-        return _advance(target, stores, floors, now, reason)
+        return _advance(target, stores, floors, wall, reason)
     with connect(target) as coord:
-        return _advance(coord, stores, floors, now, reason)
+        return _advance(coord, stores, floors, wall, reason)
 
 
 def _advance(
     coord: Coordinator,
     stores: Iterable[FloorSource],
     floors: Mapping[str, int] | None,
-    now: float | None,
+    wall: Callable[[], float],
     reason: str,
 ) -> RestoreReport:
     names = coord.resources()
     known = max((coord.last_epoch(name) for name in names), default=0)
     reported = _merge(store_floors(stores, names), floors or {})
-    minimum, base, floor = plan_minimum(time.time() if now is None else now, known, reported)
+    now = wall()
+    minimum, base, floor = plan_minimum(now, known, reported)
     detail = _detail(reason, None, minimum, base, known, floor)
+    _past_tick(restore_tick(now), wall)
     new_minimum = coord.backend.advance(minimum, dict(reported), detail)
     log.warning("advanced the epochs of %s: every later epoch is above %d", coord.url, new_minimum)
     return RestoreReport(coord.url, coord.coordinator_id, new_minimum, base, known, floor, reported)

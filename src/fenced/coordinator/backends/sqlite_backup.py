@@ -5,7 +5,9 @@
   writers go on meanwhile), into a temporary file next to the destination that is checked
   (``integrity_check``, fenced's identity and schema), switched to a self-contained rollback
   journal, ``fsync``-ed and renamed into place (then the directory is synced). A crash leaves
-  the previous destination file or the new one, never a partial copy.
+  the previous destination file or the new one, never a partial copy. A destination that is a
+  file of the live database (the database, its ``-wal``, ``-shm`` or ``-journal``, by any path,
+  symlink or hard link) is refused before anything is written.
 * :func:`inspect_database` — is this file a fenced coordinator database of a schema this fenced
   knows, is it intact, and what does it hold (coordinator id, epochs, minimum epoch)?
 * :func:`stage_copy` / :func:`install` — the two halves of a restore: copy the backup next to
@@ -170,7 +172,8 @@ def backup_database(source: Path, dest: Path) -> DatabaseInfo:
     """Copy the live database ``source`` to ``dest`` consistently, online; return the copy's info.
 
     ``dest`` may be an existing directory (the copy is named ``fenced-<coordinator id>.db``
-    there); an existing file is replaced atomically. See the module docstring for the steps.
+    there); an existing file is replaced atomically, unless it is a file of the live database
+    (ConfigurationError, nothing written). See the module docstring for the steps.
     """
     _check_header(source, "the coordinator database")
     if dest.is_dir():
@@ -178,8 +181,11 @@ def backup_database(source: Path, dest: Path) -> DatabaseInfo:
             found = _describe(conn, source, "the coordinator database", check=False)
         dest = dest / f"fenced-{found.coordinator_id}.db"
     dest = dest.absolute()
-    if dest.exists() and dest.resolve() == source.resolve():
-        raise ConfigurationError(f"the backup destination {dest} is the database itself")
+    if _is_live_file(dest, source):
+        raise ConfigurationError(
+            f"the backup destination {dest} is a file of the live coordinator database {source} "
+            "(the database or its -wal, -shm or -journal file): choose another destination"
+        )
     if not dest.parent.is_dir():
         raise ConfigurationError(f"cannot write the backup {dest}: {dest.parent} is no directory")
     temporary = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex}"
@@ -204,6 +210,31 @@ def backup_database(source: Path, dest: Path) -> DatabaseInfo:
     return DatabaseInfo(
         dest, info.coordinator_id, info.schema_version, info.minimum_epoch, info.epochs
     )
+
+
+def _is_live_file(dest: Path, source: Path) -> bool:
+    """Is ``dest`` the database ``source`` or one of its sidecar files, by any path?
+
+    Compared by resolved path (symlinks, ``..``; also for files that do not exist yet, such as a
+    ``-wal`` SQLite creates later) and, for existing files, by device and inode (hard links).
+    """
+    bases = (source, source.resolve())
+    live = {Path(f"{base}{suffix}") for base in bases for suffix in ("", *_SIDECARS)}
+    target = dest.resolve()
+    if any(target == path.resolve() for path in live):
+        return True
+    try:
+        found = dest.stat()
+    except FileNotFoundError:
+        return False
+    for path in live:
+        try:
+            other = path.stat()
+        except FileNotFoundError:
+            continue
+        if (found.st_dev, found.st_ino) == (other.st_dev, other.st_ino):
+            return True
+    return False
 
 
 def _remove(path: Path) -> None:
