@@ -498,3 +498,16 @@ def test_backup_refuses_every_file_of_the_live_database(area: Path) -> None:
         assert done.returncode == 0, done.stderr
     finally:
         coord.close()
+
+
+def test_a_backup_is_as_private_as_the_database_whatever_the_umask(area: Path) -> None:
+    """A backup holds the owner secrets and request ids of live leases: 0600 under any umask."""
+    url = f"sqlite://{area}/db/fenced.db"
+    with fenced.connect(url) as coord:
+        coord.acquire(R, ttl=30, wait=0, request_id="a-bearer-credential")
+        old = os.umask(0o022)
+        try:
+            restoring.backup(url, area / "backup.db")
+        finally:
+            os.umask(old)
+    assert (area / "backup.db").stat().st_mode & 0o777 == 0o600

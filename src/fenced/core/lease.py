@@ -40,10 +40,11 @@ class LeaseState(enum.Enum):
 class Lease:
     """A granted lease: token, secret owner id, holder label, ttl and the local deadline.
 
-    ``owner`` is a 128-bit random secret proving ownership to the coordinator; it is excluded from
-    ``repr`` and never logged or recorded. ``deadline`` is on the local monotonic clock of the
-    process that sent the request; ``expires_in`` is the coordinator's remaining time when it
-    answered (for display only).
+    ``owner`` is a 128-bit random secret proving ownership to the coordinator; ``request_id``
+    returns this lease to whoever presents it again (a retried acquire), so it is a bearer
+    credential too. Both are excluded from ``repr`` and never logged or recorded. ``deadline``
+    is on the local monotonic clock of the process that sent the request; ``expires_in`` is the
+    coordinator's remaining time when it answered (for display only).
     """
 
     token: FencingToken
@@ -53,7 +54,7 @@ class Lease:
     safety_margin: float
     deadline: float
     expires_in: float
-    request_id: str | None = None
+    request_id: str | None = field(default=None, repr=False)
 
     @property
     def resource(self) -> str:

@@ -9,11 +9,12 @@ gone (:attr:`Delivery.DEAD`) and can skip it.
 
 Guarantees and limits:
 
-- A plain wake-up is a hint: the woken waiter still asks the database. Lost, duplicate or late
-  datagrams cost at most one extra database round; they never break mutual exclusion. A
-  datagram may carry a message (at most :data:`MAX_MESSAGE` bytes): the embedded backend sends a
-  lease it granted in the waiter's name, with the waiter's owner secret, which the waiter checks
-  — a datagram from anyone else cannot make it believe it holds a lease.
+- Every datagram is a hint, never evidence: any process on the host (of any user) can send one
+  to an abstract address it knows or guesses. The woken waiter still asks the database. Lost,
+  duplicate, late or forged datagrams cost at most one extra database round; they never break
+  mutual exclusion. A datagram may carry a message (at most :data:`MAX_MESSAGE` bytes): the
+  embedded backend sends the epoch of a lease it handed to the waiter, which the waiter confirms
+  in the database before it believes it. No message carries a secret.
 - A sender never blocks: when a waiter's receive buffer is full (it is stopped and many wakes are
   queued) the datagram is dropped and the waiter, which already has one pending, loses nothing.
 - Abstract addresses are per network namespace. A waiter in another namespace (a container that

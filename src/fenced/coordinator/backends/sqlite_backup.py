@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from fenced.coordinator.backends.sqlite_files import new_file_mode
 from fenced.coordinator.backends.sqlite_schema import APPLICATION_ID, SCHEMA_VERSION
 from fenced.core.errors import ConfigurationError
 from fenced.core.token import validate_coordinator_id
@@ -190,6 +191,13 @@ def backup_database(source: Path, dest: Path) -> DatabaseInfo:
         raise ConfigurationError(f"cannot write the backup {dest}: {dest.parent} is no directory")
     temporary = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex}"
     try:
+        # a backup holds the owner secrets and request ids of live leases: as private as the
+        # database itself (0600, or 0660 in a deliberately shared directory), whatever the umask
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, new_file_mode(dest.parent))
+        finally:
+            os.close(fd)
         with (
             _opened(source, "the coordinator database") as live,
             _opened(temporary, "the backup") as copy,

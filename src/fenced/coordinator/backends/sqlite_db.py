@@ -105,12 +105,15 @@ class Database:
     """The fenced database at ``path``: created, checked and migrated when constructed.
 
     ``coordinator_id`` is the database's coordinator id. Thread-safe. Raises
-    :class:`~fenced.ConfigurationError` for an unusable file.
+    :class:`~fenced.ConfigurationError` for an unusable file, and for a missing or empty one
+    where its marker says a database lived (see :func:`~.sqlite_schema.open_database`).
     """
 
-    def __init__(self, path: Path, coordinator_id_for_new: str | None = None) -> None:
+    def __init__(
+        self, path: Path, coordinator_id_for_new: str | None = None, *, marker: bool = True
+    ) -> None:
         self.path = path
-        conn, self.coordinator_id = open_database(path, coordinator_id_for_new)
+        conn, self.coordinator_id = open_database(path, coordinator_id_for_new, marker=marker)
         self._conn: sqlite3.Connection | None = _tuned(conn)
         self._lock = threading.Lock()
         self._generation = _fork_generation

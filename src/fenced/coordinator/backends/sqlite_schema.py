@@ -8,8 +8,12 @@ transaction, so a crash mid-upgrade leaves the previous version intact, and conc
 serialise on the write lock (exactly one of them initialises or upgrades). To change the schema,
 append a :class:`Migration`; never edit a released one.
 
+Where the file lives — directory and file modes, and the marker that stops a coordinator from
+being re-created silently where its database was — is :mod:`.sqlite_files`.
+
 Failure behaviour: a file that is not a database, a database that is not fenced's, a database
-written by a newer fenced, and a path that cannot be created or written all raise a one-line
+written by a newer fenced, a path that cannot be created or written, and a database that is
+missing or empty where its marker says one lived all raise a one-line
 :class:`~fenced.ConfigurationError` (driver errors are chained with ``raise … from``).
 """
 
@@ -22,6 +26,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from fenced.coordinator.backends import sqlite_files
 from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 from fenced.core.token import validate_coordinator_id
 from fenced.fence.sqlite_busy import error_code, retrying
@@ -323,30 +328,26 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 def open_database(
-    path: Path, coordinator_id_for_new: str | None = None
+    path: Path, coordinator_id_for_new: str | None = None, *, marker: bool = True
 ) -> tuple[sqlite3.Connection, str]:
     """Create or open the database at ``path``; return the connection and the coordinator id.
 
-    Creates missing parent directories. A new (or empty) file is initialised with a fresh random
-    coordinator id, or ``coordinator_id_for_new`` if given (ignored for an existing database).
-    An older schema is migrated in one transaction; a newer one is refused.
+    Creates missing parent directories and a missing file with fenced's modes (see
+    :mod:`.sqlite_files`). A new (or empty) file is initialised with a fresh random coordinator
+    id, or ``coordinator_id_for_new`` if given (ignored for an existing database), unless the
+    marker (or a ``-wal``/``-shm``/``-journal`` file beside a missing database) shows that a
+    database lived there: then ConfigurationError, and nothing is created. An older schema is
+    migrated in one transaction; a newer one is refused. ``marker``: keep the marker beside the
+    database (False only for a transient copy, such as a restore's staging file).
     """
     if coordinator_id_for_new is not None:
         validate_coordinator_id(coordinator_id_for_new)
-    if path.is_dir():
-        raise ConfigurationError(f"the fenced database path {path} is a directory")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        reason = error.strerror or str(error)
-        if isinstance(error, FileExistsError | NotADirectoryError):
-            reason = "a part of that path is not a directory"
-        raise ConfigurationError(
-            f"cannot create the fenced database {path}: cannot create {path.parent}: {reason}"
-        ) from error
+    sqlite_files.prepare_location(path)
     conn = connect(path)
     try:
         coordinator_id = _prepare(conn, path, coordinator_id_for_new)
+        if marker:
+            sqlite_files.mark(path, coordinator_id)
     except sqlite3.Error as error:
         _rollback_quietly(conn)
         conn.close()
@@ -375,6 +376,8 @@ def _prepare(conn: sqlite3.Connection, path: Path, new_id: str | None) -> str:
         raise ConfigurationError(f"{path} is an SQLite database, but not a fenced one")
     else:
         version = _schema_version(conn, path)
+    if version == 0:
+        sqlite_files.refuse_if_marked(path)  # its content was lost: never start again silently
     if version > SCHEMA_VERSION:
         raise ConfigurationError(
             f"{path} has schema version {version}: it was created by a newer fenced (this one "
