@@ -1,14 +1,21 @@
-"""Pure unit tests of the core: names, tokens, policy, the lease state machine, errors."""
+"""Pure unit tests of the core: names, tokens, policy, the lease state machine, errors, and the
+clocks (with the host clock the embedded backends read from the kernel)."""
 
 from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fenced.coordinator.backends import hostclock
+from fenced.core.clock import RECHECK, ManualClock, SystemClock
 from fenced.core.errors import (
     Busy,
     ConfigurationError,
@@ -208,3 +215,144 @@ def test_the_default_holder_label_is_host_and_pid_and_a_forked_child_gets_its_ow
         seen = pipe.read().decode()
     os.waitpid(child, 0)
     assert seen == f"{label.rsplit(':', 1)[0]}:{child}"
+
+
+# -- clocks ---------------------------------------------------------------------------------------
+
+
+def test_on_linux_deadlines_are_on_the_boot_clock_which_counts_suspend() -> None:
+    clock = SystemClock()
+    assert sys.platform.startswith("linux")  # the test hosts; other platforms are tested below
+    assert (clock.source, clock.counts_suspend) == ("CLOCK_BOOTTIME", True)
+    before = time.clock_gettime(time.CLOCK_BOOTTIME)
+    now = clock.now()
+    assert before <= now <= time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+@pytest.mark.parametrize(
+    ("platform", "source", "counts_suspend"),
+    [
+        ("linux", "CLOCK_BOOTTIME", True),
+        ("darwin", "CLOCK_MONOTONIC", True),  # Apple's CLOCK_MONOTONIC counts sleep
+        ("freebsd14", "time.monotonic", False),
+    ],
+)
+def test_what_each_platform_reads(
+    monkeypatch: pytest.MonkeyPatch, platform: str, source: str, counts_suspend: bool
+) -> None:
+    monkeypatch.setattr(sys, "platform", platform)
+    clock = SystemClock()
+    assert (clock.source, clock.counts_suspend) == (source, counts_suspend)
+    assert clock.now() <= clock.now()
+
+
+class _Slept(SystemClock):
+    """The real clock plus seconds "spent suspended": now() counts them, CLOCK_MONOTONIC (and so
+    every timed wait of Python's) does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.suspended = 0.0
+
+    def now(self) -> float:
+        return super().now() + self.suspended
+
+
+def test_a_system_clock_wait_ends_when_a_suspend_passed_its_deadline() -> None:
+    """Condition.wait(60) would sleep 60 s of CLOCK_MONOTONIC after the resume; the clock's wait
+    re-reads the boot clock every RECHECK seconds and reports the deadline as reached."""
+    clock = _Slept()
+    cond = threading.Condition()
+    results: list[bool] = []
+    slept = threading.Event()
+
+    def waiter() -> None:
+        with cond:
+            until = clock.now() + 60
+            while clock.wait(cond, until):
+                pass
+            results.append(clock.now() >= until)
+
+    def sleeper() -> None:
+        clock.sleep(60)
+        slept.set()
+
+    threads = [threading.Thread(target=target, daemon=True) for target in (waiter, sleeper)]
+    for thread in threads:
+        thread.start()
+    clock.suspended = 61.0
+    for thread in threads:
+        thread.join(20 * RECHECK)
+    assert results == [True] and slept.is_set()
+
+
+def test_manual_clock_waits_end_exactly_when_the_test_moves_the_clock() -> None:
+    clock = ManualClock()
+    cond = threading.Condition()
+    woke: list[float] = []
+    start = clock.now()
+
+    def waiter() -> None:
+        with cond:
+            while clock.wait(cond, start + 5):
+                pass
+        woke.append(clock.now())
+
+    def sleeper() -> None:
+        clock.sleep(3)
+        woke.append(clock.now())
+
+    threads = [threading.Thread(target=target, daemon=True) for target in (waiter, sleeper)]
+    for thread in threads:
+        thread.start()
+    assert clock.settle(2) == [start + 3, start + 5]
+    clock.advance(2.9)
+    assert clock.settle(2) == [start + 3, start + 5]  # both woke, found it early, wait again
+    assert woke == []
+    clock.advance_to(start + 3)
+    assert clock.settle(1) == [start + 5]
+    threads[1].join(10)
+    assert woke == [start + 3]
+    clock.suspend(2)  # counts for waits like any move of now()
+    threads[0].join(10)
+    assert woke == [start + 3, start + 5]
+    with pytest.raises(TimeoutError):
+        clock.settle(1, timeout=0.01)
+
+
+def test_manual_clock_suspend_moves_every_reading_but_monotonic() -> None:
+    clock = ManualClock(now=50.0, wall=1000.0)
+    clock.advance(1)
+    clock.suspend(10)
+    assert (clock.now(), clock.boottime(), clock.wall(), clock.monotonic()) == (61, 61, 1011, 51)
+    clock.jump_wall(-500)
+    assert (clock.now(), clock.wall()) == (61, 511)
+    for bad in (-1.0, math.nan):
+        with pytest.raises(ValueError, match="backwards"):
+            clock.advance(bad)
+        with pytest.raises(ValueError, match="backwards"):
+            clock.suspend(bad)
+        with pytest.raises(ValueError, match="sleep"):
+            clock.sleep(bad)
+    assert clock.wait(threading.Condition(), 61) is False  # the deadline has come: no wait
+    clock.advance_to(10)  # in the past: nothing moves
+    assert clock.now() == 61
+
+
+def test_the_host_clock_off_linux(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No CLOCK_BOOTTIME and no /proc: macOS gives the boot id through sysctl and counts sleep
+    in CLOCK_MONOTONIC; elsewhere the embedded coordinator refuses to start (one clear error)
+    rather than guess a boot id from the wall clock."""
+    monkeypatch.delattr(time, "CLOCK_BOOTTIME")
+    monkeypatch.setattr(hostclock, "_BOOT_ID", tmp_path / "no-boot-id")
+    sysctl = tmp_path / "sysctl"
+    sysctl.write_text('#!/bin/sh\n[ "$2" = kern.bootsessionuuid ] && echo 6F1C-BOOT\n')
+    sysctl.chmod(0o755)
+    monkeypatch.setattr(hostclock, "_SYSCTL", str(sysctl))
+    monkeypatch.setattr(sys, "platform", "darwin")
+    clock = hostclock.SystemHostClock()
+    assert (clock.boot_id(), clock.source) == ("6F1C-BOOT", "CLOCK_MONOTONIC")
+    assert clock.boottime() <= time.clock_gettime(time.CLOCK_MONOTONIC)
+    monkeypatch.setattr(sys, "platform", "freebsd14")
+    with pytest.raises(ConfigurationError, match="boot id on freebsd14"):
+        hostclock.SystemHostClock()

@@ -752,12 +752,13 @@ def test_a_forked_child_uses_its_own_connection(backend: SQLiteBackend) -> None:
 
 
 def test_a_release_is_recorded_lazily_dated_when_it_happened(
-    backend: SQLiteBackend, db_path: Path
+    backend: SQLiteBackend, db_path: Path, clock: ManualClock
 ) -> None:
     lease = granted(backend.try_grant(request(), None))
-    before = time.time()
+    clock.advance(2)
+    released_at = clock.wall()
     assert backend.release(R, lease.epoch, OWNER_A)
-    after = time.time()
+    clock.advance(3)
     raw = sqlite3.connect(db_path)
     assert raw.execute("SELECT kind FROM records").fetchall() == [("granted",)]  # none written yet
     raw.close()
@@ -767,9 +768,43 @@ def test_a_release_is_recorded_lazily_dated_when_it_happened(
         (RecordKind.RELEASED, lease.epoch, "holder-a"),
     ]
     released = backend.records(R)[1]
-    assert before <= released.at <= after
+    assert released.at == released_at
     assert granted(backend.try_grant(request(OWNER_B), None))
     assert [r.detail.get("after") for r in backend.records(R, after=released.seq)] == ["released"]
+
+
+def test_every_record_is_stamped_with_the_host_clocks_wall_time(
+    backend: SQLiteBackend, clock: ManualClock
+) -> None:
+    """A record's time is the injected clock's ``wall()``, never the machine's: under a
+    ManualClock set years before today every kind of record carries the manual wall time (an
+    expiry the instant it expired), and retention is measured on that clock too."""
+    clock.jump_wall(-10 * 365 * 86400.0)
+    start = clock.wall()
+    first = granted(backend.try_grant(request(ttl=1), None))
+    backend.proclaim(R, first.epoch, OWNER_A, "v1")
+    clock.advance(5)  # the first lease expired 4 s ago
+    second = granted(backend.try_grant(request(OWNER_B), None))
+    clock.advance(1)
+    backend.report(R, second.epoch, "holder-b", RecordKind.RENEWAL_FAILED, {"error": "x"})
+    clock.advance(1)
+    assert backend.release(R, second.epoch, OWNER_B)
+    clock.advance(1)
+    backend.advance(100, {}, {"era": "test"})
+    stamps = [(r.kind, r.at - start) for r in backend.records(R)]
+    assert stamps == [
+        (RecordKind.GRANTED, 0.0),
+        (RecordKind.PROCLAIMED, 0.0),
+        (RecordKind.EXPIRED, 1.0),
+        (RecordKind.GRANTED, 5.0),
+        (RecordKind.RENEWAL_FAILED, 6.0),
+        (RecordKind.RELEASED, 7.0),
+        (RecordKind.RESTORED, 8.0),
+    ]
+    assert backend.prune_records() == 0  # none is older than the retention by this clock
+    clock.jump_wall(backend._record_retention + 8.5)
+    assert backend.prune_records() == len(stamps) - 1  # the newest is kept
+    assert [r.kind for r in backend.records(R)] == [RecordKind.RESTORED]
 
 
 def test_an_unnoticed_expiry_is_recorded_before_the_next_grant(

@@ -35,6 +35,7 @@ from fenced.core.records import Record, RecordKind
 from fenced.core.token import FencingToken, validate_coordinator_id
 from fenced.election.campaign import Campaign, validate_value
 from fenced.election.observe import LeaderInfo, Observer
+from fenced.runtime.diagnostics import DiagnosticSender
 from fenced.runtime.hold import Fenceable, Hold
 from fenced.runtime.keeper import OnLost
 
@@ -43,6 +44,13 @@ __all__ = ["Coordinator", "default_holder"]
 log = logging.getLogger("fenced.coordinator")
 
 _MAX_REQUEST_ID = 200
+
+REPORT_QUEUE = 256
+"""Holder reports (renewal failures, losses) a coordinator queues before it drops new ones."""
+REPORT_DRAIN = 2.0
+"""Seconds :meth:`Coordinator.close` gives the queued reports to be sent before it drops them."""
+
+_Report = tuple[str, int, str, RecordKind, dict[str, object]]
 
 
 _holder: str | None = None  # the default label of this process, validated
@@ -89,6 +97,9 @@ class Coordinator:
         validate_coordinator_id(backend.coordinator_id)  # once: tokens are built unchecked
         self._backend = backend
         self._clock: Clock = clock or SystemClock()
+        self._reports: DiagnosticSender[_Report] = DiagnosticSender(
+            self._send_report, capacity=REPORT_QUEUE, name=f"fenced-diagnostics:{backend.url}"
+        )
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -150,19 +161,19 @@ class Coordinator:
         request = GrantRequest(
             name, policy.ttl, secrets.token_hex(16), label, rid, advertised, patience != 0
         )
-        give_up = None if patience is None else self._clock.monotonic() + patience
+        give_up = None if patience is None else self._clock.now() + patience
         ticket: Ticket | None = None
         try:
             while True:
-                sent = self._clock.monotonic()
+                sent = self._clock.now()
                 result = self._backend.try_grant(request, ticket)
                 if isinstance(result, Granted):
                     ticket = None  # the grant consumed it
                     if mutants.active("deadline-from-reply"):  # seeded defect (fenced verify)
-                        sent = self._clock.monotonic()
+                        sent = self._clock.now()
                     log.info("%s: granted epoch %d to %s", name, result.epoch, result.holder)
                     return self._lease(request, policy, result, sent)
-                now = self._clock.monotonic()
+                now = self._clock.now()
                 if give_up is not None and now >= give_up:
                     raise self._busy(name, result)
                 if ticket is None:
@@ -206,12 +217,12 @@ class Coordinator:
         epoch). :class:`Unavailable` / :class:`OutcomeUnknown` leave the lease as it was.
         """
         self._check_lease(lease)
-        sent = self._clock.monotonic()
+        sent = self._clock.now()
         if sent >= lease.deadline:
             raise LeaseLost(LossReason.EXPIRED, "the local deadline passed before renewal")
         remaining = self._backend.renew(lease.resource, lease.epoch, lease.owner, lease.ttl)
         if mutants.active("deadline-from-reply"):  # seeded defect of `fenced verify --mutants`
-            sent = self._clock.monotonic()
+            sent = self._clock.now()
         return dataclasses.replace(
             lease,
             deadline=sent + min(remaining, lease.ttl) - lease.safety_margin,
@@ -252,18 +263,33 @@ class Coordinator:
         return self._backend.records(name, after)
 
     def report_trouble(self, lease: Lease, error: BaseException) -> None:
-        """Record that ``lease``'s holder saw a renewal fail or lost it. Best effort, never raises.
+        """Have it recorded that ``lease``'s holder saw a renewal fail or lost it; returns at once.
 
-        Called by the runtime; the record lets ``fenced timeline`` show renewal failures.
+        Called by the runtime after it signalled what it reports; the record lets ``fenced
+        timeline`` show renewal failures and losses. Best effort, never raises, never blocks:
+        the report is queued for this coordinator's one background sender, which sends the
+        reports of all its leases in order; when :data:`REPORT_QUEUE` reports are waiting (the
+        coordinator is slow or unreachable), a new one is dropped and counted in
+        :attr:`diagnostics_dropped`.
         """
         kind = RecordKind.LOST if isinstance(error, LeaseLost) else RecordKind.RENEWAL_FAILED
         detail: dict[str, object] = {"error": f"{type(error).__name__}: {error}"}
         if isinstance(error, LeaseLost):
             detail["reason"] = error.reason.value
+        self._reports.submit((lease.resource, lease.epoch, lease.holder, kind, detail))
+
+    @property
+    def diagnostics_dropped(self) -> int:
+        """Holder reports dropped so far: the queue was full, or :meth:`close` could not send
+        them in time. A dropped report loses a record, never a renewal or a loss signal."""
+        return self._reports.dropped
+
+    def _send_report(self, report: _Report) -> None:
+        resource, epoch, holder, kind, detail = report
         try:
-            self._backend.report(lease.resource, lease.epoch, lease.holder, kind, detail)
+            self._backend.report(resource, epoch, holder, kind, detail)
         except Exception as failure:  # the coordinator may well be unreachable right now
-            log.debug("could not record %s for %s: %s", kind.value, lease.resource, failure)
+            log.debug("could not record %s for %s: %s", kind.value, resource, failure)
 
     def hold(
         self,
@@ -369,7 +395,12 @@ class Coordinator:
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the backend's connections; idempotent. Held leases simply expire."""
+        """Close the backend's connections; idempotent. Held leases simply expire.
+
+        Queued holder reports get up to :data:`REPORT_DRAIN` seconds to be sent first; the rest
+        are dropped (counted in :attr:`diagnostics_dropped`).
+        """
+        self._reports.close(REPORT_DRAIN)
         self._backend.close()
 
     def __enter__(self) -> Coordinator:

@@ -8,6 +8,10 @@ supervises it until it exits:
   local deadline passing): the whole process group gets ``SIGTERM`` (and ``SIGCONT``, so that a
   stopped child sees it), then ``SIGKILL`` after ``grace`` seconds if the command is still alive.
   Processes of the group that outlive the command get the rest of the grace, then ``SIGKILL``.
+  The loss is read from the lease (on the clock of its deadline, which counts host suspend),
+  when ``on_lost`` wakes the supervisor and at least every quarter second (so also at the resume
+  of a suspended host). The grace is measured on CLOCK_MONOTONIC: time the command could run,
+  which a host suspend does not consume.
 * **Signals to the supervisor** (with ``handle_signals``, in the main thread): ``SIGHUP``,
   ``SIGINT``, ``SIGQUIT``, ``SIGTERM``, ``SIGUSR1`` and ``SIGUSR2`` are forwarded to the child's
   process group; nothing is escalated (the child decides how to react). ``SIGTSTP`` (Ctrl-Z) is

@@ -4,6 +4,12 @@
 ``ttl/3`` (±10 % jitter) and computes each new local deadline from the moment the renewal was
 *sent*. A watchdog thread fires the loss at the deadline even while a renewal call hangs.
 
+Time is the injected :class:`~fenced.core.clock.Clock`'s: deadlines on ``clock.now()``, which
+keeps counting while the host is suspended (CLOCK_BOOTTIME on Linux), and every wait through
+``clock.wait``, which re-reads that clock, so a deadline that passed during a suspend is acted on
+at the resume. Under a :class:`~fenced.core.clock.ManualClock` the keeper runs entirely on the
+test's time.
+
 Timeline of a pause::
 
     t0  acquire sent; deadline = t0 + ttl - margin
@@ -15,6 +21,12 @@ Timeline of a pause::
 Loss is a signal the holder receives (the ``lost`` event, the ``on_lost`` callback, and
 :class:`~fenced.LeaseLost` from :meth:`HeldLease.check` and when the ``with`` block ends).
 Cancelling the holder's work is best effort; the fence at the store is the guarantee.
+
+Loss first, diagnostics after: the loss is signalled (state, ``lost``, ``on_lost``) before
+anything is reported, and reports of failed renewals and losses are only handed to
+``LeaseOps.report_trouble``, which must not block (the coordinator queues them for its
+background sender, see :class:`~fenced.runtime.diagnostics.DiagnosticSender`): a report to an
+unreachable coordinator can delay neither a renewal nor a loss signal.
 """
 
 from __future__ import annotations
@@ -46,7 +58,8 @@ class LeaseOps(Protocol):
     def release(self, lease: Lease) -> bool: ...
 
     def report_trouble(self, lease: Lease, error: BaseException) -> None:
-        """Record a renewal failure or a loss (best effort, never raises)."""
+        """Have a renewal failure or a loss recorded, later (best effort). Must return at once
+        and never raise: it is called from the renewer and at the loss."""
         ...
 
 
@@ -56,7 +69,8 @@ class HeldLease:
     Guarantees: ``state`` is HELD only while the last renewal succeeded and the local deadline
     has not passed; ``lost`` is set and ``on_lost`` is called exactly once, with the
     :class:`LeaseLost` reason, as soon as the lease is lost (at the deadline at the latest);
-    ``check()`` raises :class:`LeaseLost` unless HELD (UNCERTAIN included).
+    ``check()`` raises :class:`LeaseLost` unless HELD (UNCERTAIN included). Renewals and loss
+    signals never wait for a report to the coordinator.
     """
 
     def __init__(
@@ -103,20 +117,20 @@ class HeldLease:
     @property
     def state(self) -> LeaseState:
         """HELD, UNCERTAIN or LOST at this instant."""
-        return self._tracker.state(self._clock.monotonic())
+        return self._tracker.state(self._clock.now())
 
     @property
     def deadline(self) -> float:
-        """The local monotonic deadline."""
+        """The local deadline, on the clock's :meth:`~fenced.core.clock.Clock.now`."""
         return self._tracker.deadline
 
     def loss(self) -> LeaseLost | None:
         """Why the lease is lost, or None while it is HELD or UNCERTAIN."""
-        return self._tracker.loss(self._clock.monotonic())
+        return self._tracker.loss(self._clock.now())
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` unless the lease is HELD right now."""
-        now = self._clock.monotonic()
+        now = self._clock.now()
         error = self._tracker.loss(now)
         if error is not None:
             self._fire(error)
@@ -166,22 +180,24 @@ class HeldLease:
     # -- internals ------------------------------------------------------------------------
     def _lose(self, error: LeaseLost) -> None:
         self._tracker.mark_lost(error)
-        self._fire(self._tracker.loss(self._clock.monotonic()) or error)
+        self._fire(self._tracker.loss(self._clock.now()) or error)
 
     def _fire(self, error: LeaseLost) -> None:
+        """Signal the loss once: ``lost``, then ``on_lost``; then log it and hand it to the
+        diagnostics (which never blocks)."""
         with self._cond:
             if self._fired:
                 return
             self._fired = True
             self._cond.notify_all()
-        log.warning("lease on %s epoch %s lost: %s", self.resource, self.epoch, error)
         self.lost.set()
-        self._ops.report_trouble(self.lease, error)
         if self._on_lost is not None:
             try:
                 self._on_lost(error)
             except Exception:
                 log.exception("on_lost callback for %s raised", self.resource)
+        log.warning("lease on %s epoch %s lost: %s", self.resource, self.epoch, error)
+        self._ops.report_trouble(self.lease, error)
 
     def _interval(self) -> float:
         return self._lease.ttl / 3 * self._rng.uniform(0.9, 1.1)
@@ -191,23 +207,21 @@ class HeldLease:
         the local deadline when that is sooner (at least 10 ms), ±10 %. A lease that began
         with less than its ttl (an etcd grant rides a pooled etcd lease kept alive a moment
         before) or whose renewals kept failing still gets several tries before it is lost."""
-        left = self._tracker.deadline - self._clock.monotonic()
+        left = self._tracker.deadline - self._clock.now()
         return max(min(self._lease.ttl / 10, left / 4), 0.01) * self._rng.uniform(0.9, 1.1)
 
     def _sleep_until(self, when: float) -> bool:
-        """Wait until monotonic ``when``; False if stopping or already lost."""
+        """Wait until ``when`` on the clock; False if stopping or already lost."""
         with self._cond:
             while not self._stopping and not self._fired:
-                remaining = when - self._clock.monotonic()
-                if remaining <= 0:
-                    return True
-                self._cond.wait(remaining)
-            return False
+                if not self._clock.wait(self._cond, when):
+                    break
+            return not self._stopping and not self._fired
 
     def _renew_loop(self) -> None:
-        next_at = self._clock.monotonic() + self._interval()
+        next_at = self._clock.now() + self._interval()
         while self._sleep_until(next_at):
-            sent = self._clock.monotonic()
+            sent = self._clock.now()
             try:
                 renewed = self._ops.renew(self.lease)
             except mutants.caught("renewal-failure-ignored"):  # seeded defect (fenced verify)
@@ -219,10 +233,10 @@ class HeldLease:
                 self._tracker.renewal_failed()
                 log.warning("renewal of %s epoch %s failed: %s", self.resource, self.epoch, error)
                 self._ops.report_trouble(self.lease, error)
-                next_at = self._clock.monotonic() + self._retry_interval()
+                next_at = self._clock.now() + self._retry_interval()
                 continue
-            self._tracker.renewed(self._clock.monotonic(), renewed.deadline)
-            if self._tracker.loss(self._clock.monotonic()) is not None:
+            self._tracker.renewed(self._clock.now(), renewed.deadline)
+            if self._tracker.loss(self._clock.now()) is not None:
                 self._lose(LeaseLost(LossReason.EXPIRED, "the renewal came back too late"))
                 return
             with self._cond:
@@ -230,14 +244,14 @@ class HeldLease:
             next_at = sent + self._interval()
 
     def _watch_loop(self) -> None:
+        """Fire the loss at the deadline, even while a renewal call hangs."""
         with self._cond:
             while not self._stopping and not self._fired:
-                now = self._clock.monotonic()
-                if self._tracker.loss(now) is not None:
+                if self._tracker.loss(self._clock.now()) is not None:
                     break
-                self._cond.wait(max(self._tracker.deadline - now, 0.001))
+                self._clock.wait(self._cond, self._tracker.deadline)
             if self._stopping or self._fired:
                 return
-        error = self._tracker.loss(self._clock.monotonic())
+        error = self._tracker.loss(self._clock.now())
         if error is not None:
             self._fire(error)

@@ -5,7 +5,7 @@ resource. Output: a :class:`Report` with every :class:`Violation` (each names it
 a single one fails the run) and the run's figures (operations, faults, stale writes rejected).
 
 Vocabulary of the events (written by :mod:`.worker`, :mod:`.faults`, :mod:`.processes` and the
-drivers; ``t`` is CLOCK_MONOTONIC in the emitting process)::
+drivers; ``t`` is the deadline clock, CLOCK_BOOTTIME on Linux, in the emitting process)::
 
     meta       resource, ttl, stores {name: {mode, url}}, overrun      (first event of a run)
     c.send     call, op (try_grant|renew|release|report|enqueue|leave), res, epoch, ttl, rid,
@@ -16,6 +16,7 @@ drivers; ``t`` is CLOCK_MONOTONIC in the emitting process)::
     s.read     store, op (get|latest|read), t0, version, pointer, sha, error
     lease      epoch, deadline, ttl        check  epoch, state, deadline
     pause      target                      resume target          kill  target
+    suspend    t0, seconds: the host slept between t0 and t (seen by the recorder of one process)
     wire       target, mode (a proxy cut)  crash  error (a worker died of an exception)
     backup     t0 (start): the coordinator was backed up; a later restore puts this state back
     restore    t0 (start) … the event's t is its end, available, epochs
@@ -26,8 +27,19 @@ Reasoning about time is conservative in both directions, so that a correct syste
 a call took effect somewhere between its ``send`` (written when the request is forwarded) and
 its reply; a call whose outcome the wrapper could not know (``applied`` null, or no reply because
 the worker was killed) may or may not have taken effect, and the checker assumes whichever is
-more lenient for the rule at hand. Clocks: the embedded coordinator decides expiry with
-CLOCK_BOOTTIME, which runs at the rate of CLOCK_MONOTONIC (the host does not suspend during a run).
+more lenient for the rule at hand.
+
+Clocks: every ``t`` (and ``t0``, ``issued``, ``applied_at``, and the holders' deadlines) is read
+on one clock of one host, the clock of the holders' deadlines, which counts a suspend of the host
+(CLOCK_BOOTTIME on Linux; see :mod:`fenced.core.clock`). The embedded coordinator expires leases
+on that same clock; the servers of the other backends on their own clocks, which the checker
+assumes run no faster than it (a PostgreSQL server's clock counts a suspend of its host too, an
+etcd server's lease timers do not: its leases then only end later, which no rule minds). A host
+suspend stops every process at once: the recorder sees the deadline clock gain on CLOCK_MONOTONIC
+and records a ``suspend`` span, which the checker treats as a pause of every worker. What it
+still assumes: all the processes of a run are on one host, on a platform whose deadline clock
+counts suspend (``SystemClock.counts_suspend``); elsewhere a suspend looks like time that never
+passed.
 """
 
 from __future__ import annotations
@@ -57,7 +69,7 @@ INVARIANTS: dict[str, str] = {
     "holder-deadline": "the holder's local deadline is never later than the send time of an "
     "applied acquire/renew + TTL",
     "stop-at-deadline": "no protected mutation is sent after the holder's local deadline, "
-    "except during an injected pause",
+    "except across an injected pause or a host suspend",
     "largest-seen": "a store never accepts an epoch below one it has acknowledged; the epochs of "
     "accepted writes never decrease",
     "install-then-equal": "a strict store accepts a mutation only with the installed epoch",
@@ -234,6 +246,11 @@ class _Checker:
                     found.reply = event
         self.killed = {str(e["target"]) for e in self.events if e["ev"] == "kill"}
         self.pauses = self._pauses()
+        self.suspends = [
+            (float(e.get("t0") or e["t"]), float(e["t"]))
+            for e in self.events
+            if e["ev"] == "suspend"
+        ]
         self.restores = [
             e
             for e in self.events
@@ -259,7 +276,10 @@ class _Checker:
         return spans
 
     def paused_between(self, worker: str, begin: float, end: float) -> bool:
-        return any(a <= end and b >= begin for a, b in self.pauses.get(worker, []))
+        """True if ``worker`` was (or may have been) stopped between ``begin`` and ``end``: an
+        injected pause, or a suspend of the host, which stops every process."""
+        spans = [*self.pauses.get(worker, []), *self.suspends]
+        return any(a <= end and b >= begin for a, b in spans)
 
     # -- the coordinator ------------------------------------------------------------------------
 
@@ -413,7 +433,7 @@ class _Checker:
         self.report.add(
             "stop-at-deadline",
             f"{worker} sent a {send['op']} with epoch {epoch} {t - deadline:.3f}s after its "
-            "local deadline, with no injected pause since its check",
+            "local deadline, with no injected pause or host suspend since its check",
             t,
         )
 

@@ -34,10 +34,11 @@ Guarantees
   secret, holder, ttl, value) and an abstract Unix datagram socket (:mod:`.notify`).
 - **A release hands the lease over.** A release that finds a live head waiter grants the lease
   to it in its name (:data:`_HAND_OFF`: epoch + 1, the head's row deleted) in the same commit
-  (reserved epoch: no fsync), then sends it one datagram carrying the epoch, the expiry
-  (boot-time clock) and the waiter's own owner secret. The waiter checks the secret and returns
-  from ``try_grant`` without touching the database (a datagram from anyone else cannot make it
-  believe it holds a lease); if the datagram is lost or unread, its next ``try_grant`` finds the
+  (reserved epoch: no fsync), then sends it one datagram carrying the epoch. The datagram is
+  only a hint (anyone on the host can send one to an abstract address): before ``try_grant``
+  returns the lease, the waiter confirms it with one read, the live lease of that epoch in its
+  own owner's name, and takes its expiry from there; an unconfirmed hint is dropped and the
+  waiter asks the usual way. If the datagram is lost or unread, its next ``try_grant`` finds the
   live lease in its name. Before the grant the head is sent a ``prepare`` datagram: it tells
   whether the head is still there and wakes it while the releaser commits (a sleeping process
   needs a few hundred microseconds to run again). A process that met waiters on the resource
@@ -67,7 +68,7 @@ Guarantees
 Race timelines
 --------------
 Release → handoff. One commit, by the releaser, without fsync (B reserved E when it queued);
-the waiter does not write::
+the waiter does not write, it reads once to confirm::
 
     holder A                          waiter B (head)                 waiter C (behind B)
     release (BEGIN IMMEDIATE):
@@ -79,15 +80,19 @@ the waiter does not write::
         reserved, in B's name, B's row
         deleted
       COMMIT (no fsync)
-    sendto(B, "granted E X owner") ─▶ the owner
-                                      secret is B's → try_grant
-                                      returns Granted(E), no I/O    C is head now; B's release
+    sendto(B, "granted E") ─────────▶ try_grant reads: live lease
+                                      E in B's owner's name? yes →
+                                      Granted(E)                    C is head now; B's release
                                                                     hands the lease to C
+
+Anyone else on the host may send B "granted E'" at any moment (it is only a hint): B's read
+finds no live lease E' in its name, and B asks again the usual way (a grant attempt, which
+finds A's lease live: Blocked).
 
 B's wait ran out just before the datagram arrived: B leaves the queue; ``leave`` finds the live
 lease in B's name and releases it, which hands it to C. B was SIGSTOPped at the head: the lease
-is B's until its ttl runs out (like a stopped holder's); continued later, B finds the expiry in
-the datagram passed and asks again.
+is B's until its ttl runs out (like a stopped holder's); continued later, B's read finds that
+lease expired and B asks again.
 
 A release that falls between a caller's ``Blocked`` answer and its :meth:`~SQLiteBackend.enqueue`
 wakes nobody (the caller had no row yet). The caller does not sleep through it: ``enqueue``
@@ -108,16 +113,24 @@ grant) and the release (autocommit, no fsync: one frame). A process that granted
 before grants it again with a plain ``UPDATE`` (:data:`_GRANT_KNOWN`, ~5 µs less than the
 upsert), and both statements read the ``watched`` flag instead of searching the watchers table
 (:data:`_WATCHED_ON`). A handoff is one transaction of the releaser (no fsync, within the
-reserved epochs) and a datagram. A caller that is probably not first in line (woken by its timer
+reserved epochs), a datagram, and the waiter's read that confirms it (a primary-key lookup). A
+caller that is probably not first in line (woken by its timer
 rather than by a datagram, or a newcomer where this process recently saw waiters) reads before it
 writes, so that blocked callers do not take the write lock the head needs. Waiting for the write
 lock retries with sleeps of 50 µs to 1 ms (:mod:`.sqlite_db`), not with SQLite's busy handler,
 which sleeps 1-100 ms.
 
+Files: the directory fenced creates is ``0700`` and the database, its ``-wal``/``-shm`` and
+marker ``0600`` (``0660`` in a deliberately shared, setgid directory), whatever the umask: the
+database holds owner secrets and request ids, which are bearer credentials. A database that is
+missing or empty where its marker says one lived is refused, never re-created with epochs from
+1 (see :mod:`.sqlite_files`).
+
 Failure behaviour: another process holding the write lock longer than the busy timeout →
 :class:`~fenced.Unavailable`; a write whose commit may or may not have happened →
-:class:`~fenced.OutcomeUnknown`; a corrupt, foreign, newer-schema or unwritable database →
-:class:`~fenced.ConfigurationError`. Nothing here logs or raises with an owner secret.
+:class:`~fenced.OutcomeUnknown`; a corrupt, foreign, newer-schema or unwritable database, or a
+lost one (above) → :class:`~fenced.ConfigurationError`. Nothing here logs or raises with an
+owner secret or a request id.
 
 Thread-safe (:class:`~.sqlite_db.Database`: one connection behind a lock; the lock costs 0.4 µs
 per step, well under 1 % of a cycle, and SQLite serialises writers anyway, so a connection per
@@ -131,7 +144,7 @@ import os
 import sqlite3
 import time
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -228,16 +241,33 @@ RETURNING epoch, watched
 """
 
 
-def _reusing_epoch(grant: str) -> str:
-    """A grant statement with the seeded defect "epoch-reuse" of `fenced verify --mutants`."""
-    return grant.replace(
-        f"epoch = max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1,",
-        f"epoch = iif(resources.ended IS 'released', max(epoch, {_MINIMUM}) + 1, epoch),",
-    )
-
-
-_GRANT_REUSING_EPOCH = _reusing_epoch(_GRANT)
-_GRANT_KNOWN_REUSING_EPOCH = _reusing_epoch(_GRANT_KNOWN)
+# Seeded defects of `fenced verify --mutants` (mutants.active, off outside verify's workers).
+# Each statement is a correct one written out in full with one clause changed, so that editing
+# or reformatting the correct statement cannot silently turn the defect into the correct
+# program: tests/test_verify_hooks.py checks each against its correct statement (whitespace
+# aside) and that it still changes what the backend does.
+# "epoch-reuse": a grant after a lease that was not released (it expired: a crashed or paused
+# holder; or a restore ended it) keeps the last epoch instead of max(last, minimum) + 1.
+_TAKE_REUSING_EPOCH = f"""epoch = iif(resources.ended IS 'released',
+        max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1, epoch), owner = :owner,
+    holder = :holder,
+    ttl = :ttl, expires_at = :now + :ttl, boot_id = :boot, value = :value, granted_at = :wall,
+    ended = NULL, ended_at = NULL, end_recorded = 1"""
+_GRANT_REUSING_EPOCH = f"""
+INSERT INTO resources (name, epoch, owner, holder, ttl, expires_at, boot_id, value, granted_at,
+                       ended, ended_at, end_recorded, watched)
+SELECT :name, {_MINIMUM} + 1, :owner, :holder, :ttl, :now + :ttl, :boot, :value, :wall,
+       NULL, NULL, 1, EXISTS (SELECT 1 FROM watchers WHERE name = :name)
+WHERE {_NONE_AHEAD}
+ON CONFLICT (name) DO UPDATE SET {_TAKE_REUSING_EPOCH}
+WHERE {_FREE}
+RETURNING epoch, watched
+"""
+_GRANT_KNOWN_REUSING_EPOCH = f"""
+UPDATE resources SET {_TAKE_REUSING_EPOCH}
+WHERE name = :name AND {_FREE} AND {_NONE_AHEAD}
+RETURNING epoch, watched
+"""
 _FIRST_WAITER = f"FROM waiters WHERE name = :name AND {_LIVE_WAITER} ORDER BY id LIMIT 1"
 # The head waiter comes back with the answer (and whether the lease can be handed to it): it
 # is served without another round trip.
@@ -272,7 +302,7 @@ WHERE resources.name = :name
     AND NOT EXISTS (SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < :head)
     AND (:durable OR (resources.reserved_boot IS :boot
                       AND max(resources.epoch, {_MINIMUM}) + 1 <= resources.reserved))
-RETURNING epoch, expires_at, owner
+RETURNING epoch
 """
 _QUEUE_LENGTH = f"(SELECT count(*) FROM waiters WHERE name = :name AND {_LIVE_WAITER})"
 # How far the epochs reserved for hand-offs reach (:ahead beyond the last epoch and the queue).
@@ -289,7 +319,13 @@ UPDATE resources SET
     reserved_boot = :boot
 WHERE name = :name AND (reserved_boot IS :boot OR epoch >= reserved)
 """
-_RELEASE_ANY_OWNER = _RELEASE.replace("epoch = :epoch AND owner = :owner AND ", "")  # mutant
+# Seeded defect "release-without-owner" (see "epoch-reuse" above): _RELEASE without its
+# compare of owner and epoch: a release ends whatever lease is live.
+_RELEASE_ANY_OWNER = f"""
+UPDATE resources SET owner = NULL, ended = 'released', ended_at = :wall, end_recorded = 0
+WHERE name = :name AND {_LIVE}
+RETURNING watched, (SELECT json_array(id, addr, netns, owner IS NOT NULL) {_FIRST_WAITER})
+"""
 _RENEW = f"""
 UPDATE resources SET ttl = :ttl, expires_at = :now + :ttl
 WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE} RETURNING 1
@@ -307,6 +343,11 @@ FROM (SELECT 1) LEFT JOIN resources AS r ON r.name = :name
 """
 _LEASE = (
     f"SELECT epoch, holder, ttl, expires_at, value FROM resources WHERE name = :name AND {_LIVE}"
+)
+# A hand-off a datagram announced, confirmed: the live lease of this epoch in the waiter's name.
+_HANDED = (
+    "SELECT expires_at FROM resources "
+    f"WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE}"
 )
 _HEAD = f"""
 SELECT id, addr, netns, expires_at FROM waiters
@@ -377,7 +418,7 @@ class SQLiteTicket:
         self._socket = socket
         self._pending = False  # free and first in line at enqueue: the first wait returns
         self._notified = False  # the last wait ended by a wake-up: likely first in line now
-        self._handed: tuple[int, float] | None = None  # (epoch, expires_at) a release sent us
+        self._handed: int | None = None  # the epoch a datagram said a release handed us
         self._prepared = False  # a release is committing a hand-off to us
 
     @property
@@ -403,22 +444,25 @@ class _Handed:
 
     peer: _Peer
     epoch: int
-    expires_at: float
-    owner: str = field(repr=False)
 
     def message(self) -> bytes:
-        """The wake-up datagram that tells the waiter (it checks the owner secret)."""
-        return f"{_HANDED_PREFIX} {self.epoch} {self.expires_at!r} {self.owner}".encode()
+        """The wake-up datagram that tells the waiter: a hint, which it confirms in the
+        database (it carries no secret)."""
+        return f"{_HANDED_PREFIX} {self.epoch}".encode()
 
 
 class SQLiteBackend:
     """The embedded coordinator backend on the SQLite file at ``path`` (see the module doc).
 
-    Creates the parent directory and the database if missing. ``host_clock`` (default: the
-    kernel's CLOCK_BOOTTIME and boot id) decides every expiry; tests inject a
+    Creates the parent directory (``0700``) and the database (``0600``, or ``0660`` in a
+    deliberately shared directory) if missing: see :mod:`.sqlite_files`. ``host_clock``
+    (default: the kernel's CLOCK_BOOTTIME and boot id) decides every expiry; tests inject a
     :class:`~fenced.core.clock.ManualClock`. ``coordinator_id_for_new`` is used only when the
-    database is initialised here (restores, tests). Raises :class:`~fenced.ConfigurationError`
-    for an unusable file (corrupt, not fenced's, newer schema, unwritable location).
+    database is initialised here (restores, tests). ``marker=False`` opens a transient copy (a
+    restore's staging file) without leaving the marker beside it. Raises
+    :class:`~fenced.ConfigurationError` for an unusable file (corrupt, not fenced's, newer
+    schema, unwritable location), and for a database that is missing or empty where its marker
+    says one lived (never a new coordinator with epochs from 1 in its place).
     """
 
     def __init__(
@@ -429,6 +473,7 @@ class SQLiteBackend:
         coordinator_id_for_new: str | None = None,
         record_limit: int = RECORD_LIMIT,
         record_retention: float = RECORD_RETENTION,
+        marker: bool = True,
     ) -> None:
         if isinstance(record_limit, bool) or not isinstance(record_limit, int) or record_limit < 1:
             raise ConfigurationError(
@@ -445,7 +490,7 @@ class SQLiteBackend:
         self.url = "sqlite://" + quote(str(self.path))
         self.capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
         self._clock: HostClock = host_clock if host_clock is not None else SystemHostClock()
-        self._db = Database(self.path, coordinator_id_for_new)
+        self._db = Database(self.path, coordinator_id_for_new, marker=marker)
         self.coordinator_id = self._db.coordinator_id
         self._waker = Waker()
         self._tickets: set[SQLiteTicket] = set()
@@ -522,26 +567,30 @@ class SQLiteBackend:
         return blocked or Blocked(None, self.last_epoch(name), 0.0, _EPSILON)
 
     def _take_handed(self, ticket: SQLiteTicket, request: GrantRequest) -> Granted | None:
-        """The lease a release handed to ``ticket`` (announced by its datagram), if still live.
+        """The lease a datagram said a release handed to ``ticket``, once confirmed.
 
-        Costs no database access: the datagram carried the epoch and the expiry (the host's
-        boot-time clock), and the releaser's commit was durable before it was sent. A lease that
-        expired meanwhile (the waiter was stopped) is dropped: the caller asks again.
+        The datagram is only a hint: anyone on the host can send one to a waiter's address.
+        One read (a primary-key lookup) confirms the live lease of that epoch in this ticket's
+        owner's name; the lease returned is the database's (its expiry by the host's boot-time
+        clock). Unconfirmed (forged, or the lease expired while the waiter was stopped): None,
+        and the caller asks the usual way.
         """
-        epoch, expires_at = ticket._handed or (0, 0.0)
-        ticket._handed = None
-        remaining = expires_at - self._clock.boottime()
-        if remaining <= 0:
+        epoch, ticket._handed = ticket._handed, None
+        if epoch is None or ticket.owner is None:
+            return None
+        now, params = self._params(name=ticket.resource, epoch=epoch, owner=ticket.owner)
+        rows = self._db.read(_HANDED, params, f"acquiring {ticket.resource}")
+        if not rows:
             return None
         self._forget_ticket(ticket)
-        return Granted(epoch, request.owner, request.holder, request.ttl, remaining)
+        return Granted(epoch, request.owner, request.holder, request.ttl, rows[0][0] - now)
 
     def _grant(self, request: GrantRequest, ticket: SQLiteTicket | None) -> Granted | None:
         """One grant step; None if not granted (a live lease, or a live waiter ahead)."""
         reuse = mutants.active("epoch-reuse")  # seeded defect of `fenced verify --mutants`
         grant = _GRANT_REUSING_EPOCH if reuse else _GRANT
         doing = f"acquiring {request.resource}"
-        wall = time.time()
+        wall = self._clock.wall()
         now, params = self._params(
             name=request.resource,
             owner=request.owner,
@@ -633,8 +682,7 @@ class SQLiteBackend:
         name, epoch, owner, holder, ttl = row
         if name != request.resource:
             raise ConfigurationError(
-                f"request_id {request.request_id!r} was already used to acquire {name}, "
-                f"not {request.resource}"
+                f"this request_id was already used to acquire {name}, not {request.resource}"
             )
         live = conn.execute(
             f"SELECT expires_at FROM resources WHERE name = :name AND epoch = :epoch "
@@ -717,7 +765,7 @@ class SQLiteBackend:
         """Run ``release`` for this lease (no fsync): (watched, head waiter, head takes a
         hand-off), or None if the lease was not live; with ``hand_off``, also hand the lease to
         the head in the same transaction if its epoch is reserved, and return that grant."""
-        _, params = self._params(name=resource, epoch=epoch, owner=owner, wall=time.time())
+        _, params = self._params(name=resource, epoch=epoch, owner=owner, wall=self._clock.wall())
         doing = f"releasing {resource}"
         handed = None
         if not hand_off:
@@ -764,12 +812,12 @@ class SQLiteBackend:
         its row. Unless ``durable`` (the transaction is fsynced), only an epoch reserved in
         this boot. None if not granted: the epoch is not reserved, or ``head`` is not first in
         line any more (or the resource was taken meanwhile)."""
-        _, params = self._params(name=resource, head=head.row_id, wall=time.time(), durable=durable)
+        _, params = self._params(name=resource, head=head.row_id, wall=self._clock.wall(), durable=durable)
         row = conn.execute(_HAND_OFF, params).fetchone()
         if row is None:
             return None
         conn.execute("DELETE FROM waiters WHERE id = ?", (head.row_id,))
-        return _Handed(head, row[0], row[1], row[2])
+        return _Handed(head, row[0])
 
     def _hand_off_alone(self, resource: str, head: _Peer) -> _Handed | None:
         """:meth:`_hand_off` in a transaction of its own (after a release that did not hand
@@ -827,7 +875,7 @@ class SQLiteBackend:
         params: dict[str, object] = {
             "batch": _PRUNE_BATCH,
             "keep": self._record_limit,
-            "oldest": time.time() - self._record_retention,
+            "oldest": self._clock.wall() - self._record_retention,
         }
         with self._db.transaction("pruning records", durable=False) as conn:
             return conn.execute(_PRUNE_RECORDS, params).rowcount
@@ -842,7 +890,7 @@ class SQLiteBackend:
             row = conn.execute(_PROCLAIM, params).fetchone()
             if row is not None:
                 detail = json.dumps({"value": value})
-                conn.execute(_RECORD, (time.time(), "proclaimed", resource, epoch, row[0], detail))
+                conn.execute(_RECORD, (self._clock.wall(), "proclaimed", resource, epoch, row[0], detail))
         if row is None:
             raise LeaseLost(
                 LossReason.REJECTED,
@@ -883,7 +931,7 @@ class SQLiteBackend:
         and watcher. Returns the new minimum.
         """
         with self._db.transaction("advancing epochs", durable=True) as conn:
-            _, params = self._params(name=None, wall=time.time())
+            _, params = self._params(name=None, wall=self._clock.wall())
             conn.execute(_END_EXPIRED, params)
             conn.execute(_RECORD_ENDS, params)
             conn.execute("UPDATE minimum_epoch SET epoch = max(epoch, ?) WHERE id = 1", (minimum,))
@@ -920,7 +968,7 @@ class SQLiteBackend:
         if not pending:
             return
         with self._db.transaction("recording lease ends", durable=False) as conn:
-            _, params = self._params(name=resource, wall=time.time())
+            _, params = self._params(name=resource, wall=self._clock.wall())
             conn.execute(_END_EXPIRED, params)
             conn.execute(_RECORD_ENDS, params)
         for (name,) in pending:
@@ -955,7 +1003,7 @@ class SQLiteBackend:
     ) -> None:
         """Append a record reported by a holder (renewal failure, loss). Not fsynced."""
         self._settle(resource)  # a pending release of this lease comes first
-        row = (time.time(), kind.value, resource, epoch, holder, json.dumps(detail, default=str))
+        row = (self._clock.wall(), kind.value, resource, epoch, holder, json.dumps(detail, default=str))
         with self._db.transaction(f"recording {kind.value} of {resource}", durable=False) as conn:
             conn.execute(_RECORD, row)
         self._wake_watchers(resource)
@@ -1024,8 +1072,9 @@ class SQLiteBackend:
     def wait(self, ticket: Ticket, timeout: float) -> None:
         """Block until woken for ``ticket`` or ``timeout`` seconds pass (no database access).
 
-        Returns at once for an ended ticket. Consumes every wake-up queued for it, and keeps a
-        lease handed to it (a datagram with its owner secret) for the next :meth:`try_grant`.
+        Returns at once for an ended ticket. Consumes every wake-up queued for it, and keeps
+        the epoch of a lease a datagram says was handed to it for the next :meth:`try_grant`,
+        which confirms it in the database before it returns it.
         """
         mine = self._own_ticket(ticket, ticket.resource)
         assert mine is not None
@@ -1045,8 +1094,9 @@ class SQLiteBackend:
 
     @staticmethod
     def _read_messages(ticket: SQLiteTicket) -> None:
-        """Take the datagrams that carry a message: a hand-off being prepared, or a lease handed
-        over in this ticket's name (its owner secret must match; anything else is ignored)."""
+        """Take the datagrams that carry a message: a hand-off being prepared, or the epoch of
+        a lease handed over to this ticket (a hint, confirmed by :meth:`_take_handed`; fields
+        after the epoch, sent by older versions, are ignored; anything else is ignored)."""
         messages = ticket._socket.messages
         while messages:
             message = messages.pop(0)
@@ -1054,9 +1104,9 @@ class SQLiteBackend:
                 ticket._prepared = True
                 continue
             fields = message.decode("ascii", "replace").split(" ")
-            if len(fields) == 4 and fields[0] == _HANDED_PREFIX and fields[3] == ticket.owner:
+            if len(fields) >= 2 and fields[0] == _HANDED_PREFIX and ticket.owner is not None:
                 with suppress(ValueError):
-                    ticket._handed = (int(fields[1]), float(fields[2]))
+                    ticket._handed = int(fields[1])
 
     def leave(self, ticket: Ticket) -> None:
         """Leave the queue (idempotent). If the caller was first in line and the resource is
