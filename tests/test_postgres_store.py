@@ -17,7 +17,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
+from fenced.cli.exitcodes import BAD_INPUT
+from fenced.cli.main import cli
 from fenced.core.clock import SystemClock
 from fenced.core.errors import (
     ConfigurationError,
@@ -31,6 +34,7 @@ from fenced.fence import open_store as fenced_open_store
 from fenced.fence.backend import StoreOptions
 from fenced.fence.postgres_store import PostgresStore, open_postgres_store
 from fenced.fence.values import Mode
+from fenced.testing.conformance import wait_for
 from fenced.testing.postgres import PostgresServer
 from fenced.testing.store_conformance import (
     FencingConformance,
@@ -40,6 +44,7 @@ from fenced.testing.store_conformance import (
     RecordsConformance,
     token,
 )
+from store_damage import DAMAGES, assert_no_read_returns_it, damage_postgres_object, original
 
 
 def _options(busy_timeout: float = 5.0) -> StoreOptions:
@@ -155,27 +160,41 @@ def test_a_speculative_write_without_a_reply_in_time_is_outcome_unknown(store_ur
         with pytest.raises(OutcomeUnknown, match=r"no reply within 0\.3s"):
             store.put(token(1), "k", b"w")
         assert time.monotonic() - started < 3
-    # the server applies it once the lock is free (it does not notice the cut while waiting)
-    assert store.put(token(1), "k", b"w").version in (3, 4)
+
+    def applied() -> bool:  # once the lock is free (the server does not notice the cut meanwhile)
+        item = store.get(token(1).resource, "k")
+        return item is not None and item.version == 3
+
+    wait_for(applied, 30, "the server to apply the write whose reply was cut")
+    assert store.put(token(1), "k", b"w").version == 4
     store.close()
 
 
 def test_concurrent_writers_of_one_domain_serialise(store: PostgresStore) -> None:
+    """Four threads increment one counter with compare-and-set. Their first attempts are
+    forced to collide (none writes before all four have read "no counter yet"): exactly one
+    wins, three get VersionConflict and retry, and no increment is lost."""
     store.fence(token(1))
     errors: list[BaseException] = []
+    conflicts: list[int] = []
+    all_read = threading.Barrier(4)
 
     def work() -> None:
+        first = True
         try:
             for _ in range(20):
                 while True:
                     current = store.get("exports/daily", "n")
                     version = 0 if current is None else current.version
                     value = b"1" if current is None else str(int(current.value) + 1).encode()
+                    if first:
+                        first = False
+                        all_read.wait(timeout=30)
                     try:
                         store.put(token(1), "n", value, if_version=version)
                         break
                     except VersionConflict:
-                        continue
+                        conflicts.append(version)
         except BaseException as error:
             errors.append(error)
 
@@ -184,7 +203,8 @@ def test_concurrent_writers_of_one_domain_serialise(store: PostgresStore) -> Non
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert not errors
+    assert errors == []
+    assert conflicts.count(0) == 3  # the first attempts collided: one won, three retried
     item = store.get("exports/daily", "n")
     assert item is not None and item.value == b"80" and item.version == 80
 
@@ -351,16 +371,39 @@ def test_a_spare_connection_the_server_ended_is_replaced_before_it_is_lent(
     pid = pool._spare[0].info.backend_pid
     with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    time.sleep(0.2)
+
+        def ended() -> bool:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+            row = admin.execute(query, (pid,)).fetchone()
+            return row is not None and row[0] == 0
+
+        wait_for(ended, 30, f"the server to end session {pid}")
     assert store.put(token(1), "k", b"w").version == 2  # nothing was sent on the dead one
     assert pool._spare and pool._spare[0].info.backend_pid != pid
     store.close()
 
 
-def test_threads_waiting_for_a_pool_of_one_connection_are_served(store_url: str) -> None:
-    """A returned connection goes to a thread waiting for the pool, never to the spares."""
+def test_threads_waiting_for_a_pool_of_one_connection_are_served(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A returned connection goes to a thread waiting for the pool, never to the spares.
+
+    The test holds the only connection until four writers wait for the pool, then returns it.
+    A connection kept in the spares would leave them waiting for the pool in vain until their
+    budget ran out, and then served by a direct connection: so the pool is made to try a direct
+    connection only after the whole budget, and the test asserts none was made."""
+    monkeypatch.setattr(postgres_conn, "_PROBE_AFTER", 3600.0)
     store = open_postgres_store(store_url + "&pool_size=1", "strict", _options())
     store.fence(token(1))
+    pool = store._backend._pool
+    direct: list[int] = []
+    connect = pool._connect
+
+    def counted_connect() -> psycopg.Connection[tuple[Any, ...]]:
+        direct.append(threading.get_ident())
+        return connect()
+
+    monkeypatch.setattr(pool, "_connect", counted_connect)
     failures: list[BaseException] = []
 
     def writer(key: str) -> None:
@@ -371,13 +414,14 @@ def test_threads_waiting_for_a_pool_of_one_connection_are_served(store_url: str)
             failures.append(error)
 
     threads = [threading.Thread(target=writer, args=(f"k{i}",)) for i in range(4)]
-    started = time.monotonic()
+    with pool.connection(5.0):  # the only connection: every writer waits for the pool
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: pool._waiting == 4, 30, "four writers waiting for the pool")
     for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not failures and not any(thread.is_alive() for thread in threads)
-    assert time.monotonic() - started < 20
+        thread.join(60)
+    assert failures == [] and not any(thread.is_alive() for thread in threads)
+    assert direct == []  # every writer was served by the pool
     items = [store.get(token(1).resource, f"k{i}") for i in range(4)]
     assert [None if item is None else item.version for item in items] == [15] * 4
     store.close()
@@ -538,3 +582,18 @@ def test_records_are_pruned_only_when_due(store_url: str) -> None:
         prune("a", 0, 0)  # a limit of 0 keeps none
         assert ats("a") == []
     store.close()
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_no_read_returns_a_damaged_object(store_url: str, damage: str) -> None:
+    """Chunks that hold 1 MiB of the recorded 5 MiB, a flipped byte or a byte too many: read(),
+    a stream from open() before its clean end, and ``fenced read`` (exit 2, one line) refuse."""
+    with fenced_open_store(store_url, "monotonic") as store:
+        publication = store.publish(token(1), original())
+        damage_postgres_object(store_url, publication, damage)
+        assert_no_read_returns_it(store, publication, damage)
+    result = CliRunner().invoke(cli, ["read", store_url, publication.resource])
+    assert result.exit_code == BAD_INPUT
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"fenced: object {publication.object_id} of ")
+    assert "is damaged" in line

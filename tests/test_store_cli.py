@@ -13,8 +13,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 import fenced.fence
+from fenced.cli.exitcodes import BAD_INPUT
 from fenced.cli.main import cli
 from fenced.testing.store_conformance import C2, R, token
+from store_damage import DAMAGES, damage_file_object, damage_sqlite_object, original
 
 SRC = str(Path(fenced.fence.__file__).resolve().parents[2])
 
@@ -176,3 +178,21 @@ def test_mode_option(tmp_path: Path) -> None:
     other = fenced_cli("get", url, R, "k", "--mode", "strict")
     assert other.exit_code == 2
     assert "monotonic mode" in one_line_error(other)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_reading_a_damaged_publication_exits_2_with_one_line(url: str, damage: str) -> None:
+    """``fenced read`` of an object cut to 1 MiB of its 5 MiB, with a flipped byte or with a byte
+    too many exits 2 (a corrupt store is bad input, as a corrupt state file is) with one line."""
+    with fenced.fence.open_store(url, "monotonic") as store:
+        publication = store.publish(token(1), original())
+    location = Path(url.split("://", 1)[1])
+    if url.startswith("sqlite:"):
+        damage_sqlite_object(location, publication, damage)
+    else:
+        damage_file_object(location, publication, damage)
+    result = fenced_cli("read", url, R)
+    assert result.exit_code == BAD_INPUT
+    line = one_line_error(result)
+    assert line.startswith(f"fenced: object {publication.object_id} of {R!r} is damaged: ")
+    assert len(result.stdout_bytes) <= publication.size  # never a damaged byte past the size

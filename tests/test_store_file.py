@@ -5,11 +5,12 @@ from __future__ import annotations
 import base64
 import fcntl
 import hashlib
+import io
 import json
 import os
 import signal
+import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, IdempotencyConflict, StaleToken, Unavailable
-from fenced.fence import Store, open_store, ops
+from fenced.fence import Store, file_store, open_store, ops
 from fenced.fence.file_store import CHECKPOINT_AT, JOURNAL, LOG, OPS, STATE
 from fenced.fence.helpers import drain, later
 from fenced.fence.values import Mode, Publication, Version
@@ -28,6 +29,12 @@ from fenced.testing.store_conformance import (
     StoreConformance,
     directory_snapshot,
     token,
+)
+from store_damage import (
+    DAMAGES,
+    assert_no_read_returns_it,
+    damage_file_object,
+    original,
 )
 
 
@@ -64,6 +71,10 @@ class TestFileStore(StoreConformance):
 def _resource_dir(root: Path) -> Path:
     (only,) = (root / "resources").iterdir()
     return only
+
+
+def _hash(resource: str) -> str:
+    return hashlib.sha256(resource.encode()).hexdigest()
 
 
 def test_no_caller_given_name_becomes_a_path(make_file_store: MakeStore, root: Path) -> None:
@@ -131,24 +142,45 @@ def test_unusable_paths_are_configuration_errors(tmp_path: Path) -> None:
         open_store(f"file://elsewhere{tmp_path}/store")
 
 
-def test_concurrent_creation_agrees_on_one_store(root: Path) -> None:
-    results: list[str] = []
-    errors: list[BaseException] = []
+def test_concurrent_creation_agrees_on_one_store(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six threads create one new store at once, three in each mode. None writes its metadata
+    before all six found the directory empty and decided to create it: one creation wins, and
+    every opener then sees the winner's mode (the other three are refused for asking another)."""
+    modes: list[Mode] = ["monotonic", "strict"] * 3
+    all_creating = threading.Barrier(len(modes))
+    creating: list[int] = []
+    write_file = file_store._write_file
 
-    def create() -> None:
+    def gated_write_file(path: str | Path, data: bytes) -> None:
+        if Path(path).name.startswith(f".{file_store.META}."):  # the new store's metadata
+            creating.append(threading.get_ident())
+            all_creating.wait(timeout=30)
+        write_file(path, data)
+
+    monkeypatch.setattr(file_store, "_write_file", gated_write_file)
+    opened: list[tuple[Mode, str]] = []
+    refused: list[tuple[Mode, BaseException]] = []
+
+    def create(mode: Mode) -> None:
         try:
-            with open_store(f"file://{root}", "monotonic") as store:
-                results.append(store.mode)
+            with open_store(f"file://{root}", mode) as store:
+                opened.append((mode, store.mode))
         except BaseException as error:
-            errors.append(error)
+            refused.append((mode, error))
 
-    threads = [threading.Thread(target=create) for _ in range(6)]
+    threads = [threading.Thread(target=create, args=(mode,)) for mode in modes]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=30)
-    assert errors == []
-    assert results == ["monotonic"] * 6
+        thread.join(timeout=60)
+    assert len(set(creating)) == len(modes)  # every thread raced to create the store
+    stored = json.loads((root / file_store.META).read_bytes())["mode"]
+    assert sorted(opened) == [(stored, stored)] * 3
+    assert [mode for mode, _ in refused] == [next(m for m in modes if m != stored)] * 3
+    for _, error in refused:
+        assert isinstance(error, ConfigurationError) and f"created in {stored} mode" in str(error)
     assert sorted(p.name for p in root.iterdir()) == ["fenced-store.json", "locks", "resources"]
 
 
@@ -215,7 +247,7 @@ def test_gc_moves_victims_out_of_sight_and_a_killed_process_leaves_nothing_for_l
     pid = os.fork()
     if pid == 0:  # pragma: no cover - killed before its reaper unlinks anything
         try:
-            later(lambda: time.sleep(60))  # the reaper is busy: gc's unlinks wait behind this
+            later(threading.Event().wait)  # the reaper is stuck: gc's unlinks wait behind this
             store.publish(token(1), b"third")
             store.gc(keep=1, grace=0)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -237,6 +269,159 @@ def test_gc_moves_victims_out_of_sight_and_a_killed_process_leaves_nothing_for_l
     store.gc(keep=1, grace=0)
     assert drain(timeout=10)
     assert [p.name for p in (root / "trash").iterdir()] == ["a-directory"]
+
+
+def test_a_gc_stopped_part_way_says_what_it_removed_and_the_next_gc_finishes(
+    make_file_store: MakeStore, root: Path
+) -> None:
+    """gc takes the resources one by one; one locked for longer than ``busy_timeout`` stops it
+    after the others' victims were removed, and its error says so (not "nothing was changed")."""
+    store = make_file_store("monotonic", busy_timeout=0.2)
+    first, second = sorted(["a", "b"], key=lambda r: hashlib.sha256(r.encode()).hexdigest())
+    for resource in (first, second):
+        for n in range(3):
+            store.publish(token(1, resource), b"%d" % n)
+    fd = os.open(root / "locks" / f"{hashlib.sha256(second.encode()).hexdigest()}.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(Unavailable) as stopped:
+            store.gc(keep=1, grace=0)
+    finally:
+        os.close(fd)
+    message = str(stopped.value)
+    assert "nothing was changed" not in message
+    assert "gc removed 2 unreferenced objects before it stopped" in message
+    assert "run gc again" in message
+    assert len(list((root / "resources" / _hash(first) / "objects").iterdir())) == 1
+    assert len(list((root / "resources" / _hash(second) / "objects").iterdir())) == 3
+    assert store.gc(keep=1, grace=0) == 2
+    for resource in (first, second):
+        assert store.read(resource) == b"2"
+        assert len(list((root / "resources" / _hash(resource) / "objects").iterdir())) == 1
+
+
+# -- gc on a full disk --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 8 MiB tmpfs, unmounted afterwards. The tests run as root (in CI too): a tmpfs that
+    cannot be mounted fails the test, it never skips it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)]
+    mounted = subprocess.run(mount, capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (run the tests as root): {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        drain(timeout=10)
+        if subprocess.run(["umount", str(disk)], check=False).returncode != 0:
+            subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+def _fill(store: Store) -> list[Publication]:
+    """Publish ever smaller objects until not even one byte fits: the disk is full.
+
+    A 12 KiB value of the resource comes first: every state (every log line, gc's too) carries
+    it, so no line fits in what is left of a page of ``state.log``.
+    """
+    store.put(token(1), "config", os.urandom(12 * 1024))
+    published: list[Publication] = []
+    size = 128 * 1024
+    while size:
+        try:
+            data = b"%d\n" % len(published) + os.urandom(size)
+            published.append(store.publish(token(1), data))
+        except Unavailable as error:
+            assert "No space left on device" in str(error)
+            size //= 2
+    return published
+
+
+def _superseded(store: Store) -> list[str]:
+    """The objects the current state of :data:`R` remembers as superseded (for gc)."""
+    backend = store._backend
+    assert isinstance(backend, file_store.FileBackend)
+    loaded = backend._load(backend._dir(R), R)
+    assert loaded is not None
+    return [old.object_id for old in loaded.current.superseded]
+
+
+def _free(disk: Path) -> int:
+    stat = os.statvfs(disk)
+    return stat.f_bavail * stat.f_frsize
+
+
+def test_gc_frees_a_full_disk_and_the_store_goes_on(small_disk: Path) -> None:
+    """On a full disk, gc cannot write the line that forgets what it removed before it frees
+    space: it frees first (the trash at once), then records. The store stays as it was."""
+    with open_store(f"file://{small_disk}/store", "monotonic") as store:
+        published = _fill(store)
+        assert len(published) > 20 and _free(small_disk) < 12 * 1024  # less than one line
+        latest, data, history = store.latest(R), store.read(R), store.history(R)
+        assert latest == published[-1]
+        assert store.gc(keep=1, grace=0) == len(published) - 1
+        assert list((small_disk / "store" / "trash").iterdir()) == []  # freed before gc returned
+        assert _free(small_disk) > 6 * 1024 * 1024
+        assert store.latest(R) == latest and store.read(R) == data
+        assert store.history(R) == history and store.floor(R) == 1
+        assert _superseded(store) == []  # what gc removed is forgotten too
+        big = os.urandom(4 * 1024 * 1024)
+        after = store.publish(token(1), big)
+        assert store.latest(R) == after and store.read(R) == big
+        assert store.gc(keep=1, grace=0) == 1
+
+
+@pytest.mark.parametrize("point", ["moved", "freed"])
+def test_a_gc_killed_part_way_on_a_full_disk_is_finished_by_the_next(
+    small_disk: Path, point: str
+) -> None:
+    """A gc killed (SIGKILL) after moving three victims to ``trash/`` ("moved": nothing freed
+    or recorded yet), or after freeing them but before recording it ("freed"), leaves a store
+    that reads as before, and the next gc, on the disk still full or not, finishes the work."""
+    with open_store(f"file://{small_disk}/store", "monotonic") as store:
+        published = _fill(store)
+        latest, data, history = store.latest(R), store.read(R), store.history(R)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - killed in the middle of its gc
+            try:
+                if point == "moved":
+                    renamed, rename = iter(range(3, 0, -1)), os.rename
+
+                    def killed_at_third(source: Any, target: Any) -> None:
+                        rename(source, target)
+                        if next(renamed) == 1:
+                            os.kill(os.getpid(), signal.SIGKILL)
+
+                    os.rename = killed_at_third  # type: ignore[assignment]
+                else:
+                    unlink_all = file_store._unlink_all
+
+                    def killed_after(paths: list[str]) -> None:
+                        unlink_all(paths)
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                    file_store._unlink_all = killed_after
+                store.gc(keep=1, grace=0)
+            finally:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        trash = small_disk / "store" / "trash"
+        moved = 3 if point == "moved" else len(published) - 1
+        assert len(list(trash.iterdir())) == (3 if point == "moved" else 0)
+        assert store.latest(R) == latest and store.read(R) == data
+        assert store.gc(keep=1, grace=0) == len(published) - 1 - moved
+        assert drain(timeout=10)
+        assert list(trash.iterdir()) == []
+        assert _free(small_disk) > 6 * 1024 * 1024
+        assert store.latest(R) == latest and store.read(R) == data
+        assert store.history(R) == history
+        assert _superseded(store) == []
+        big = os.urandom(4 * 1024 * 1024)
+        assert store.publish(token(1), big) == store.latest(R) and store.read(R) == big
 
 
 # -- the commit log, the checkpoint and the journals -------------------------------------------
@@ -414,13 +599,30 @@ def test_a_format_1_store_opens_and_migrates_at_its_first_commit(root: Path) -> 
         assert [r.detail.get("version") for r in history[:4]] == [None, 2, None, 3]
 
 
+class _Gated(io.BytesIO):
+    """``data`` as a stream whose second read waits at ``gate`` (with the other streams of a
+    test): once all have passed it, each has handed its first chunk to the hashing thread."""
+
+    def __init__(self, data: bytes, gate: threading.Barrier) -> None:
+        super().__init__(data)
+        self._gate = gate
+        self._reads = 0
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        self._reads += 1
+        if self._reads == 2:
+            self._gate.wait(timeout=30)
+        return super().read(size)
+
+
 def test_large_publishes_hash_on_one_helper_thread_that_a_forked_child_replaces(
     root: Path,
 ) -> None:
     """Chunks of 1 MiB are hashed on the process's helper thread (started once, kept); a child
     forked while it exists starts its own, so a publish in the child neither hangs nor hashes
-    wrong, and threads publishing at once each get their own digest."""
-    data = [os.urandom(1024 * 1024 + n) for n in range(4)]  # two chunks each
+    wrong, and threads publishing at once each get their own digest: their chunks are forced to
+    interleave on the helper thread (none reads its second chunk before all fed their first)."""
+    data = [os.urandom(2 * 1024 * 1024 + 1 + n) for n in range(4)]  # three chunks each
     with open_store(f"file://{root}", "monotonic") as store:
         store.publish(token(1), data[0])
         helpers = [t for t in threading.enumerate() if t.name == "fenced-helper"]
@@ -439,16 +641,35 @@ def test_large_publishes_hash_on_one_helper_thread_that_a_forked_child_replaces(
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         results: dict[int, Publication] = {}
+        errors: list[BaseException] = []
+        gate = threading.Barrier(4)
 
         def publish(n: int) -> None:
-            results[n] = store.publish(token(3), data[n], name=f"n{n}")
+            try:
+                results[n] = store.publish(token(3), _Gated(data[n], gate), name=f"n{n}")
+            except BaseException as error:
+                errors.append(error)
 
         threads = [threading.Thread(target=publish, args=(n,)) for n in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(timeout=60)
+        assert errors == [] and not gate.broken
+        assert sorted(results) == [0, 1, 2, 3]
         for n, publication in results.items():
             assert publication.sha256 == hashlib.sha256(data[n]).hexdigest()
             assert publication.size == len(data[n])
             assert store.read(R, f"n{n}") == data[n]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_no_read_returns_a_damaged_object(
+    make_file_store: MakeStore, root: Path, damage: str
+) -> None:
+    """An object file cut to 1 MiB of its 5 MiB, with a flipped byte or a byte too many: read(),
+    and a stream from open() before its clean end, raise CorruptData."""
+    store = make_file_store("monotonic")
+    publication = store.publish(token(1), original())
+    damage_file_object(root, publication, damage)
+    assert_no_read_returns_it(store, publication, damage)

@@ -27,6 +27,7 @@ from fenced.testing.store_conformance import (
     token,
 )
 from simultaneous import run_together
+from store_damage import DAMAGES, assert_no_read_returns_it, damage_sqlite_object, original
 
 
 @pytest.fixture
@@ -441,3 +442,15 @@ def test_processes_opening_one_new_store_at_once_all_succeed(tmp_path: Path) -> 
         store = open_store(f"sqlite://{path}")
         assert store.mode == "strict"
         store.close()
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_no_read_returns_a_damaged_object(
+    make_sqlite_store: MakeStore, sqlite_url: str, damage: str
+) -> None:
+    """Chunks that hold 1 MiB of the recorded 5 MiB, a flipped byte or a byte too many: read(),
+    and a stream from open() before its clean end, raise CorruptData."""
+    store = make_sqlite_store("monotonic")
+    publication = store.publish(token(1), original())
+    damage_sqlite_object(Path(sqlite_url.removeprefix("sqlite://")), publication, damage)
+    assert_no_read_returns_it(store, publication, damage)

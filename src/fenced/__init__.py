@@ -14,6 +14,7 @@ from fenced.coordinator.connect import connect
 from fenced.core.errors import (
     Busy,
     ConfigurationError,
+    CorruptData,
     FencedError,
     ForeignToken,
     IdempotencyConflict,
@@ -38,6 +39,7 @@ __all__ = [
     "Busy",
     "ConfigurationError",
     "Coordinator",
+    "CorruptData",
     "FencedError",
     "FencingToken",
     "ForeignToken",

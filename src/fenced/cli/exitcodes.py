@@ -32,7 +32,7 @@ OK = 0
 NOT_FOUND = 1
 """Nothing found: ``get``, ``latest`` or ``read`` of something never written (like grep)."""
 BAD_INPUT = 2
-"""Bad usage or bad input (invalid name, malformed token, bad URL, bad ttl, …)."""
+"""Bad usage or bad input (invalid name, malformed token, bad URL, bad ttl, …), a corrupt store."""
 REJECTED = 3
 """A store rejected the operation: stale token, not installed, or foreign token."""
 CONFLICT = 4

@@ -3,9 +3,10 @@
 A ``fenced run`` child in any language writes through the fence with these: the token comes from
 ``--token`` or ``$FENCED_TOKEN`` (``fenced run`` sets it), the resource from the token. Exit
 codes: 0 done; 1 ``get``/``latest``/``read`` found nothing; 2 bad input (malformed token, invalid
-key or name, unreadable file, bad URL); 3 the store rejected the token (stale, not installed,
-foreign); 4 ``--if-version`` or ``--op-id`` conflict; 69 the store was busy, retry; 70 the
-outcome of a commit is unknown, retry with the same ``--op-id``. Every error is one line on
+key or name, unreadable file, bad URL) or a corrupt store (``read`` of a publication whose bytes
+do not match its recorded size and SHA-256); 3 the store rejected the token (stale, not
+installed, foreign); 4 ``--if-version`` or ``--op-id`` conflict; 69 the store was busy, retry; 74
+the outcome of a commit is unknown, retry with the same ``--op-id``. Every error is one line on
 stderr, never a traceback.
 """
 
@@ -232,7 +233,12 @@ def latest_command(
 @click.argument("resource")
 @click.option("--name", default="", help="Publication name [default: the default one].")
 def read_command(store_url: str, mode: str | None, resource: str, name: str) -> None:
-    """Write the bytes of the current publication of RESOURCE at STORE to standard output."""
+    """Write the bytes of the current publication of RESOURCE at STORE to standard output.
+
+    The bytes are checked against the publication's recorded size and SHA-256 as they are
+    copied: damaged data ends the command with exit 2 and one line on stderr (what it had written
+    by then is not the publication).
+    """
     with _open(store_url, mode) as store:
         try:
             stream = store.open(resource, name)

@@ -4,7 +4,8 @@
 
     FencedError                      root of everything fenced raises on purpose
     ├── ConfigurationError           a bad parameter, URL, capability or state file; fix the call
-    │   └── InvalidName              a resource name, key or publication name that is not allowed
+    │   ├── InvalidName              a resource name, key or publication name that is not allowed
+    │   └── CorruptData              stored bytes that do not match their record: a damaged store
     ├── Busy                         not acquired within ``wait`` (holder, epoch, remaining)
     ├── LeaseLost                    the lease is no longer held (reason)
     ├── Rejected                     a store definitely refused a mutation; nothing applied
@@ -33,6 +34,7 @@ import enum
 __all__ = [
     "Busy",
     "ConfigurationError",
+    "CorruptData",
     "FencedError",
     "ForeignToken",
     "IdempotencyConflict",
@@ -64,6 +66,17 @@ class InvalidName(ConfigurationError):
     """A resource name, key or publication name that fenced does not accept.
 
     Raised before any I/O: nothing was read or written.
+    """
+
+
+class CorruptData(ConfigurationError):
+    """Stored data does not match what the store recorded for it: the store is damaged.
+
+    A publication's bytes are shorter or longer than its recorded size or have another SHA-256,
+    or its object (or a chunk of it) is missing. Raised by every read of a publication
+    (``Store.read``, and a ``Store.open`` stream before it would report a clean end). Nothing was
+    changed; reading again gives the same answer until the data is repaired (a new publication,
+    or the store restored from a backup).
     """
 
 

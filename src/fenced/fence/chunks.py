@@ -6,7 +6,7 @@ import abc
 import io
 from typing import TYPE_CHECKING
 
-from fenced.core.errors import ConfigurationError
+from fenced.core.errors import CorruptData
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -19,7 +19,7 @@ class ChunkReader(io.RawIOBase):
 
     Subclasses read chunk ``seq`` in :meth:`_read_chunk` (inside the snapshot they opened, so the
     stream keeps showing the object it started with) and release their connection in ``close``.
-    A missing chunk is a corrupt store: :class:`ConfigurationError`.
+    A missing chunk is a corrupt store: :class:`~fenced.CorruptData`.
     """
 
     def __init__(self, object_id: str, chunks: int) -> None:
@@ -41,7 +41,7 @@ class ChunkReader(io.RawIOBase):
             return None
         data = self._read_chunk(self._next)
         if data is None:
-            raise ConfigurationError(f"object {self._object_id} misses a chunk: corrupt store")
+            raise CorruptData(f"object {self._object_id} misses a chunk: the store is corrupt")
         self._next += 1
         return data
 

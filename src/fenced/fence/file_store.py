@@ -64,7 +64,11 @@ Ordering, and why an acknowledged publish survives ``kill -9`` and power loss:
    is most of gc's time (about 0.5 ms per MiB here), a rename is not. Readers see the same as
    with an unlink (the name is gone, an opened object stays readable). At interpreter exit the
    reaper gets a few seconds to finish; whatever is left in ``trash/`` (the process exited or
-   was killed first) is unlinked by the next ``gc`` of any process.
+   was killed first) is unlinked by the next ``gc`` of any process. Then, still under the lock,
+   one log line forgets the superseded publications whose objects are gone. On a full disk
+   that line may not fit: gc then unlinks ``trash/`` itself first and writes the line after, so
+   it frees a full disk instead of failing on it (the line only forgets what is gone: a state
+   without it is consistent, and the next gc writes it).
 
 **Records** (:attr:`Capability.RECORDS`): installs and accepted mutations travel in their
 commit's line (durable with it, no extra sync) and reach ``records.jsonl`` at a checkpoint. A
@@ -109,7 +113,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from fenced.core import mutants
-from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+from fenced.core.errors import (
+    ConfigurationError,
+    CorruptData,
+    FencedError,
+    OutcomeUnknown,
+    Unavailable,
+)
 from fenced.core.records import Record, RecordKind
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.helpers import Background, later
@@ -140,6 +150,7 @@ _OBJECT_ID = re.compile(r"[0-9]{20}-[0-9a-f]{32}")
 _RESOURCE_DIR = re.compile(r"[0-9a-f]{64}")
 _CONFIG_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR}
 _READ_ONLY_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 _DEBRIS = tuple(f"{name}.tmp-" for name in (STATE, JOURNAL, OPS))
 
 
@@ -178,6 +189,48 @@ def _unlink_all(paths: list[str]) -> None:
             pass
         except OSError as error:
             log.debug("gc: could not unlink %s: %s", path, error)
+
+
+def _remove(path: str, trash: str | None) -> None:
+    """Take a gc victim out of its ``objects/``: renamed into ``trash`` (its blocks are freed
+    later), or unlinked at once if ``trash`` is None or the rename finds no space."""
+    try:
+        if trash is not None:
+            try:
+                os.rename(path, f"{trash}/{os.path.basename(path)}")
+                return
+            except OSError as error:
+                if error.errno not in _NO_SPACE:
+                    raise
+        os.unlink(path)
+    except FileNotFoundError:
+        pass  # another gc took it meanwhile
+
+
+def _listing(directory: str | None) -> list[str]:
+    """The paths of the entries of ``directory`` (none if it is None or cannot be listed)."""
+    if directory is None:
+        return []
+    try:
+        return [entry.path for entry in os.scandir(directory)]
+    except OSError as error:
+        log.debug("gc: could not list %s: %s", directory, error)
+        return []
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far a gc got, for the error that stops it part way."""
+
+    removed: int = 0
+
+    def __str__(self) -> str:
+        if not self.removed:
+            return "gc removed nothing"
+        return (
+            f"gc removed {self.removed} unreferenced objects before it stopped (the store is "
+            "consistent: every other object is as it was)"
+        )
 
 
 def _ensure_dir(path: Path) -> None:
@@ -246,8 +299,11 @@ def _hash(resource: str) -> str:
 
 
 @contextmanager
-def _flocked(path: str, timeout: float) -> Iterator[None]:
-    """Hold an exclusive flock on ``path``; poll up to ``timeout`` seconds, then Unavailable."""
+def _flocked(path: str, timeout: float, then: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``path``; poll up to ``timeout`` seconds, then Unavailable.
+
+    ``then``: what the error says about the caller's state, after the reason.
+    """
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         deadline = time.monotonic() + timeout
@@ -259,8 +315,7 @@ def _flocked(path: str, timeout: float) -> Iterator[None]:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise Unavailable(
-                        f"another writer held the lock {path} for over {timeout}s; "
-                        "nothing was changed, retry"
+                        f"another writer held the lock {path} for over {timeout}s; {then}"
                     ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.01)
@@ -879,8 +934,11 @@ class FileBackend:
     def _dir(self, resource: str) -> str:
         return f"{self.root}/resources/{_hash(resource)}"
 
-    def _lock(self, digest: str) -> AbstractContextManager[None]:
-        return _flocked(f"{self.root}/locks/{digest}.lock", self._busy_timeout)
+    def _lock(
+        self, digest: str, *, then: str = "nothing was changed, retry"
+    ) -> AbstractContextManager[None]:
+        """The resource's critical section; ``then``: what a timeout's error says after why."""
+        return _flocked(f"{self.root}/locks/{digest}.lock", self._busy_timeout, then)
 
     def _ensure(self, rdir: str) -> None:
         if rdir not in self._ready:
@@ -1130,7 +1188,7 @@ class FileBackend:
                 continue
             except OSError as error:
                 raise _os_error(error, f"reading {resource!r}") from error
-        raise ConfigurationError(
+        raise CorruptData(
             f"the pointer of {resource!r} names a missing object: the store is corrupt"
         )
 
@@ -1175,29 +1233,71 @@ class FileBackend:
             os.unlink(f"{self._dir(resource)}/objects/{object_id}")
 
     def gc(self, choose: Chooser, cutoff: float) -> int:
-        """Move each resource's victims to ``trash/``; their unlinks run on the reaper thread.
+        """Remove each resource's victims and forget them; free their space (see 5.).
 
-        An unlink frees the object's blocks, which costs about half a millisecond per MiB on a
-        journaling file system; a rename does not. So the victims leave ``objects/`` before gc
-        returns, and their space is freed just after, without delaying this caller. Whatever a
-        process leaves in ``trash/`` (it exited or was killed first) goes at the next gc.
+        Per resource, under its lock: the victims leave ``objects/`` for ``trash/`` (a victim that
+        cannot be renamed for lack of space is unlinked at once), the debris of interrupted
+        writes is unlinked, then one log line forgets the superseded publications whose objects
+        are gone. The blocks in ``trash/`` are freed on the reaper thread after gc returns,
+        except on a full disk: if a line cannot be written for lack of space, gc first unlinks
+        everything in ``trash/`` itself, then writes the lines it could not write. A line that
+        still does not fit is left to a later gc (logged): it only forgets objects that are
+        gone, and the store is consistent without it. So gc needs no free space to free space.
+
+        Not one atomic step: failing part way (an I/O error, a lock held for longer than
+        ``busy_timeout``), it leaves the objects it removed removed and every other as it was, in
+        a consistent store, and its error says how many it removed; a later gc finishes.
         """
-        removed = 0
-        trash = f"{self.root}/{TRASH}"
-        with _translated("collecting garbage"):
-            _ensure_dir(Path(trash))
+        progress = _Progress()
+        try:
+            return self._gc(choose, cutoff, progress)
+        except OSError as error:
+            done = f"{progress}; run gc again to finish"
+            if error.errno in _CONFIG_ERRNOS:
+                raise ConfigurationError(f"collecting garbage: {error}; {done}") from error
+            raise Unavailable(f"collecting garbage: {error}; {done}") from error
+
+    def _gc(self, choose: Chooser, cutoff: float, progress: _Progress) -> int:
+        trash: str | None = f"{self.root}/{TRASH}"
+        try:
+            _ensure_dir(self.root / TRASH)
+        except OSError as error:
+            if error.errno not in _NO_SPACE:
+                raise
+            trash = None  # no room for the directory: the victims are unlinked at once
+        unrecorded: list[str] = []
+        try:
             for name in sorted(os.listdir(f"{self.root}/resources")):
                 rdir = f"{self.root}/resources/{name}"
                 if _RESOURCE_DIR.fullmatch(name) and os.path.isdir(rdir):
-                    with self._lock(name):
-                        removed += self._collect(rdir, choose, cutoff)
-            doomed = [entry.path for entry in os.scandir(trash)]
-        if doomed:
-            later(functools.partial(_unlink_all, doomed))
-        return removed
+                    with self._lock(name, then=f"{progress}; run gc again to finish"):
+                        if not self._collect(rdir, choose, cutoff, trash, progress):
+                            unrecorded.append(name)
+        finally:  # even if gc stops here: what is in trash/ is freed, at once on a full disk
+            doomed = _listing(trash)
+            if unrecorded:
+                _unlink_all(doomed)
+            elif doomed:
+                later(functools.partial(_unlink_all, doomed))
+        for name in unrecorded:  # space first, then the lines that did not fit
+            rdir = f"{self.root}/resources/{name}"
+            with self._lock(name, then=f"{progress}; run gc again to finish"):
+                if not self._collect(rdir, choose, cutoff, None, progress):
+                    log.warning(
+                        "gc: no space to record the objects removed from %s; the next gc "
+                        "records it",
+                        rdir,
+                    )
+        return progress.removed
 
-    def _collect(self, rdir: str, choose: Chooser, cutoff: float) -> int:
+    def _collect(
+        self, rdir: str, choose: Chooser, cutoff: float, trash: str | None, progress: _Progress
+    ) -> bool:
         """gc of one resource directory, inside its critical section.
+
+        Victims go to ``trash`` (unlinked at once if it is None or has no room for them).
+        Returns False if the line that forgets the removed publications could not be written
+        for lack of space (a torn line that every reader ignores may be left).
 
         Neither the renames to ``trash/`` nor the unlinks need a sync: an object that reappears
         in ``objects/`` or ``trash/`` after a power failure is unreferenced and goes at the next
@@ -1225,8 +1325,8 @@ class FileBackend:
                 objects.append(StoredObject(entry.name, entry.stat().st_mtime))
         victims = choose(objects, set(current))
         for object_id in victims:
-            with contextlib.suppress(FileNotFoundError):  # another gc took it meanwhile
-                os.rename(f"{rdir}/objects/{object_id}", f"{self.root}/{TRASH}/{object_id}")
+            _remove(f"{rdir}/objects/{object_id}", trash)
+            progress.removed += 1
         for entry in os.scandir(f"{rdir}/staging"):
             if entry.stat().st_mtime < cutoff:
                 os.unlink(entry.path)
@@ -1239,8 +1339,13 @@ class FileBackend:
             if kept != state.superseded:
                 tx = _FileTransaction(rdir, loaded, state.resource)
                 tx.state.superseded = kept
-                self._commit(tx, sync=False)
-        return len(victims)
+                try:
+                    self._commit(tx, sync=False)
+                except OSError as error:
+                    if error.errno not in _NO_SPACE:
+                        raise
+                    return False
+        return True
 
     def close(self) -> None:
         self._ready.clear()

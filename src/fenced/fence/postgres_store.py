@@ -63,6 +63,7 @@ from psycopg import pq, sql
 
 from fenced.core.errors import (
     ConfigurationError,
+    CorruptData,
     FencedError,
     IdempotencyConflict,
     OutcomeUnknown,
@@ -800,7 +801,7 @@ class PostgresBackend:
                     prepare=False,
                 ).fetchone()
             if found is None:
-                raise ConfigurationError(
+                raise CorruptData(
                     f"the pointer of {resource!r} names a missing object: the store is corrupt"
                 )
         except psycopg.Error as error:

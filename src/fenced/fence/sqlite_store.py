@@ -39,6 +39,7 @@ from typing import BinaryIO, cast
 
 from fenced.core.errors import (
     ConfigurationError,
+    CorruptData,
     FencedError,
     OutcomeUnknown,
     Rejected,
@@ -432,7 +433,7 @@ class SqliteBackend:
                 conn.close()
                 return None
             if row is None:
-                raise ConfigurationError(
+                raise CorruptData(
                     f"the pointer of {resource!r} names a missing object: the store is corrupt"
                 )
         except BaseException:

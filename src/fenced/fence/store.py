@@ -29,6 +29,7 @@ DEBUG, rejections at WARNING.
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import logging
 import math
@@ -38,12 +39,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import BinaryIO, TypeVar, cast
+from typing import TYPE_CHECKING, BinaryIO, TypeVar, cast
 
 from fenced.core import mutants
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
+    CorruptData,
     ForeignToken,
     IdempotencyConflict,
     NotFound,
@@ -71,6 +73,9 @@ from fenced.fence.file_store import open_file_backend
 from fenced.fence.source import PublishData, Source
 from fenced.fence.sqlite_store import open_sqlite_backend
 from fenced.fence.values import Item, Mode, Publication, Version
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT",
@@ -350,6 +355,12 @@ class Store:
         if it was never published), so a reader that opened a publication can finish reading
         within the grace period. ``grace`` defaults to the store's ``gc_grace``. Also removes
         temporary files of interrupted writes older than the grace period.
+
+        On ``file:``, gc removes first and records after, so it frees a full disk; it is not one
+        atomic step: an error part way (:class:`~fenced.Unavailable`, or
+        :class:`ConfigurationError` for a permission error) says how many objects it removed
+        before it stopped; the others are as they were, the store is consistent, and a later gc
+        finishes the work.
         """
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise ConfigurationError(f"keep must be an integer >= 0, got {keep!r}")
@@ -372,31 +383,32 @@ class Store:
         return self._open_backend().pointer(resource, name)
 
     def open(self, resource: str, name: str = "") -> BinaryIO:
-        """A binary stream of the current publication's bytes (a snapshot).
+        """A binary stream of the current publication's bytes (a snapshot), checked as it is read.
 
         The stream keeps reading the object it opened even if a newer one is published
         meanwhile, for at least the gc grace period. Raises :class:`~fenced.NotFound` (a
         :class:`LookupError`) if nothing is published under that name. Close it
         (``with store.open(...) as f``).
+
+        The bytes are counted and hashed as they pass: a read raises
+        :class:`~fenced.CorruptData` instead of returning the bytes that complete the recorded
+        size with another SHA-256, any byte beyond that size, or the end of a stream short of it.
+        So a clean end of stream, or the recorded number of bytes, means the publication's exact
+        bytes; what an earlier read returned is not to be used once a later one raised.
         """
-        return self._current(resource, name)[1]
+        publication, stream = self._current(resource, name)
+        return io.BufferedReader(_Checked(stream, publication))
 
     def read(self, resource: str, name: str = "") -> bytes:
         """All bytes of the current publication, checked against its size and SHA-256.
 
         Raises :class:`~fenced.NotFound` (a :class:`LookupError`) if nothing is published,
-        :class:`ConfigurationError` if the stored bytes do not match their publication (a corrupt
-        store).
+        :class:`~fenced.CorruptData` (a :class:`ConfigurationError`) if the stored bytes do not
+        match their publication (a damaged store).
         """
         publication, stream = self._current(resource, name)
-        with stream:
-            data = stream.read()
-        if len(data) != publication.size or hashlib.sha256(data).hexdigest() != publication.sha256:
-            raise ConfigurationError(
-                f"object {publication.object_id} of {_shown(resource, name)} does not match its "
-                "recorded size and SHA-256: the store is corrupt"
-            )
-        return data
+        with _Checked(stream, publication) as checked:
+            return checked.readall()
 
     def floor(self, resource: str) -> int | None:
         """The largest epoch accepted or installed for ``resource``; None if it has none."""
@@ -619,6 +631,68 @@ class _Writing:
                     raise
                 return None
         return self._inner.__exit__(kind, error, tb)
+
+
+class _Checked(io.RawIOBase):
+    """The bytes of one publication as its backend streams them, counted and hashed on the way.
+
+    Raises :class:`CorruptData` instead of returning bytes past the recorded size, the bytes
+    that reach that size with another SHA-256, or an end of stream short of it: a read that
+    returns normally never returned damaged bytes, and a clean end (``b""``) means they were all
+    there. Closing it closes the backend's stream.
+    """
+
+    def __init__(self, stream: BinaryIO, publication: Publication) -> None:
+        super().__init__()
+        self._stream = stream
+        self._publication = publication
+        self._hash = hashlib.sha256()
+        self._seen = 0
+        self._whole = False  # the recorded size was reached with the recorded SHA-256
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        target = memoryview(buffer).cast("B")
+        if not target:
+            return 0
+        data = self._stream.read(len(target))
+        self._check(data)
+        target[: len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        data = self._stream.read()
+        self._check(data)
+        if data:
+            self._check(b"")  # read() stops only at the end of the stream
+        return data
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
+
+    def _check(self, data: bytes) -> None:
+        size = self._publication.size
+        if data:
+            self._seen += len(data)
+            if self._seen > size:
+                raise self._corrupt(f"it has more than its recorded {size} bytes")
+            self._hash.update(data)
+        elif self._seen < size:
+            raise self._corrupt(f"it ends after {self._seen} of its recorded {size} bytes")
+        if self._seen == size and not self._whole:
+            if self._hash.hexdigest() != self._publication.sha256:
+                raise self._corrupt(f"its {size} bytes do not have the recorded SHA-256")
+            self._whole = True
+
+    def _corrupt(self, what: str) -> CorruptData:
+        p = self._publication
+        return CorruptData(
+            f"object {p.object_id} of {_shown(p.resource, p.name)} is damaged: {what}"
+        )
 
 
 @dataclass(slots=True)
