@@ -135,7 +135,9 @@ class CoordinatorBackend(Protocol):
 
         The new epoch is durable before this returns. A granted ticket leaves the queue in the
         same step. A ``request_id`` seen before returns its earlier grant while that lease lives,
-        and raises LeaseLost(REJECTED) once it has ended: never a second epoch.
+        and raises LeaseLost(REJECTED) once it has ended: never a second epoch; presented for
+        another resource than its grant's, it is a ConfigurationError (never a lease).
+        The memory backend is the executable model of these rules (its module docstring).
         """
         ...
 
@@ -220,7 +222,8 @@ class CoordinatorBackend(Protocol):
         Raises the coordinator-wide minimum epoch to ``minimum`` (never lowers it) and each
         resource's last epoch to ``floors[resource]`` where that is higher; ends every live lease
         (they belong to the state before the restore); appends a RESTORED record per resource with
-        ``detail``. One atomic step. Returns the new coordinator-wide minimum.
+        ``detail``, after the EXPIRED record of each lease that had expired unnoticed (as
+        :meth:`records` does). One atomic step. Returns the new coordinator-wide minimum.
         """
         ...
 

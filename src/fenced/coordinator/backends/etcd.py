@@ -68,10 +68,14 @@ leases per TTL, and each pooled lease carries **at most one** ``P/lease/NAME`` k
 - acquire attaches the key to an idle pooled lease (no LeaseGrant on the hot path: the
   uncontended acquire is one round trip, the release another);
 - renew keeps alive exactly that lease, after checking that the key is still this owner's and
-  this epoch — under the pooled lease's lock, so that a late renew cannot overlap the lease's
-  reuse for the next grant;
+  this epoch;
 - release deletes the key (compare owner and epoch) and returns the etcd lease to the pool;
   nothing is revoked;
+- renew, release and proclaim of one resource never overlap in one backend: each holds the
+  resource's lock (:meth:`EtcdBackend._grant_lock`) from finding the pooled lease that carries
+  the grant until it is done with it, and release returns that lease to the pool before letting
+  go. So a late renew cannot act on a pooled lease that a release returned meanwhile and a grant
+  reused: it finds that its grant has no carrier any more, and its key is gone;
 - idle pooled leases are kept alive in the background (they carry no key, so this extends
   nothing); a grant's coordinator expiry is the pooled lease's expiry, which is never more than
   its TTL after the grant, and the holder's ``expires_in`` is computed from the send time of that
@@ -131,8 +135,9 @@ import math
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -447,7 +452,6 @@ class _PooledLease:
     want: int  # the TTL asked for (ceil of the fenced ttl)
     ttl: int  # the TTL etcd granted
     expires: float  # monotonic: send time of the last successful grant/keep-alive + ttl
-    lock: threading.Lock = field(default_factory=threading.Lock)
     grant: tuple[str, int, str] | None = None  # (resource, epoch, owner) while it carries one
     lease_rev: int = 0  # mod revision of the lease key it carries
     holder: str = ""  # the holder label of that grant
@@ -491,6 +495,10 @@ class EtcdBackend:
             settings.endpoints, timeout=settings.timeout, connect_timeout=settings.connect_timeout
         )
         self._lock = threading.Lock()
+        # one lock per resource while in use (see _grant_lock); dropped with its last user
+        self._grant_locks: weakref.WeakValueDictionary[str, threading.Lock] = (
+            weakref.WeakValueDictionary()
+        )
         self._res: dict[str, tuple[int, ResourceState]] = {}
         self._minimum = (0, 0)
         self._leases: dict[int, _PooledLease] = {}
@@ -640,7 +648,31 @@ class EtcdBackend:
         with self._lock:
             self._leases.pop(pooled.id, None)
 
+    def _grant_lock(self, resource: str) -> threading.Lock:
+        """The lock that renew, release, proclaim and the taking of a handed grant of
+        ``resource`` hold in this backend from looking up the pooled lease that carries the
+        grant (:meth:`_carrier`) until they are done with it; release returns that lease to the
+        pool before it lets go. What it prevents::
+
+            renew A                      release A                   acquire B
+            finds P carrying A
+                                         deletes A's key, P idle
+                                                                     attaches B's key to P
+            A's key is gone: P idle  ← while it carries B: the next grant shares P, and
+                                       renewing that grant keeps B alive
+
+        One lock per resource, whether or not a pooled lease of this process carries the grant
+        (one adopted from another client does not): grants of different resources never wait
+        for each other. Taken neither under ``self._lock`` nor under another resource's lock."""
+        with self._lock:
+            lock = self._grant_locks.get(resource)
+            if lock is None:
+                lock = threading.Lock()
+                self._grant_locks[resource] = lock
+            return lock
+
     def _carrier(self, resource: str, epoch: int, owner: str) -> _PooledLease | None:
+        """The pooled lease that carries this grant (call under :meth:`_grant_lock`)."""
         with self._lock:
             for pooled in self._leases.values():
                 if pooled.grant == (resource, epoch, owner):
@@ -934,7 +966,7 @@ class EtcdBackend:
             pooled = self._leases.get(kv.lease)
         if pooled is None or pooled.tainted:
             return None
-        with pooled.lock:
+        with self._grant_lock(name):
             if pooled.expires - time.monotonic() < pooled.ttl * 0.5:
                 granted, sent = self._keepalive(pooled.id)
                 if granted <= 0:
@@ -1128,9 +1160,10 @@ class EtcdBackend:
     def _earlier_grant(self, earlier: KV, name: str, lease_kv: KV | None) -> Granted:
         found = json.loads(earlier.value)
         resource, epoch, owner = str(found["resource"]), int(found["epoch"]), str(found["owner"])
-        if resource != name:
-            responses, _ = self._read([_get(self._keys.lease(resource))], "reading a lease")
-            lease_kv = _first(responses[0])
+        if resource != name:  # its grant is of another resource: never a token for this one
+            raise ConfigurationError(
+                f"this request_id was already used to acquire {resource}, not {name}"
+            )
         lease = LeaseValue.decode(lease_kv.value) if lease_kv is not None else None
         if lease_kv is None or lease is None or (lease.epoch, lease.owner) != (epoch, owner):
             raise LeaseLost(LossReason.REJECTED, "the lease granted for this request_id has ended")
@@ -1353,9 +1386,8 @@ class EtcdBackend:
         return _first(responses[0])
 
     def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
-        pooled = self._carrier(resource, epoch, owner)
-        lock = pooled.lock if pooled is not None else threading.Lock()
-        with lock:
+        with self._grant_lock(resource):
+            pooled = self._carrier(resource, epoch, owner)
             kv = self._lease_kv(resource)
             lease = LeaseValue.decode(kv.value) if kv is not None else None
             if kv is None or lease is None or (lease.epoch, lease.owner) != (epoch, owner):
@@ -1377,12 +1409,11 @@ class EtcdBackend:
             return float(granted)
 
     def release(self, resource: str, epoch: int, owner: str) -> bool:
-        pooled = self._carrier(resource, epoch, owner)
-        lock = pooled.lock if pooled is not None else threading.Lock()
-        with lock:
+        with self._grant_lock(resource):
+            pooled = self._carrier(resource, epoch, owner)
             released = self._release_locked(resource, epoch, owner, pooled)
-        if pooled is not None and released is not None:
-            self._give_back(pooled)
+            if pooled is not None and released is not None:
+                self._give_back(pooled)
         return bool(released)
 
     def _release_locked(
@@ -1609,6 +1640,10 @@ class EtcdBackend:
         return plan
 
     def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
+        with self._grant_lock(resource):
+            self._proclaim_locked(resource, epoch, owner, value)
+
+    def _proclaim_locked(self, resource: str, epoch: int, owner: str, value: str) -> None:
         keys = self._keys
         lease_key = keys.lease(resource)
         pooled = self._carrier(resource, epoch, owner)
@@ -1866,7 +1901,10 @@ class EtcdBackend:
     def advance(self, minimum: int, floors: dict[str, int], detail: dict[str, object]) -> int:
         """Restore safety (see the backend contract); for an etcd snapshot restore.
 
-        Steps: (1) raise each resource's last epoch to its floor, in transactions of at most
+        Steps: (0) record the expiries that are due, as a reader does (:meth:`_settle`: with the
+        lease's own epoch, before a floor raises it), so that a lease that expired before the
+        restore ends ``expired`` then ``restored`` whether or not anyone looked; (1) raise each
+        resource's last epoch to its floor, in transactions of at most
         :data:`_RESTORE_CHUNK` resources (raising early is always safe); (2) in one transaction,
         compared against every resource state read before: raise ``P/meta/minimum``, delete every
         live lease key, mark and record the first resources as restored; (3) record the
@@ -1876,6 +1914,7 @@ class EtcdBackend:
         keys = self._keys
         for name in floors:
             validate_resource(name)
+        self._settle(None)
         pending = sorted(floors.items())
         while pending:
             chunk, pending = pending[:_RESTORE_CHUNK], pending[_RESTORE_CHUNK:]

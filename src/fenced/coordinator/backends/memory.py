@@ -1,10 +1,40 @@
-"""The in-memory reference backend (``memory://NAME``): one process, no durability.
+"""The in-memory backend (``memory://NAME``) and the executable model of the lease rules.
 
-It implements the backend contract in the simplest correct way and serves as the reference the
-other backends are compared with by the conformance suite. Coordinators connected to the same
-``memory://NAME`` in one process share state; nothing survives the process. Expiry uses the
-injected :class:`~fenced.core.clock.HostClock` (a :class:`~fenced.core.clock.ManualClock` in
-tests). Waiters are woken through a :class:`threading.Condition`.
+One process, no durability: coordinators connected to the same ``memory://NAME`` in one process
+share state; nothing survives the process.
+
+**The model.** The lease rules are written once per backend — SQL (SQLite), PL/pgSQL
+(PostgreSQL), etcd transaction compares — and stated here in plain Python, the simplest correct
+way. Every backend answers exactly as this one does: ``tests/test_model_lockstep.py`` drives it
+and each real backend with the same random operations and clock steps and compares every answer
+(values and exception classes) and every record (see docs/coordinator.md). The rules:
+
+- A lease is **live** while its boot id is the host clock's and its expiry (boot-time clock) is
+  in the future. An ended lease is never revived.
+- :meth:`~MemoryBackend.try_grant`: a ``request_id`` seen before answers for its earlier grant
+  and does nothing else — that grant while its lease lives, ``LeaseLost(REJECTED)`` once the
+  lease ended, ``ConfigurationError`` if the grant was of another resource. Otherwise a live
+  lease blocks (its holder and epoch), and so does a live waiter ahead in the queue (no holder,
+  the last epoch); else the grant gets epoch = max(last epoch, minimum epoch) + 1.
+- ``renew``, ``release`` and ``proclaim`` act only on the live lease of that epoch *and* owner;
+  otherwise renew and proclaim raise ``LeaseLost(REJECTED)`` and release returns False.
+- ``advance`` (a restore) raises the minimum epoch and the floors, never lowers them, ends every
+  lease and records ``restored`` for every resource.
+- Records: ``granted`` (``after``: how the previous lease ended — ``none``, ``released``,
+  ``expired``, ``restored`` — and the candidate's ``value``), ``released``, ``proclaimed``,
+  ``restored``, and ``expired``, written when the expiry is first noticed: by any operation on
+  the resource, by ``records`` and by ``advance``: a resource's records are the same whether or
+  not anyone looked in between.
+
+The backends may differ only where the lockstep test normalises: remaining times (within their
+bounds), ``Blocked.retry_in`` (a hint), record ``seq`` and ``at``, the coordinator id; and in
+waiting, where the real backends hand a released lease to the head waiter inside the release
+while this one leaves it to the waiter's next ``try_grant``.
+
+Every reading of time (expiry, record times) and every timed wait goes through the injected
+:class:`~fenced.core.clock.HostClock`: under a :class:`~fenced.core.clock.ManualClock` a wait ends
+when it is notified or when the test moves the clock. Waiters are woken through a
+:class:`threading.Condition`.
 """
 
 from __future__ import annotations
@@ -12,7 +42,6 @@ from __future__ import annotations
 import itertools
 import secrets
 import threading
-import time
 from dataclasses import dataclass, field
 
 from fenced.coordinator.backend import (
@@ -86,7 +115,7 @@ _STATES_LOCK = threading.Lock()
 
 
 class MemoryBackend:
-    """Reference backend; see the module docstring."""
+    """The model backend; see the module docstring."""
 
     capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
 
@@ -106,6 +135,7 @@ class MemoryBackend:
             _STATES.pop(name, None)
 
     def _live(self, resource: str) -> _Lease | None:
+        """The live lease of ``resource``; an ended one is dropped and its expiry recorded."""
         lease = self._state.leases.get(resource)
         if lease is None:
             return None
@@ -115,7 +145,7 @@ class MemoryBackend:
             expired_at = (
                 self._wall(lease.expires_at)
                 if lease.boot_id == self._clock.boot_id()
-                else time.time()
+                else self._clock.wall()
             )
             self._state.ended[resource] = "expired"
             self._state.append(expired_at, RecordKind.EXPIRED, resource, lease.epoch, lease.holder)
@@ -124,7 +154,7 @@ class MemoryBackend:
 
     def _wall(self, boottime: float) -> float:
         """The wall-clock instant of a boottime instant (for records only)."""
-        return time.time() - (self._clock.boottime() - boottime)
+        return self._clock.wall() - (self._clock.boottime() - boottime)
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
         state = self._state
@@ -132,6 +162,11 @@ class MemoryBackend:
             now = self._clock.boottime()
             if request.request_id is not None and request.request_id in state.requests:
                 resource, epoch, owner = state.requests[request.request_id]
+                if resource != request.resource:  # its grant is of another resource
+                    raise ConfigurationError(
+                        f"this request_id was already used to acquire {resource}, "
+                        f"not {request.resource}"
+                    )
                 lease = self._live(resource)
                 if lease is None or lease.epoch != epoch or lease.owner != owner:
                     raise LeaseLost(
@@ -160,7 +195,7 @@ class MemoryBackend:
             )
             after = state.ended.pop(request.resource, "none")
             state.append(
-                time.time(),
+                self._clock.wall(),
                 RecordKind.GRANTED,
                 request.resource,
                 epoch,
@@ -183,7 +218,7 @@ class MemoryBackend:
 
     def wait(self, ticket: Ticket, timeout: float) -> None:
         with self._state.cond:
-            self._state.cond.wait(timeout)
+            self._clock.wait(self._state.cond, self._clock.boottime() + timeout)
 
     def leave(self, ticket: Ticket) -> None:
         assert isinstance(ticket, _Ticket)
@@ -212,7 +247,9 @@ class MemoryBackend:
                 return False
             del self._state.leases[resource]
             self._state.ended[resource] = "released"
-            self._state.append(time.time(), RecordKind.RELEASED, resource, epoch, lease.holder)
+            self._state.append(
+                self._clock.wall(), RecordKind.RELEASED, resource, epoch, lease.holder
+            )
             return True
 
     def current(self, resource: str) -> LeaseInfo | None:
@@ -237,6 +274,8 @@ class MemoryBackend:
     def advance(self, minimum: int, floors: dict[str, int], detail: dict[str, object]) -> int:
         state = self._state
         with state.cond:
+            for name in list(state.leases):
+                self._live(name)  # an expiry that is due is recorded before the restore
             state.minimum = max(state.minimum, minimum)
             for resource, floor in floors.items():
                 state.epochs[resource] = max(state.epochs.get(resource, 0), floor)
@@ -244,7 +283,7 @@ class MemoryBackend:
             for resource in sorted(set(state.epochs) | set(floors)):
                 state.ended[resource] = "restored"
                 state.append(
-                    time.time(),
+                    self._clock.wall(),
                     RecordKind.RESTORED,
                     resource,
                     max(state.epochs.get(resource, 0), state.minimum),
@@ -266,7 +305,12 @@ class MemoryBackend:
                 )
             lease.value = value
             self._state.append(
-                time.time(), RecordKind.PROCLAIMED, resource, epoch, lease.holder, {"value": value}
+                self._clock.wall(),
+                RecordKind.PROCLAIMED,
+                resource,
+                epoch,
+                lease.holder,
+                {"value": value},
             )
 
     def records(self, resource: str | None, after: int = 0, limit: int = 1000) -> list[Record]:
@@ -289,22 +333,20 @@ class MemoryBackend:
         detail: dict[str, object],
     ) -> None:
         with self._state.cond:
-            self._state.append(time.time(), kind, resource, epoch, holder, detail)
+            self._state.append(self._clock.wall(), kind, resource, epoch, holder, detail)
 
     def watch(self, resource: str, after: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = self._clock.boottime() + timeout
         with self._state.cond:
             while True:
                 self._live(resource)
                 if any(r.resource == resource for r in self._state.log[max(after, 0) :]):
                     return
-                remaining = deadline - time.monotonic()
-                lease = self._state.leases.get(resource)
-                if lease is not None:
-                    remaining = min(remaining, lease.expires_at - self._clock.boottime())
-                if deadline - time.monotonic() <= 0:
+                if self._clock.boottime() >= deadline:
                     return
-                self._state.cond.wait(max(remaining, 0.001))
+                lease = self._state.leases.get(resource)
+                wake = deadline if lease is None else min(deadline, lease.expires_at)
+                self._clock.wait(self._state.cond, wake)
 
     def close(self) -> None:
         """Nothing to close: the state lives as long as the process (see :meth:`forget`)."""

@@ -989,8 +989,7 @@ class PostgresBackend:
             raise LeaseLost(LossReason.REJECTED, "the lease granted for this request_id has ended")
         if status == "foreign":
             raise ConfigurationError(
-                f"request_id {request.request_id!r} was already used to acquire {holder}, "
-                f"not {request.resource}"
+                f"this request_id was already used to acquire {holder}, not {request.resource}"
             )
         if mine is not None:
             mine.sent_at = sent
@@ -1201,7 +1200,8 @@ class PostgresBackend:
         """Restore safety: no later grant gets an epoch ≤ ``minimum`` (see the contract).
 
         One transaction that excludes grants (``LOCK TABLE … SHARE ROW EXCLUSIVE``), committed
-        synchronously; ends every live lease; a RESTORED record per resource; wakes everyone.
+        synchronously; records the expiries that are due, ends every live lease, a RESTORED
+        record per resource; wakes everyone.
         """
         for value in (minimum, *floors.values()):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EPOCH:

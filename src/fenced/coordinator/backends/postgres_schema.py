@@ -902,6 +902,30 @@ def _try_grant_pruning_cheaply(try_grant: str) -> str:
     )
 
 
+def _advance_recording_expiries(advance: str) -> str:
+    """``advance`` that first records every expiry that is due (waiting for row locks, so none
+    is skipped), as every reader does: a lease that expired before a restore ends ``expired``,
+    then ``restored``, whether or not anyone looked in between."""
+    return _edited(
+        advance,
+        (
+            ("        v_min bigint;\n", "        v_min bigint;\n        v_due record;\n", 1),
+            (
+                "        LOCK TABLE {s}.resources IN SHARE ROW EXCLUSIVE MODE;\n",
+                "        LOCK TABLE {s}.resources IN SHARE ROW EXCLUSIVE MODE;\n"
+                "        FOR v_due IN SELECT x.name, x.epoch, x.holder, x.expires_at\n"
+                "                     FROM {s}.resources x\n"
+                "                     WHERE x.owner IS NOT NULL AND x.expires_at <= v_now\n"
+                "                     ORDER BY x.name FOR UPDATE LOOP\n"
+                "            PERFORM {s}._expire(v_due.name, v_due.epoch, v_due.holder,"
+                " v_due.expires_at);\n"
+                "        END LOOP;\n",
+                1,
+            ),
+        ),
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -938,6 +962,11 @@ MIGRATIONS: tuple[Migration, ...] = (
                 _try_grant_with_handoff(_granted_with_value(_shipped("try_grant")))
             ),
         ),
+    ),
+    Migration(
+        5,
+        "advance records the expiries that are due before it records the restore",
+        (_advance_recording_expiries(_advance_raising_epochs(_shipped("advance"))),),
     ),
 )
 
