@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,7 @@ import fenced
 from fenced.coordinator.backends.memory import MemoryBackend
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import open_backend
+from fenced.core.clock import ManualClock
 from fenced.core.records import Record, RecordKind
 from fenced.election import LeaderChange, Observer, TermTracker
 from fenced.testing.faults import FaultyBackend
@@ -184,25 +186,45 @@ def test_a_term_is_a_fenced_lease_with_a_value(
 def test_a_candidate_that_gives_up_leaves_the_queue(
     url: str, backend: str, connect_all: Callable[[str], Coordinator]
 ) -> None:
-    first, quitter, patient = (connect_all(url) for _ in range(3))
-    with first.campaign(NAME, "first", ttl=TTL[backend] * 5) as leader:
-        gave_up = _Thread(lambda: quitter.campaign(NAME, "quitter", ttl=5, wait=0.5).__enter__())
-        gave_up.start()
-        time.sleep(0.1)  # the quitter queues first
-        waiting = _Thread(lambda: patient.campaign(NAME, "patient", ttl=5).__enter__())
-        waiting.start()
-        gave_up.join(DEADLINE)
-        assert isinstance(gave_up.error, fenced.Busy)
-        resigned_at = time.monotonic()
-        assert leader.resign()
-        waiting.join(DEADLINE)
-        assert not waiting.is_alive() and waiting.error is None
-        elected_in = time.monotonic() - resigned_at
-    successor: fenced.Leadership = waiting.result
-    assert successor.term == leader.term + 1  # the quitter got no term
-    assert elected_in < 1.0, f"the next candidate waited {elected_in:.3f}s behind a quitter"
-    assert patient.leader(NAME) is not None and patient.leader(NAME).value == "patient"  # type: ignore[union-attr]
-    successor.resign()
+    """The order is forced: the quitter is in line, then the patient candidate behind it, and
+    only then does the quitter give up (its wait runs on a manual clock that the test moves)."""
+    first = connect_all(url)
+    in_line = [FaultyBackend(open_backend(url)) for _ in range(2)]  # no fault: witnesses
+
+    def queued(backend: FaultyBackend) -> Callable[[], bool]:
+        return lambda: backend.answered.get("enqueue", 0) >= 1  # it has its place in line
+
+    clock = ManualClock()
+    quitter = Coordinator(in_line[0], clock=clock)
+    patient = Coordinator(in_line[1])
+    try:
+        with first.campaign(NAME, "first", ttl=TTL[backend] * 5) as leader:
+            gave_up = _Thread(
+                lambda: quitter.campaign(NAME, "quitter", ttl=5, wait=0.5).__enter__()
+            )
+            gave_up.start()
+            wait_for(queued(in_line[0]), "the quitter to queue")
+            waiting = _Thread(lambda: patient.campaign(NAME, "patient", ttl=5).__enter__())
+            waiting.start()
+            wait_for(queued(in_line[1]), "the patient candidate to queue")
+            assert gave_up.is_alive(), gave_up.error  # in line ahead of it until the clock moves
+            clock.advance(1.0)  # past the quitter's wait: it gives up at its next wake-up
+            gave_up.join(DEADLINE)
+            assert isinstance(gave_up.error, fenced.Busy), gave_up.error
+            assert waiting.is_alive(), waiting.error  # still waiting for the leader
+            resigned_at = time.monotonic()
+            assert leader.resign()
+            waiting.join(DEADLINE)
+            assert not waiting.is_alive() and waiting.error is None
+            elected_in = time.monotonic() - resigned_at
+        successor: fenced.Leadership = waiting.result
+        assert successor.term == leader.term + 1  # the quitter got no term
+        assert elected_in < 1.0, f"the next candidate waited {elected_in:.3f}s behind a quitter"
+        assert patient.leader(NAME) is not None and patient.leader(NAME).value == "patient"  # type: ignore[union-attr]
+        successor.resign()
+    finally:
+        quitter.close()
+        patient.close()
 
 
 def test_proclaim_changes_the_value_seen_by_observers_not_the_term(
@@ -256,7 +278,9 @@ def test_observe_delivers_every_term_once_even_short_ones(
         ("ended", expiring.epoch, "expired"),
     ]
     assert changes[0].value == "before"  # the live term, read when observe() was called
-    assert observer.get(0.2) is None  # nothing more, and no duplicate
+    with coord.campaign(NAME, "sentinel", ttl=30) as sentinel:  # happens after all of the above
+        # the very next change is the sentinel's: nothing more, and no duplicate, came before it
+        assert summary(changes_of(observer, 1)) == [("elected", sentinel.term, None)]
     observer.close()
 
 
@@ -355,7 +379,10 @@ def test_the_observer_rides_out_an_outage_without_loss_or_repeat(memory_url: str
         ("ended", 2, "released"),
     ]
     assert backend.calls["records"] >= 5
-    assert observer.get(0.1) is None
+    with coord.campaign(NAME, "sentinel", ttl=5) as sentinel:
+        # the very next change is the sentinel's: no repeat of the terms above came before it
+        assert summary(changes_of(observer, 1)) == [("elected", sentinel.term, None)]
+    assert sentinel.term == 3
 
 
 def test_a_restore_ends_the_term_for_observers(memory_url: str) -> None:
@@ -656,6 +683,16 @@ def fenced_cmd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
     )
 
 
+def _waiting(url: str) -> list[str]:
+    """The holders queued for NAME in an embedded coordinator (``sqlite://PATH``)."""
+    conn = sqlite3.connect(f"file:{url.removeprefix('sqlite://')}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT holder FROM waiters WHERE name = ? ORDER BY id", (NAME,))
+        return [str(holder) for (holder,) in rows]
+    finally:
+        conn.close()
+
+
 @pytest.mark.slow
 def test_fenced_elect_and_fenced_leader(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path / 'coordinator.db'}"
@@ -733,8 +770,8 @@ def test_fenced_elect_and_fenced_leader(tmp_path: Path) -> None:
             str(go),
             "0",
         )
-        time.sleep(0.3)
-        assert not (tmp_path / "b.out").exists()  # runs only while leader
+        wait_for(lambda: _waiting(url) == ["B"], "B to queue behind A")
+        assert not (tmp_path / "b.out").exists()  # B waits: its command runs only once it leads
         go.touch()  # both children exit once started: the first with 7, then the second with 0
         assert first.wait(DEADLINE) == 7  # the child's own status
         assert second.wait(DEADLINE) == 0

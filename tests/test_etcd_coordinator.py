@@ -30,6 +30,7 @@ import pytest
 
 import fenced
 import fenced.coordinator.backends.etcd as etcd_module
+from fenced.coordinator import restore as restoring
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends.etcd import EtcdBackend, EtcdTicket, parse_etcd_url
 from fenced.coordinator.backends.etcd_client import (
@@ -248,11 +249,11 @@ def test_one_etcd_lease_carries_one_grant_and_renewing_one_never_extends_another
     backend = _etcd(coord)
     leases = {_lease_id(backend, name) for name in ("res/a", "res/b")}
     assert len(leases) == 2
-    started = time.monotonic()
-    while time.monotonic() - started < 2.5:  # renew a only, for 2.5 x its ttl
+    give_up = time.monotonic() + 10  # b's etcd lease ends 1-1.5 s after its grant
+    while coord.current("res/b") is not None:  # renew a only (every 0.2 s), until b expires
+        assert time.monotonic() < give_up, "renewing a kept b alive"
         a = coord.renew(a)
         time.sleep(0.2)
-    assert coord.current("res/b") is None
     assert coord.current("res/a") is not None
     assert coord.release(a)
     # the released etcd lease is reused for the next grant (no LeaseGrant on the hot path)
@@ -262,6 +263,86 @@ def test_one_etcd_lease_carries_one_grant_and_renewing_one_never_extends_another
         coord.renew(a)
     assert coord.current("res/c") is not None and coord.current("res/c").epoch == c.epoch  # type: ignore[union-attr]
     del b
+
+
+class _WatchedLock:
+    """A lock that tells when a thread had to wait for it (another thread held it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.waited = threading.Event()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self.waited.set()
+            self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_a_late_renew_never_returns_to_the_pool_an_etcd_lease_that_a_new_grant_carries(
+    etcd_url: str, opened: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forced interleaving: a renew of A stops just after it found the pooled etcd lease that
+    carries A; then A is released and B granted. The release waits for that renew (renew and
+    release of a resource hold one lock in the backend), so the renew extends A, and B and then
+    C get etcd leases of their own. Were the release not to wait, the renew would go on after it,
+    find A gone and return to the pool the etcd lease that B's grant carried meanwhile: C's grant
+    would share it, and renewing C would keep B alive."""
+    patience = 20.0  # seconds any awaited step may take on a loaded machine
+    coord = opened(etcd_url)
+    backend = _etcd(coord)
+    a = coord.acquire("res/a", ttl=5, wait=0)
+    carrying_a = _lease_id(backend, "res/a")
+    locks: dict[str, _WatchedLock] = {}
+    monkeypatch.setattr(
+        backend,
+        "_grant_lock",
+        lambda resource: locks.setdefault(resource, _WatchedLock()),
+        raising=False,
+    )
+    found, resume = threading.Event(), threading.Event()
+    carrier = backend._carrier
+
+    def renew_stops_after_finding_the_carrier(resource: str, epoch: int, owner: str) -> Any:
+        pooled = carrier(resource, epoch, owner)
+        if threading.current_thread() is renewer:
+            found.set()
+            resume.wait(patience)
+        return pooled
+
+    monkeypatch.setattr(backend, "_carrier", renew_stops_after_finding_the_carrier)
+    renewed: list[object] = []
+    released: list[object] = []
+    renewer = threading.Thread(
+        target=lambda: renewed.append(_attempt(lambda: backend.renew("res/a", a.epoch, a.owner, 5)))
+    )
+    renewer.start()
+    assert found.wait(patience), "the renew never looked for its etcd lease"
+
+    def release_a_then_grant_b() -> None:
+        released.append(_attempt(lambda: coord.release(a)))
+        released.append(_attempt(lambda: coord.acquire("res/b", ttl=5, wait=0)))
+
+    releaser = threading.Thread(target=release_a_then_grant_b)
+    releaser.start()
+    waits = locks.get("res/a")
+    wait_for(
+        lambda: not releaser.is_alive() or (waits is not None and waits.waited.is_set()),
+        timeout=patience,
+        what="the release to finish, or to wait for the renew",
+    )
+    resume.set()
+    renewer.join(patience)
+    releaser.join(patience)
+    assert not renewer.is_alive() and not releaser.is_alive()
+    assert released[0] is True and isinstance(released[1], fenced.Lease)
+    assert _lease_id(backend, "res/b") == carrying_a  # reused once A was released
+    c = coord.acquire("res/c", ttl=5, wait=0)
+    assert _lease_id(backend, "res/c") != _lease_id(backend, "res/b"), "two grants, one etcd lease"
+    assert renewed == [5.0], "the renew that came first did not extend A"
+    assert coord.release(c) and coord.release(released[1])
 
 
 def test_a_waiter_that_gives_up_leaves_no_key_behind(
@@ -312,10 +393,11 @@ def test_a_watch_resumes_after_a_cut_connection_without_losing_events(
             direct.call("kv/put", {"key": b64(key), "value": b64(str(i))}, mutating=True)
             if i in (3, 7):
                 proxy.cut()
-        wait_for(lambda: len(seen) >= 10, timeout=5, what="all ten events")
-        time.sleep(0.2)
+        direct.call("kv/put", {"key": b64(key), "value": b64("end")}, mutating=True)
+        wait_for(lambda: b"end" in seen, timeout=5, what="the last event")
         stream.stop()
-        assert seen == [str(i).encode() for i in range(1, 11)]
+        # every event once, in order: none lost, none repeated before the last one
+        assert seen == [*(str(i).encode() for i in range(1, 11)), b"end"]
         watched.close()
         direct.close()
 
@@ -365,6 +447,8 @@ class _LoopbackServer:
         self.listener.listen(16)
         self.port = self.listener.getsockname()[1]
         self.connections = 0
+        self.closed = 0
+        """Connections this server has closed."""
         self.requests = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -380,6 +464,7 @@ class _LoopbackServer:
     def _handle(self, conn: socket.socket) -> None:
         with conn:
             self.handle(conn)
+        self.closed += 1
 
     def handle(self, conn: socket.socket) -> None:
         raise NotImplementedError
@@ -523,9 +608,10 @@ def test_a_pooled_connection_the_server_closed_is_not_reused() -> None:
     server = _ClosingServer()
     transport = Transport([("127.0.0.1", server.port)], timeout=2, connect_timeout=1)
     try:
-        for _ in range(3):
+        for done in range(1, 4):
             assert transport.call("kv/put", {}, mutating=True) == {"ok": True}
-            time.sleep(0.05)  # the server's FIN arrives while the connection is idle
+            # the server has closed the idle connection (its FIN is sent) before the next call
+            wait_for(lambda: server.closed >= done, timeout=5, what="the server to close")  # noqa: B023
         assert server.connections == 3
     finally:
         transport.close()
@@ -723,22 +809,24 @@ def test_lost_and_delayed_replies_through_a_tcp_proxy(
         assert time.monotonic() - sent >= 0.9  # two requests, each reply 0.5 s late
         assert renewed.deadline <= sent + 3
         proxy.forward()
-        # a delayed release from the old owner never affects the newer lease
-        short = proxied.acquire("exports/other", ttl=1, wait=0)
+        # a delayed release from the old owner never affects the newer lease: it reaches etcd
+        # after the newer grant, and its client (timeout 20 s) is still there to hear the answer
+        patient = opened(f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}&timeout=20")
+        short = patient.acquire("exports/other", ttl=1, wait=0)
         proxy.blackhole()
         outcome: list[object] = []
         releaser = threading.Thread(
-            target=lambda: outcome.append(_attempt(lambda: proxied.release(short)))
+            target=lambda: outcome.append(_attempt(lambda: patient.release(short)))
         )
         releaser.start()
         newer = direct.acquire("exports/other", ttl=10, wait=5)
         assert newer.epoch == short.epoch + 1
+        assert releaser.is_alive()  # its release has not reached etcd yet
         proxy.forward()
-        releaser.join(10)
-        time.sleep(0.3)
+        releaser.join(30)
+        assert outcome == [False]  # etcd's answer: no longer this owner's lease
         info = direct.current("exports/other")
         assert info is not None and info.epoch == newer.epoch
-        assert outcome and outcome[0] is not True
         assert direct.release(newer)
         assert direct.release(lease) is True
 
@@ -793,6 +881,34 @@ def test_snapshot_restore_then_advance_puts_every_later_epoch_above_the_earlier_
     kinds = [r.kind for r in restored.history(R)]
     assert RecordKind.RESTORED in kinds
     store.close()
+
+
+@pytest.mark.slow
+def test_restoring_one_snapshot_again_and_again_never_repeats_a_token(
+    cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    """``etcdctl snapshot restore`` of the same snapshot three times in a few seconds, each
+    followed by the advance step (``fenced restore --advance``) and grants: every first grant is
+    above every earlier one."""
+    url = cluster.url(prefix="/fenced", timeout=2)
+    with connect(url) as coord:
+        for _ in range(3):
+            coord.release(coord.acquire(R, ttl=5, wait=0))
+    snapshot = cluster.snapshot_save(tmp_path / "snap.db")
+    issued = [3]
+    for _ in range(3):
+        cluster.restore(snapshot)
+        with connect(url) as restored:
+            assert restored.last_epoch(R) == 3  # the state the restore replaced is gone
+            restoring.advance(restored)
+            first = restored.acquire(R, ttl=5, wait=0)
+            assert all(first.epoch > epoch for epoch in issued), (first.epoch, issued)
+            for _ in range(2):
+                restored.release(first)
+                issued.append(first.epoch)
+                first = restored.acquire(R, ttl=5, wait=0)
+            restored.release(first)
+            issued.append(first.epoch)
 
 
 # -- a partition in a network-namespace lab -------------------------------------------------------

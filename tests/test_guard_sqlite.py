@@ -7,7 +7,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,49 +135,102 @@ def test_bad_arguments(conn: sqlite3.Connection) -> None:
 
 
 RACER = """
-import json, sqlite3, sys, time
+import json, os, sqlite3, sys, time
 from fenced.core.errors import StaleToken
 from fenced.fence import guard
 from fenced.testing.store_conformance import token
 
-db, epoch, start, rounds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-conn = sqlite3.connect(db, isolation_level=None, timeout=30)
-while time.time() < start:
-    time.sleep(0.001)
-accepted = rejected = 0
-for n in range(rounds):
-    conn.execute("BEGIN IMMEDIATE")
-    conn.execute("INSERT INTO ledger(epoch, note) VALUES (?, ?)", (epoch, f"{epoch}/{n}"))
+db, control, role = sys.argv[1], sys.argv[2], sys.argv[3]
+epoch = 5 if role == "old" else 6
+conn = sqlite3.connect(db, isolation_level=None, timeout=0)  # a busy database answers at once
+result = {"refused": 0}
+
+def tell(step):
+    open(os.path.join(control, step), "x").close()
+
+def after(step):
+    give_up = time.monotonic() + 30
+    while not os.path.exists(os.path.join(control, step)):
+        if time.monotonic() > give_up:
+            sys.exit(f"{role}: the other process never said {step!r}")
+        time.sleep(0.001)
+
+def begin():
+    # BEGIN IMMEDIATE until it gets the write lock; the first refusal is told to the other side
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error):
+                raise
+            result["refused"] += 1
+            if result["refused"] == 1:
+                tell(role + "-refused")
+            time.sleep(0.001)
+
+def write(note):
+    conn.execute("INSERT INTO ledger(epoch, note) VALUES (?, ?)", (epoch, note))
     try:
         guard(conn, token(epoch))
     except StaleToken:
-        rejected += 1
-        continue
+        return "StaleToken"
+    return "guarded"
+
+if role == "old":
+    begin()
+    result["first"] = write("old/0")
+    tell("old-inside")  # holds the write lock, its write guarded, not committed
+    after("new-refused")  # the new one tried to begin meanwhile
     conn.execute("COMMIT")
-    accepted += 1
-print(json.dumps({"accepted": accepted, "rejected": rejected}))
+    after("new-inside")  # now the new one holds the lock, its epoch installed, not committed
+    begin()  # refused until the new one commits
+    result["second"] = write("old/1")
+    if conn.in_transaction:
+        conn.execute("COMMIT")
+else:
+    after("old-inside")
+    begin()  # refused until the old one commits
+    result["first"] = write("new/0")
+    tell("new-inside")
+    after("old-refused")
+    conn.execute("COMMIT")
+print(json.dumps(result))
 """
 
 
-def test_two_processes_racing_never_interleave_an_old_write_after_a_new_one(db: Path) -> None:
+def test_overlapping_transactions_of_two_processes_never_commit_an_old_write_after_a_new_one(
+    db: Path, tmp_path: Path
+) -> None:
+    """The guard's timeline (module docstring), both ways, forced by a handshake: each process
+    tries to begin while the other is inside its transaction, holding the write lock, its own
+    write guarded but not committed; each says so through a file, and the other commits only
+    then. The old owner's write before the new epoch commits; its write after is rolled back."""
+    control = tmp_path / "control"
+    control.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
-    start = time.time() + 0.6
-    rounds = 40
     old, new = (
         subprocess.Popen(
-            [sys.executable, "-c", RACER, str(db), str(epoch), str(start), str(rounds)],
+            [sys.executable, "-c", RACER, str(db), str(control), role],
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=env,
         )
-        for epoch in (5, 6)
+        for role in ("old", "new")
     )
-    old_out, _ = old.communicate(timeout=60)
-    new_out, _ = new.communicate(timeout=60)
-    assert (old.returncode, new.returncode) == (0, 0)
+    old_out, old_err = old.communicate(timeout=60)
+    new_out, new_err = new.communicate(timeout=60)
+    assert (old.returncode, new.returncode) == (0, 0), (old_err, new_err)
     old_result, new_result = json.loads(old_out), json.loads(new_out)
-    assert new_result == {"accepted": rounds, "rejected": 0}
-    assert old_result["accepted"] + old_result["rejected"] == rounds
-    epochs = [int(str(row[0])) for row in _rows(db, "SELECT epoch FROM ledger ORDER BY id")]
-    assert epochs == sorted(epochs)  # no write of 5 committed after any write of 6
-    assert epochs.count(5) == old_result["accepted"]
-    assert epochs.count(6) == rounds
+    # the interleaving happened: each was refused the lock while the other held it
+    assert old_result["refused"] >= 1 and new_result["refused"] >= 1
+    assert sorted(path.name for path in control.iterdir()) == [
+        "new-inside",
+        "new-refused",
+        "old-inside",
+        "old-refused",
+    ]
+    assert (old_result["first"], new_result["first"]) == ("guarded", "guarded")
+    assert old_result["second"] == "StaleToken"  # and its write in that transaction undone
+    assert _rows(db, "SELECT epoch, note FROM ledger ORDER BY id") == [(5, "old/0"), (6, "new/0")]
+    assert _rows(db, "SELECT epoch FROM fenced_fence") == [(6,)]

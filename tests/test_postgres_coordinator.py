@@ -28,6 +28,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
+from fenced.coordinator import restore as restoring
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends import postgres_schema
 from fenced.coordinator.backends.postgres import (
@@ -178,7 +179,7 @@ def test_a_server_restart_in_the_middle_of_held_leases(
     b = _Worker(lambda: waiter.acquire(R, ttl=5, wait=30))
     b.start()
     wait_for(lambda: waiter.backend.listener_state == "listening", what="the waiter listening")  # type: ignore[attr-defined]
-    time.sleep(0.1)
+    wait_for(lambda: _queued(url) == 1, what="the waiter to queue")
     postgres_server.restart(mode)  # type: ignore[arg-type]
     # The lease survives (it is durable, its expiry is a server timestamp) ...
     wait_for(lambda: held_states and held_states[-1] is LeaseState.HELD, timeout=5)
@@ -342,13 +343,16 @@ def test_without_listen_waiting_falls_back_to_short_rechecks(
     holder = open_coord(pg_url)
     waiter = open_coord(pg_url + "&listen=off")
     lease = holder.acquire(R, ttl=30, wait=0)
-    timer = threading.Timer(0.3, lambda: holder.release(lease))
-    timer.start()
-    started = time.monotonic()
-    assert waiter.acquire(R, ttl=5, wait=10).epoch == lease.epoch + 1
-    assert time.monotonic() - started < 2
+    b = _Worker(lambda: waiter.acquire(R, ttl=5, wait=10))
+    b.start()
+    wait_for(lambda: _queued(pg_url) == 1, what="the waiter to queue")  # it waits, then
+    released = time.monotonic()
+    assert holder.release(lease)
+    b.join(10)
+    assert b.error is None, b.error
+    assert b.result.epoch == lease.epoch + 1
+    assert b.done_at - released < 2  # a re-check found it, not the end of its 10 s wait
     assert waiter.backend.listener_state == "off"  # type: ignore[attr-defined]
-    timer.join()
 
 
 # -- PgBouncer ------------------------------------------------------------------------------------
@@ -386,7 +390,7 @@ def test_through_a_transaction_pooling_pgbouncer(
     b = _Worker(lambda: second.acquire(R, ttl=5, wait=10))
     b.start()
     wait_for(lambda: second.backend.listener_state == "listening", what="listening")  # type: ignore[attr-defined]
-    time.sleep(0.2)
+    wait_for(lambda: _queued(direct) == 1, what="b to queue")
     released = time.monotonic()
     first.release(lease)
     b.join(10)
@@ -599,7 +603,52 @@ def test_restore_with_pg_dump_and_pg_restore_then_advance(
     store.close()
 
 
+@pytest.mark.slow
+def test_restoring_one_dump_again_and_again_never_repeats_a_token(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """pg_restore of the same dump three times in a few seconds, each followed by the advance
+    step (``fenced restore --advance``) and grants: every first grant is above every earlier one."""
+    schema = _schema()
+    url = postgres_server.url("postgres", schema=schema)
+    with connect(url) as coord:
+        for _ in range(3):
+            coord.release(coord.acquire(R, ttl=5, wait=0))
+    dump = tmp_path / "coordinator.dump"
+    pg = postgres_server.bin_dir
+    env = {
+        **os.environ,
+        "PGHOST": "127.0.0.1",
+        "PGPORT": str(postgres_server.port),
+        "PGUSER": "postgres",
+    }
+    subprocess.run(
+        [str(pg / "pg_dump"), "-Fc", "-n", schema, "-f", str(dump), "postgres"], env=env, check=True
+    )
+    issued = [3]
+    for _ in range(3):
+        subprocess.run(
+            [str(pg / "pg_restore"), "--clean", "-d", "postgres", str(dump)], env=env, check=True
+        )
+        with connect(url) as restored:
+            assert restored.last_epoch(R) == 3  # the state the restore replaced is gone
+            restoring.advance(restored)
+            first = restored.acquire(R, ttl=5, wait=0)
+            assert all(first.epoch > epoch for epoch in issued), (first.epoch, issued)
+            for _ in range(2):
+                restored.release(first)
+                issued.append(first.epoch)
+                first = restored.acquire(R, ttl=5, wait=0)
+            restored.release(first)
+            issued.append(first.epoch)
+
+
 # -- a release hands the resource to the first waiter ---------------------------------------------
+
+
+def _queued(url: str) -> int:
+    """How many waiters are queued (committed) in the schema of ``url``."""
+    return int(_sql(url, "SELECT count(*) FROM {s}.waiters")[0][0])
 
 
 def _sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -624,8 +673,7 @@ def test_a_release_hands_the_resource_to_the_first_waiter(
     monkeypatch.setattr(backend, "_call", counted)
     b = _Worker(lambda: waiter.acquire(R, ttl=20, wait=20, holder="b"))
     b.start()
-    wait_for(lambda: [n for _, n in sent].count("grant_queued") >= 1, what="b to queue")
-    time.sleep(0.1)  # b waits for a notification now (its next keep-alive is 0.67 s away)
+    wait_for(lambda: _queued(pg_url) == 1, what="b's place in line to be committed")
     released = time.monotonic()
     assert holder.release(lease)
     returned = time.monotonic()

@@ -88,6 +88,15 @@ def test_a_token_of_another_coordinator_is_foreign(dsn: str) -> None:
         assert (caught.value.presented, caught.value.bound) == (C2, C1)
 
 
+def _waits_for_a_lock(dsn: str, pid: int) -> bool:
+    """Whether the server process ``pid`` is blocked waiting for a heavyweight lock (a row's)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+    return row is not None and row[0] == "Lock"
+
+
 def test_the_fence_row_lock_is_held_until_the_caller_commits(dsn: str) -> None:
     order: list[str] = []
     a = psycopg.connect(dsn)
@@ -105,7 +114,10 @@ def test_the_fence_row_lock_is_held_until_the_caller_commits(dsn: str) -> None:
 
     thread = threading.Thread(target=newer)
     thread.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while not _waits_for_a_lock(dsn, b.info.backend_pid):  # B blocked inside its guard
+        assert time.monotonic() < deadline and thread.is_alive(), "B never waited for A's lock"
+        time.sleep(0.01)
     order.append("A commits")
     a.commit()
     thread.join(10)

@@ -192,6 +192,10 @@ def test_eight_processes_contending_get_unique_epochs_and_never_overlap(
 
     by_time = sorted(held, key=lambda item: item[1]["acquired"])
     assert [e["epoch"] for _, e in by_time] == epochs  # grants are ordered in time
+    # They contended: turns passed from one process to another far more often than the 7 times
+    # of processes that ran one after another (each one waited in line behind the others).
+    turns = sum(a != b for (a, _), (b, _) in itertools.pairwise(by_time))
+    assert turns > len(held) // 2, f"only {turns} turns in {len(held)} grants"
     for (name_a, a), (name_b, b) in itertools.pairwise(by_time):
         assert a["releasing"] <= b["acquired"], (
             f"{name_a} held epoch {a['epoch']} until {a['releasing']:.6f} but {name_b} "

@@ -58,6 +58,10 @@ class FaultyBackend:
         self._lock = threading.Lock()
         self._armed: dict[str, _Armed] = {}
         self.calls: dict[str, int] = {}
+        """Calls made, per operation (counted when the call starts)."""
+        self.answered: dict[str, int] = {}
+        """Calls forwarded that returned (took effect), per operation, whatever the caller was
+        told then: a witness that, say, a waiter's ``enqueue`` is done."""
         self.injected: dict[str, int] = {}
 
     def arm(
@@ -90,15 +94,16 @@ class FaultyBackend:
 
     def _call(self, operation: str, forward: Callable[[], T]) -> T:
         armed = self._take(operation)
-        if armed is None:
-            return forward()
-        if armed.fault == "unavailable":
+        if armed is not None and armed.fault == "unavailable":
             raise Unavailable(f"injected fault: {operation} did not reach the coordinator")
-        if armed.fault == "delay":
+        if armed is not None and armed.fault == "delay":
             time.sleep(armed.delay)
-            return forward()
-        forward()
-        raise OutcomeUnknown(f"injected fault: the reply to {operation} was lost")
+        answer = forward()
+        with self._lock:
+            self.answered[operation] = self.answered.get(operation, 0) + 1
+        if armed is not None and armed.fault == "lose_reply":
+            raise OutcomeUnknown(f"injected fault: the reply to {operation} was lost")
+        return answer
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
         return self._call("try_grant", lambda: self.inner.try_grant(request, ticket))

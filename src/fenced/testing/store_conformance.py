@@ -421,21 +421,29 @@ class KeysConformance(_Base):
         assert snapshot(monotonic) == before
 
     def test_threads_racing_with_compare_and_set_lose_no_update(self, monotonic: Store) -> None:
+        """Four threads increment one counter with compare-and-set. Their first attempts are
+        forced to collide: none writes before all four have read version 1."""
         monotonic.put(token(1), "counter", b"0")
         errors: list[BaseException] = []
+        conflicts: list[int] = []
+        all_read = threading.Barrier(4)
 
         def increment(times: int) -> None:
+            first = True
             try:
                 for _ in range(times):
                     while True:
                         item = monotonic.get(R, "counter")
                         assert item is not None
                         value = str(int(item.value) + 1).encode()
+                        if first:
+                            first = False
+                            all_read.wait(timeout=30)
                         try:
                             monotonic.put(token(1), "counter", value, if_version=item.version)
                             break
                         except VersionConflict:
-                            continue
+                            conflicts.append(item.version)
             except BaseException as error:
                 errors.append(error)
 
@@ -445,6 +453,7 @@ class KeysConformance(_Base):
         for thread in threads:
             thread.join(timeout=60)
         assert errors == []
+        assert conflicts.count(1) == 3  # the first attempts collided: one won, three retried
         item = monotonic.get(R, "counter")
         assert item is not None and (item.value, item.version) == (b"32", 33)
 
