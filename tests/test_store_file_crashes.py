@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import fenced.fence
+from fenced.core.clock import SystemClock
 from fenced.core.records import RecordKind
 from fenced.fence import Store, file_store, open_store
 from fenced.testing.conformance import wait_for
@@ -146,10 +147,19 @@ def check_publications(store: Store, acks: list[dict[str, Any]]) -> int:
     return latest.epoch
 
 
-def check_debris_goes(store: Store, rdir: Path) -> None:
-    time.sleep(0.01)
-    store.gc(keep=1, grace=0)
-    latest = store.latest(R)
+class HourLater(SystemClock):
+    """The system clock, its wall time an hour ahead: gc's cutoff then lies after every time
+    the store recorded or a file was stamped with (a superseded publication, staged debris)."""
+
+    def wall(self) -> float:
+        return super().wall() + 3600.0
+
+
+def check_debris_goes(url: str, rdir: Path) -> None:
+    """A gc run an hour later, with a grace of a minute, leaves the current object alone."""
+    with open_store(url, clock=HourLater()) as store:
+        store.gc(keep=1, grace=60)
+        latest = store.latest(R)
     assert latest is not None
     assert [p.name for p in (rdir / "objects").iterdir()] == [latest.object_id]
     assert list((rdir / "staging").iterdir()) == []
@@ -189,7 +199,7 @@ def test_kill_9_in_publish_loops_never_loses_an_acknowledged_publish(tmp_path: P
         accepted = {r.detail.get("object_id") for r in history if r.kind is RecordKind.ACCEPTED}
         assert {ack["object_id"] for ack in acks} <= accepted  # records are as durable
         (rdir,) = (tmp_path / "store" / "resources").iterdir()
-        check_debris_goes(observer, rdir)
+        check_debris_goes(url, rdir)
 
 
 @pytest.mark.parametrize(
@@ -222,7 +232,7 @@ def test_a_writer_killed_inside_a_checkpoint_or_a_commit_leaves_a_readable_store
         after = [r.seq for r in store.history(R)]
         assert after == list(range(seqs[-1] + 30, seqs[-1] + 60))
         (rdir,) = (tmp_path / "store" / "resources").iterdir()
-        check_debris_goes(store, rdir)
+        check_debris_goes(url, rdir)
 
 
 if __name__ == "__main__":

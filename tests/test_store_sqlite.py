@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,10 @@ import fenced.fence.store as store_module
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
 from fenced.core.records import RecordKind, detail_json
-from fenced.fence import Store, open_store
-from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION
+from fenced.fence import Store, open_store, sqlite_store
+from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION, SqliteBackend
 from fenced.fence.values import Mode
+from fenced.testing.conformance import wait_for
 from fenced.testing.store_conformance import (
     MakeStore,
     R,
@@ -171,8 +173,56 @@ def test_a_busy_database_is_unavailable_and_nothing_changes(
     assert store.put(token(2), "k", b"w").version == 2
 
 
-def test_a_store_is_shared_by_threads(make_sqlite_store: MakeStore) -> None:
-    store = make_sqlite_store("monotonic")
+def _idents(threads: list[threading.Thread]) -> set[int | None]:
+    """The threads' idents (None for one not started yet)."""
+    return {thread.ident for thread in threads}
+
+
+def test_a_store_is_shared_by_threads(
+    make_sqlite_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four threads write through one Store at once. The first to get the database's write lock
+    keeps its transaction open until the three others have started their own ``BEGIN
+    IMMEDIATE`` (seen by a trace of their connections): the writes overlap, each thread's
+    transaction is its own (one connection shared by the threads would refuse a transaction
+    within a transaction), and every write lands."""
+    lock = threading.Lock()
+    began: set[int] = set()  # the threads whose BEGIN IMMEDIATE has started
+    holders: list[int] = []  # the threads that entered a transaction, in order
+    seen: list[set[int]] = []  # the threads that had begun while the first one held the lock
+    connect = SqliteBackend._connect
+
+    def traced_connect(backend: SqliteBackend) -> sqlite3.Connection:
+        conn = connect(backend)
+
+        def trace(statement: str) -> None:
+            if statement.startswith("BEGIN IMMEDIATE"):
+                with lock:
+                    began.add(threading.get_ident())
+
+        conn.set_trace_callback(trace)
+        return conn
+
+    enter = sqlite_store._Writing.__enter__
+    threads: list[threading.Thread] = []
+
+    def holding_enter(writing: Any) -> Any:
+        tx = enter(writing)
+        with lock:
+            first = not holders
+            holders.append(threading.get_ident())
+        if first:
+            try:
+                wait_for(lambda: _idents(threads) <= began, 30, "the other writers to begin")
+                seen.append(began & _idents(threads))
+            except BaseException as error:
+                writing.__exit__(type(error), error, None)  # roll back
+                raise
+        return tx
+
+    monkeypatch.setattr(SqliteBackend, "_connect", traced_connect)
+    monkeypatch.setattr(sqlite_store._Writing, "__enter__", holding_enter)
+    store = make_sqlite_store("monotonic", busy_timeout=30)
     errors: list[BaseException] = []
 
     def work(index: int) -> None:
@@ -182,12 +232,13 @@ def test_a_store_is_shared_by_threads(make_sqlite_store: MakeStore) -> None:
         except BaseException as error:
             errors.append(error)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    threads.extend(threading.Thread(target=work, args=(i,)) for i in range(4))
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=30)
+        thread.join(timeout=60)
     assert errors == []
+    assert seen == [_idents(threads)]  # all four were writing at once
     for index in range(4):
         item = store.get(f"thread/{index}", "k")
         assert item is not None and (item.value, item.version) == (b"4", 5)
@@ -426,22 +477,71 @@ def test_the_one_call_put_records_what_the_general_path_records(tmp_path: Path) 
 
 
 _OPENER = """
+import sqlite3
 import fenced
-fenced.open_store("sqlite://" + sys.argv[1]).close()
+import fenced.fence.sqlite_store as sqlite_store
+from fenced.fence.sqlite_busy import is_busy, retrying
+
+path = sys.argv[1]
+refused = 0
+
+def counting(step, *args, timeout):
+    def attempt(*step_args):
+        global refused
+        try:
+            return step(*step_args)
+        except sqlite3.OperationalError as error:
+            if is_busy(error):
+                refused += 1
+                if refused == 1:  # tell the test
+                    open(f"{path}.refused-{os.getpid()}", "x").close()
+            raise
+    return retrying(attempt, *args, timeout=timeout)
+
+sqlite_store.retrying = counting
+fenced.open_store("sqlite://" + path, busy_timeout=60).close()
+print(refused)
 """
 
 
 def test_processes_opening_one_new_store_at_once_all_succeed(tmp_path: Path) -> None:
-    """Several processes create the same new store file at the same instant: the switch to WAL
-    is retried while another process holds the new file's lock (SQLite answers SQLITE_BUSY at
-    once there, without its busy handler), so every one of them opens it."""
-    for attempt in range(6):
-        path = tmp_path / f"new{attempt}.db"
-        results = run_together(_OPENER, [str(path)], 6, tmp_path / f"go{attempt}")
-        assert [code for code, _, _ in results] == [0] * 6, [err for _, _, err in results]
-        store = open_store(f"sqlite://{path}")
-        assert store.mode == "strict"
-        store.close()
+    """Six processes open the same new store file at the same instant, while another
+    connection holds the new file's lock (as a process in the middle of creating it does).
+    Switching a new file to WAL then answers SQLITE_BUSY at once, without SQLite's busy
+    handler: each process is refused at least once (the test waits for all six refusals
+    before it lets go of the lock), retries, and opens the store."""
+    path = tmp_path / "new.db"
+    creator = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    creator.execute("BEGIN IMMEDIATE")
+    stop = threading.Event()
+    refused_while_locked: list[int] = []
+
+    def release_once_all_were_refused() -> None:
+        deadline = time.monotonic() + 60
+        try:
+            while not stop.is_set() and time.monotonic() < deadline:
+                refused = len(list(tmp_path.glob("new.db.refused-*")))
+                if refused == 6:
+                    refused_while_locked.append(refused)
+                    return
+                time.sleep(0.005)
+        finally:
+            creator.execute("ROLLBACK")
+
+    releaser = threading.Thread(target=release_once_all_were_refused)
+    releaser.start()
+    try:
+        results = run_together(_OPENER, [str(path)], 6, tmp_path / "go")
+    finally:
+        stop.set()
+        releaser.join(timeout=60)
+        creator.close()
+    assert [code for code, _, _ in results] == [0] * 6, [err for _, _, err in results]
+    assert refused_while_locked == [6]
+    assert all(int(out) >= 1 for _, out, _ in results)  # each retried after SQLITE_BUSY
+    store = open_store(f"sqlite://{path}")
+    assert store.mode == "strict"
+    store.close()
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
