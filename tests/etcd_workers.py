@@ -1,16 +1,17 @@
 """Worker processes for tests/test_etcd_coordinator.py: ``python tests/etcd_workers.py MODE …``.
 
-Each worker writes one JSON line per event (``{"event": …, "t": time.monotonic(), "pid": …}``)
+Each worker writes one JSON line per event (``{"event": …, "t": SystemClock().now(), "pid": …}``)
 to ``--out`` with a single ``write``, so the test can poll the file while the worker runs.
-``time.monotonic`` is CLOCK_MONOTONIC: one clock for every process of the host, network
-namespaces included.
+``t`` is on the deadline clock (``Clock.now``, CLOCK_BOOTTIME on Linux), the clock of the lease
+deadlines recorded beside it: one clock for every process of the host, network namespaces
+included.
 
 Modes:
 
-``contend``  until ``--until`` (monotonic): ``with coord.hold(R, fence=[store])`` then a ``put``
-             of the key ``owner``; records ``held`` (epoch, store version). A grant whose reply
-             was lost (OutcomeUnknown) or that found etcd unavailable is retried with the same
-             request_id, as DESIGN §2 prescribes.
+``contend``  until ``--until`` (on the deadline clock): ``with coord.hold(R, fence=[store])``
+             then a ``put`` of the key ``owner``; records ``held`` (epoch, store version). A
+             grant whose reply was lost (OutcomeUnknown) or that found etcd unavailable is
+             retried with the same request_id, as DESIGN §2 prescribes.
 ``hold``     ``with coord.hold(R)``: records ``held``, then every change of ``held.state`` until
              the lease is lost (or ``--seconds`` pass), then ``done``.
 ``acquire``  ``coord.acquire(R, wait=--wait)``: records ``granted`` (epoch) or ``failed``; with
@@ -27,6 +28,9 @@ import uuid
 from typing import Any
 
 import fenced
+from fenced.core.clock import SystemClock
+
+CLOCK = SystemClock()
 
 
 class Recorder:
@@ -34,7 +38,7 @@ class Recorder:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def emit(self, event: str, **fields: Any) -> None:
-        record = {"event": event, "t": time.monotonic(), "pid": os.getpid(), **fields}
+        record = {"event": event, "t": CLOCK.now(), "pid": os.getpid(), **fields}
         os.write(self._fd, (json.dumps(record) + "\n").encode())
 
 
@@ -42,7 +46,7 @@ def contend(args: argparse.Namespace, out: Recorder) -> None:
     coord = fenced.connect(args.url)
     store = fenced.open_store(args.store)
     out.emit("ready")
-    while time.monotonic() < args.until:
+    while CLOCK.now() < args.until:
         request_id = uuid.uuid4().hex
         for _ in range(200):
             try:

@@ -50,7 +50,7 @@ from fenced.coordinator.backends.etcd_keys import (
 )
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
-from fenced.core.clock import ManualClock
+from fenced.core.clock import ManualClock, SystemClock
 from fenced.core.errors import (
     Busy,
     ConfigurationError,
@@ -69,6 +69,9 @@ from fenced.testing.etcd import EtcdCluster, free_ports
 from fenced.testing.proxy import TcpProxy
 
 R = "exports/daily"
+DEADLINE_CLOCK = SystemClock()
+"""The clock of lease deadlines (``Clock.now``): compare deadlines with it, never with
+``time.monotonic()``, which stops while the host is suspended."""
 
 
 def _prefix() -> str:
@@ -218,6 +221,26 @@ def test_a_foreign_value_under_the_prefix_is_a_configuration_error(
 # -- expiry by etcd leases ------------------------------------------------------------------------
 
 
+def test_the_time_left_on_a_pooled_etcd_lease_counts_a_suspended_host(
+    etcd_url: str, opened: Callable[[str], Coordinator]
+) -> None:
+    """etcd kept counting while the host slept: 0.8 s of suspend after the grant, a lease of
+    ttl 2 has at most 1.2 s left, both in ``current`` and in the replay of its request_id (the
+    holder's deadline), where ``time.monotonic()`` would not have seen the 0.8 s."""
+    backend = _etcd(opened(etcd_url))
+    clock = ManualClock(now=time.monotonic())
+    backend._clock = clock  # before the first etcd lease is taken
+    request = GrantRequest(R, 2.0, "7" * 32, "a", request_id="suspended")
+    granted = backend.try_grant(request, None)
+    assert isinstance(granted, Granted) and granted.expires_in > 1.9
+    clock.suspend(0.8)
+    info = backend.current(R)
+    assert info is not None and info.expires_in <= 1.2 + 1e-6
+    replayed = backend.try_grant(request, None)
+    assert isinstance(replayed, Granted) and replayed.epoch == granted.epoch
+    assert replayed.expires_in <= 1.2 + 1e-6
+
+
 def test_expiry_is_decided_by_the_etcd_lease(
     etcd_url: str, opened: Callable[[str], Coordinator]
 ) -> None:
@@ -225,12 +248,12 @@ def test_expiry_is_decided_by_the_etcd_lease(
     its last keep-alive, and renew reports that TTL (the Coordinator caps the deadline at ttl)."""
     coord = opened(etcd_url)
     lease = coord.acquire(R, ttl=0.4, wait=0, safety_margin=0.05)
-    assert lease.deadline - time.monotonic() <= 0.4
+    assert lease.deadline - DEADLINE_CLOCK.now() <= 0.4
     backend = _etcd(coord)
     assert backend.renew(R, lease.epoch, lease.owner, 0.4) >= 1.0
     renewed_at = time.monotonic()
     renewed = coord.renew(lease)
-    assert renewed.deadline <= time.monotonic() + 0.4
+    assert renewed.deadline <= DEADLINE_CLOCK.now() + 0.4
     wait_for(lambda: coord.current(R) is None, timeout=4, what="the etcd lease to expire")
     gone_after = time.monotonic() - renewed_at
     assert 0.9 <= gone_after <= 3.0
@@ -693,7 +716,7 @@ def _contend(url: str, tmp_path: Path, workers: list[Worker], seconds: float) ->
     """Start 8 ``contend`` workers on one resource and a strict store, for ``seconds``."""
     store_url = f"sqlite://{tmp_path}/store.db"
     fenced.open_store(store_url, "strict").close()
-    until = time.monotonic() + seconds
+    until = DEADLINE_CLOCK.now() + seconds
     args = ["--url", url, "--store", store_url, "--ttl", "2", "--until", str(until)]
     for i in range(8):
         workers.append(Worker(tmp_path / f"w{i}.jsonl", "contend", *args))
@@ -708,7 +731,7 @@ def test_kill_9_of_the_leader_while_8_processes_contend(
     wait_for(
         lambda: sum(len(w.events("held")) for w in workers) >= 40, timeout=20, what="contention"
     )
-    killed_at = time.monotonic()
+    killed_at = DEADLINE_CLOCK.now()
     cluster.kill(cluster.leader())
     for worker in workers:
         worker.process.wait(40)
@@ -804,9 +827,9 @@ def test_lost_and_delayed_replies_through_a_tcp_proxy(
         # a delayed reply to a renewal: the local deadline counts from the send time
         lease = proxied.acquire(R, ttl=3, wait=0)
         proxy.delay(0.5)
-        sent = time.monotonic()
+        sent = DEADLINE_CLOCK.now()
         renewed = proxied.renew(lease)
-        assert time.monotonic() - sent >= 0.9  # two requests, each reply 0.5 s late
+        assert DEADLINE_CLOCK.now() - sent >= 0.9  # two requests, each reply 0.5 s late
         assert renewed.deadline <= sent + 3
         proxy.forward()
         # a delayed release from the old owner never affects the newer lease: it reaches etcd
@@ -989,7 +1012,7 @@ def test_a_holder_whose_member_is_cut_off_goes_uncertain_then_lost_and_others_pr
             wait_for(lambda: holder.events("held"), timeout=15, what="the holder")
             epoch = holder.events("held")[0]["epoch"]
             time.sleep(0.3)
-            cut_at = time.monotonic()
+            cut_at = DEADLINE_CLOCK.now()
             lab.cut(cut)
             other_host = lab.hosts[(cut + 1) % 3]
             other = Worker(
@@ -1298,7 +1321,7 @@ def test_a_head_waiter_that_times_out_as_the_lease_is_released_never_blocks_it(
         wait_for(functools.partial(waiter.events, "ready"), timeout=10, what="the waiter")
         wait_for(lambda: _queued(etcd_cluster, prefix) == 1, what="the waiter to queue")
         give_up = waiter.events("ready")[0]["t"] + 0.6
-        time.sleep(max(give_up - time.monotonic() + (i - 4) * 0.004, 0.0))
+        time.sleep(max(give_up - DEADLINE_CLOCK.now() + (i - 4) * 0.004, 0.0))
         assert holder.release(lease)
         assert waiter.process.wait(10) == 0
         outcomes.append("granted" if waiter.events("granted") else "gave up")
@@ -1335,7 +1358,7 @@ def _dead_head_scenario(
     wait_for(lambda: _queued(cluster, prefix) == 2, timeout=10, what="the third to queue")
     wait_for(lambda: held._queue_head(R) is not None, what="the holder's view")
     os.kill(head.process.pid, sig)
-    released_at = time.monotonic()
+    released_at = DEADLINE_CLOCK.now()
     assert holder.release(lease)  # within the head's queue-lease TTL: its key is still first
     wait_for(lambda: third.events("granted"), timeout=15, what="the third waiter")
     granted = third.events("granted")[0]

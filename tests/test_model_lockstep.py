@@ -59,7 +59,7 @@ from fenced.coordinator.backends.etcd import EtcdBackend
 from fenced.coordinator.backends.memory import MemoryBackend
 from fenced.coordinator.backends.sqlite import SQLiteBackend
 from fenced.coordinator.connect import open_backend
-from fenced.core.clock import ManualClock
+from fenced.core.clock import ManualClock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
     FencedError,
@@ -109,7 +109,8 @@ MUST_SEE_IN_REAL_TIME = ("granted", "blocked", "renewed", "advanced", "expired")
 
 @dataclass
 class Span:
-    """When one operation ran (monotonic seconds) and whether it overran into an expiry."""
+    """When one operation ran (seconds on the deadline clock, ``SystemClock.now``) and whether it
+    overran into an expiry."""
 
     began: float = 0.0
     ended: float = 0.0
@@ -168,7 +169,7 @@ class ExactTime:
 
 @dataclass
 class _Window:
-    """Where the expiry of one live lease may fall (monotonic seconds)."""
+    """Where the expiry of one live lease may fall (seconds on the deadline clock)."""
 
     epoch: int
     earliest: float  # the backend ends it no earlier
@@ -188,8 +189,9 @@ class RealTime:
         gone: Callable[[str, int], bool] | None,
     ) -> None:
         self._clock = model_clock
-        self._start = time.monotonic()
-        self._base = model_clock.monotonic()
+        self._real = SystemClock().now  # counts a suspended host, as the servers' clocks do
+        self._start = self._real()
+        self._base = model_clock.now()
         self._overrun = overrun
         self._gone = gone
         self._windows: dict[str, _Window] = {}
@@ -200,14 +202,14 @@ class RealTime:
 
     def begin(self, scope: Iterable[str] | None) -> Span:
         for name, window in self._relevant(scope):
-            if time.monotonic() + BUDGET >= window.earliest:
+            if self._real() + BUDGET >= window.earliest:
                 self._wait_out(name, window)
-        now = time.monotonic()
-        self._clock.advance(max(0.0, self._base + (now - self._start) - self._clock.monotonic()))
+        now = self._real()
+        self._clock.advance(max(0.0, self._base + (now - self._start) - self._clock.now()))
         return Span(began=now)
 
     def end(self, span: Span, scope: Iterable[str] | None) -> None:
-        span.ended = time.monotonic()
+        span.ended = self._real()
         span.ambiguous = any(w.earliest <= span.ended for _, w in self._relevant(scope))
 
     def live(self, resource: str, epoch: int, ttl: float, span: Span, reported: float) -> None:
@@ -231,13 +233,13 @@ class RealTime:
     def _wait_out(self, name: str, window: _Window) -> None:
         """Real time passes (a clock step) until the model's expiry and the backend's are past:
         PostgreSQL's by its server clock (the latest instant is exact), etcd's when seen."""
-        pause = max(window.model, window.latest if self._gone is None else 0.0) - time.monotonic()
+        pause = max(window.model, window.latest if self._gone is None else 0.0) - self._real()
         if pause > 0:
             time.sleep(pause + 0.001)
         if self._gone is not None:
             deadline = window.latest + 5.0
             while not self._gone(name, window.epoch):
-                if time.monotonic() > deadline:
+                if self._real() > deadline:
                     raise AssertionError(f"{name} epoch {window.epoch} still live 5 s past its ttl")
                 time.sleep(0.02)
         del self._windows[name]

@@ -39,11 +39,12 @@ from fenced.coordinator.backends.postgres import (
 )
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
-from fenced.core.clock import ManualClock
+from fenced.core.clock import ManualClock, SystemClock
 from fenced.core.errors import (
     Busy,
     ConfigurationError,
     LeaseLost,
+    OutcomeUnknown,
     StaleToken,
     Unavailable,
 )
@@ -53,11 +54,15 @@ from fenced.core.restore import restore_base
 from fenced.fence.backend import StoreOptions
 from fenced.fence.postgres_conn import Pool, execute, migrate, parse_url
 from fenced.fence.postgres_store import open_postgres_store
+from fenced.runtime.keeper import HeldLease
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.postgres import PgBouncer, PostgresServer
 from fenced.testing.proxy import TcpProxy
 
 R = "exports/daily"
+DEADLINE_CLOCK = SystemClock()
+"""The clock of lease deadlines (``Clock.now``): compare deadlines with it, never with
+``time.monotonic()``, which stops while the host is suspended."""
 
 
 def _schema() -> str:
@@ -112,8 +117,6 @@ class _Worker(threading.Thread):
 
 
 def _options() -> StoreOptions:
-    from fenced.core.clock import SystemClock
-
     return StoreOptions(7 * 24 * 3600.0, 3600.0, 5.0, SystemClock())
 
 
@@ -242,16 +245,16 @@ def test_a_blackholed_holder_goes_uncertain_then_lost_and_the_next_owner_wins(
         ):
             store.put(held.token, "k", b"from the first owner")
             proxy.blackhole()
-            cut_at = time.monotonic()
-            while not held.lost.is_set() and time.monotonic() - cut_at < 5:
-                states.append((time.monotonic(), held.state))
+            cut_at = DEADLINE_CLOCK.now()
+            while not held.lost.is_set() and DEADLINE_CLOCK.now() - cut_at < 5:
+                states.append((DEADLINE_CLOCK.now(), held.state))
                 time.sleep(0.01)
-            lost_at = time.monotonic()
+            lost_at = DEADLINE_CLOCK.now()
             assert held.lost.is_set()
             deadline = held.deadline
             stale = held.token
             new = successor.acquire(R, ttl=5, wait=5)
-            granted_at = time.monotonic()
+            granted_at = DEADLINE_CLOCK.now()
             store.fence(new.token)
             store.put(new.token, "k", b"from the next owner")
             with pytest.raises(StaleToken):
@@ -271,6 +274,123 @@ def test_a_blackholed_holder_goes_uncertain_then_lost_and_the_next_owner_wins(
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_behind_a_blackhole_connecting_never_holds_a_renewal_past_its_budget(
+    open_coord: Callable[[str], Coordinator], postgres_server: PostgresServer
+) -> None:
+    """A renewal's budget is a third of its ttl. Behind a proxy that stops forwarding, the first
+    renewal times out on its connection (sent: OutcomeUnknown); the next has none and must
+    connect, which libpq would let take its ``connect_timeout`` (whole seconds, 5 here): it
+    gives up within its budget instead, with nothing sent (Unavailable)."""
+    schema = _schema()
+    with TcpProxy("127.0.0.1", postgres_server.port) as proxy:
+        coord = open_coord(f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?schema={schema}")
+        lease = coord.acquire(R, ttl=2.0, wait=0)
+        budget = lease.ttl / 3
+        proxy.blackhole()
+        took: list[float] = []
+        errors: list[type[BaseException]] = []
+        for _ in range(2):
+            began = time.monotonic()
+            with pytest.raises((OutcomeUnknown, Unavailable)) as caught:
+                coord.renew(lease)
+            took.append(time.monotonic() - began)
+            errors.append(caught.type)
+        proxy.forward()
+    assert errors == [OutcomeUnknown, Unavailable]
+    assert all(seconds < budget + 0.5 for seconds in took), (budget, took)
+
+
+@pytest.mark.slow
+def test_waiting_for_a_busy_connection_comes_out_of_the_call_budget(
+    open_coord: Callable[[str], Coordinator], postgres_server: PostgresServer
+) -> None:
+    """The only pooled connection is busy for most of a renewal's budget (a third of its ttl),
+    then handed to it just as the network starts blackholing: the renewal ends when its budget,
+    counted from its start, ends — not a whole budget after it got the connection."""
+    schema = _schema()
+    with TcpProxy("127.0.0.1", postgres_server.port) as proxy:
+        coord = open_coord(
+            f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?schema={schema}&pool_size=1"
+        )
+        backend = coord.backend
+        assert isinstance(backend, PostgresBackend)
+        lease = coord.acquire(R, ttl=2.0, wait=0)
+        budget = lease.ttl / 3
+        taken = threading.Event()
+
+        def busy() -> None:
+            with backend._pool.connection(5):
+                taken.set()
+                wait_for(lambda: backend._pool._waiting > 0, what="the renewal to wait")
+                time.sleep(budget * 0.9)  # the fault: the connection stays busy this long
+                proxy.blackhole()
+
+        other = _Worker(busy)
+        other.start()
+        assert taken.wait(10)
+        began = time.monotonic()
+        with pytest.raises((OutcomeUnknown, Unavailable)):
+            coord.renew(lease)
+        took = time.monotonic() - began
+        other.join(10)
+        proxy.forward()
+    assert other.error is None, other.error
+    assert took < budget + 0.3, (budget, took)
+
+
+class _TimedRenewals:
+    """The coordinator as a keeper's LeaseOps, with when each renewal began and ended (on the
+    deadline clock)."""
+
+    def __init__(self, coord: Coordinator, clock: SystemClock) -> None:
+        self.coord = coord
+        self.clock = clock
+        self.began: list[float] = []
+        self.ended: list[float] = []
+
+    def renew(self, lease: Lease) -> Lease:
+        self.began.append(self.clock.now())
+        try:
+            return self.coord.renew(lease)
+        finally:
+            self.ended.append(self.clock.now())
+
+    def release(self, lease: Lease) -> bool:
+        return self.coord.release(lease)
+
+    def report_trouble(self, lease: Lease, error: BaseException) -> None:
+        self.coord.report_trouble(lease, error)
+
+
+@pytest.mark.slow
+def test_behind_a_blackhole_the_keeper_retries_on_schedule_and_no_renewal_outlasts_its_budget(
+    open_coord: Callable[[str], Coordinator], postgres_server: PostgresServer
+) -> None:
+    """The keeper of a ttl 2 lease behind a blackhole: its first renewal times out, the next
+    begins a retry interval later and must connect; each ends within its budget (a third of the
+    ttl), not after libpq's 5 s ``connect_timeout``, and the lease is lost at its deadline."""
+    schema = _schema()
+    clock = DEADLINE_CLOCK
+    with TcpProxy("127.0.0.1", postgres_server.port) as proxy:
+        coord = open_coord(f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?schema={schema}")
+        ops = _TimedRenewals(coord, clock)
+        lease = coord.acquire(R, ttl=2.0, wait=0)
+        budget = lease.ttl / 3
+        held = HeldLease(ops, lease, clock=clock)
+        proxy.blackhole()
+        held.start()
+        try:
+            assert held.lost.wait(10)
+            wait_for(lambda: len(ops.ended) >= 2, timeout=10, what="two renewals to end")
+        finally:
+            proxy.forward()
+            held.stop(release=False)
+    took = [end - begin for begin, end in zip(ops.began, ops.ended, strict=False)]
+    assert all(seconds < budget + 0.5 for seconds in took), (budget, took)
+    assert ops.began[1] - ops.ended[0] < lease.ttl / 10 * 1.1 + 0.3  # a retry interval
+
+
 def test_a_lost_reply_to_an_acquire_is_recovered_by_its_request_id(
     open_coord: Callable[[str], Coordinator],
     postgres_server: PostgresServer,
@@ -674,9 +794,9 @@ def test_a_release_hands_the_resource_to_the_first_waiter(
     b = _Worker(lambda: waiter.acquire(R, ttl=20, wait=20, holder="b"))
     b.start()
     wait_for(lambda: _queued(pg_url) == 1, what="b's place in line to be committed")
-    released = time.monotonic()
+    released = DEADLINE_CLOCK.now()
     assert holder.release(lease)
-    returned = time.monotonic()
+    returned = DEADLINE_CLOCK.now()
     b.join(10)
     assert b.error is None, b.error
     assert b.result.epoch == lease.epoch + 1
@@ -793,7 +913,7 @@ def test_a_stale_or_late_handoff_is_asked_again(pg_url: str) -> None:
     backend = PostgresBackend(pg_url)
     try:
         request = GrantRequest(R, 10.0, "6" * 32, "w")
-        ticket = PostgresTicket(backend, R, 7, request.owner, time.monotonic() - 1.0)
+        ticket = PostgresTicket(backend, R, 7, request.owner, DEADLINE_CLOCK.now() - 1.0)
         ticket._sub = sub = _Subscription(R, 7)
         ticket.seen_epoch = 5
         sub.handoff = (5, 0.5)  # a server answer after the grant already knew epoch 5
@@ -802,10 +922,28 @@ def test_a_stale_or_late_handoff_is_asked_again(pg_url: str) -> None:
         granted = backend._handed_over(ticket, request)
         assert isinstance(granted, Granted) and granted.epoch == 6 and ticket.ended
         assert 9.9 < granted.expires_in <= 10.0
-        late = PostgresTicket(backend, R, 8, request.owner, time.monotonic() - 8.0)
+        late = PostgresTicket(backend, R, 8, request.owner, DEADLINE_CLOCK.now() - 8.0)
         late._sub = _Subscription(R, 8)
         late._sub.handoff = (9, 0.1)  # less than half the ttl left: ask the server
         assert backend._handed_over(late, request) is None and not late.ended
+    finally:
+        backend.close()
+
+
+def test_a_handoff_counts_the_time_a_suspended_host_slept_since_the_send(pg_url: str) -> None:
+    """The server's clock kept counting while the host slept: a lease handed over 8 s of
+    suspend after the waiter's last send has at most 2 s of its 10 s left, so the waiter asks
+    the server instead of believing 10 s (``time.monotonic()`` would not have seen the 8 s)."""
+    backend = PostgresBackend(pg_url)
+    clock = ManualClock(now=time.monotonic())
+    backend._clock = clock
+    try:
+        request = GrantRequest(R, 10.0, "6" * 32, "w")
+        ticket = PostgresTicket(backend, R, 7, request.owner, clock.now())
+        ticket._sub = _Subscription(R, 7)
+        clock.suspend(8.0)
+        ticket._sub.handoff = (8, 0.1)
+        assert backend._handed_over(ticket, request) is None and not ticket.ended
     finally:
         backend.close()
 

@@ -96,7 +96,8 @@ def connect(
 ) -> Coordinator:
     """Connect to the coordinator named by ``url`` (see the module docstring).
 
-    ``clock`` (local monotonic time for deadlines) and ``host_clock`` (the embedded backends'
-    expiry clock) are injectable for tests; leave them unset in production.
+    ``clock`` (the deadline clock (``Clock.now``, CLOCK_BOOTTIME on Linux) of the holders'
+    deadlines) and ``host_clock`` (the embedded backends' expiry clock) are injectable for
+    tests; leave them unset in production.
     """
     return Coordinator(open_backend(resolve_url(url), host_clock=host_clock), clock=clock)

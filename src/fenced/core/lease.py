@@ -43,8 +43,9 @@ class Lease:
     ``owner`` is a 128-bit random secret proving ownership to the coordinator; ``request_id``
     returns this lease to whoever presents it again (a retried acquire), so it is a bearer
     credential too. Both are excluded from ``repr`` and never logged or recorded. ``deadline``
-    is on the local monotonic clock of the process that sent the request; ``expires_in`` is the
-    coordinator's remaining time when it answered (for display only).
+    is on the deadline clock (``Clock.now``, CLOCK_BOOTTIME on Linux) of the process that sent
+    the request; ``expires_in`` is the coordinator's remaining time when it answered (for
+    display only).
     """
 
     token: FencingToken
@@ -90,8 +91,9 @@ class LeaseInfo:
 class LeaseTracker:
     """Thread-safe state machine of one held lease; the runtime feeds it events and times.
 
-    Every method takes the current monotonic time ``now`` from the caller's clock. Once LOST, the
-    tracker stays LOST and remembers the first reason.
+    Every method takes the current time ``now`` on the deadline clock (``Clock.now``,
+    CLOCK_BOOTTIME on Linux) from the caller's clock. Once LOST, the tracker stays LOST and
+    remembers the first reason.
     """
 
     def __init__(self, deadline: float) -> None:
@@ -106,7 +108,7 @@ class LeaseTracker:
             return self._deadline
 
     def state(self, now: float) -> LeaseState:
-        """The state at monotonic time ``now`` (LOST once ``now`` reaches the deadline)."""
+        """The state at ``now`` on the deadline clock (LOST once ``now`` reaches the deadline)."""
         with self._lock:
             return self._state_locked(now)
 

@@ -1,9 +1,9 @@
 """Validation of safety settings. Pure. Bad settings fail at the call with ConfigurationError.
 
 There is no "never expires": every lease has a finite, positive ``ttl``. The local deadline of a
-lease is ``monotonic time when the request was sent + ttl - safety_margin``; the default margin is
-10 % of the ttl and must stay below the ttl. ``wait`` is ``None`` (forever) or a finite number of
-seconds ≥ 0 (0 tries once).
+lease is ``time when the request was sent + ttl - safety_margin``, on the deadline clock
+(``Clock.now``, CLOCK_BOOTTIME on Linux); the default margin is 10 % of the ttl and must stay
+below the ttl. ``wait`` is ``None`` (forever) or a finite number of seconds ≥ 0 (0 tries once).
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ class LeasePolicy:
         return self.ttl / 3
 
     def deadline(self, sent_at: float) -> float:
-        """Local deadline for a request sent at monotonic time ``sent_at``."""
+        """Local deadline for a request sent at ``sent_at`` on the deadline clock (``Clock.now``,
+        CLOCK_BOOTTIME on Linux)."""
         return sent_at + self.ttl - self.safety_margin
 
 

@@ -163,7 +163,7 @@ class Leadership:
 
     @property
     def deadline(self) -> float:
-        """The local monotonic deadline of the term."""
+        """The local deadline of the term, on the deadline clock (``Clock.now``)."""
         return self._held.deadline
 
     @property

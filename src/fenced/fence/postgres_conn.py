@@ -8,8 +8,9 @@
   alone would report any failure to connect as the same ``PoolTimeout`` after the whole wait,
   :class:`Pool` tells "all connections busy" from "cannot connect" and, for the latter, tries a
   direct connection whose error is translated (wrong password versus server restarting) or
-  which, if it connects, serves the operation. Nothing is ever sent twice: once a statement has
-  gone out, failures are reported, never retried here.
+  which, if it connects, serves the operation — never waiting past the caller's budget, although
+  libpq's ``connect_timeout`` counts whole seconds. Nothing is ever sent twice: once a statement
+  has gone out, failures are reported, never retried here.
 * :class:`Deadlines` — one watchdog thread per process that shuts down the socket of an
   operation that outlived its deadline (a blackholed network, a hung server): the blocked call
   then fails instead of hanging forever.
@@ -409,6 +410,61 @@ _SPARES = 4
 """Idle connections a :class:`Pool` keeps at hand instead of returning them to psycopg_pool."""
 
 
+class _Attempt:
+    """One direct connection attempt, in a daemon thread of its own, that callers wait for with
+    deadlines of their own (see :meth:`Pool._connect_within`).
+
+    libpq's ``connect_timeout`` counts whole seconds, at least 2, and psycopg's ``connect`` has
+    no shorter bound: a connect to a blackholed server would hold a caller for that long,
+    whatever the caller's own budget. The attempt itself still ends by ``connect_timeout``.
+    """
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[tuple[Any, ...]]]) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0
+        self.done = False
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._error: BaseException | None = None
+        threading.Thread(
+            target=self._run, args=(connect,), name="fenced-pg-connect", daemon=True
+        ).start()
+
+    def _run(self, connect: Callable[[], psycopg.Connection[tuple[Any, ...]]]) -> None:
+        conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        error: BaseException | None = None
+        try:
+            conn = connect()
+        except BaseException as caught:  # raised to every caller that waits
+            error = caught
+        with self._cond:
+            self.done = True
+            self._error = error
+            if self._waiting:
+                self._conn, conn = conn, None
+            self._cond.notify_all()
+        if conn is not None:  # every caller gave up before it connected: nobody will use it
+            _close_quietly(conn)
+
+    def take(self, timeout: float) -> psycopg.Connection[tuple[Any, ...]] | None:
+        """The connection if the attempt connected within ``timeout`` seconds and no other
+        caller took it first, else None; raises the attempt's error if it failed."""
+        give_up = time.monotonic() + timeout
+        with self._cond:
+            self._waiting += 1
+            try:
+                while not self.done:
+                    left = give_up - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self._cond.wait(left)
+            finally:
+                self._waiting -= 1
+            if self._error is not None:
+                raise self._error
+            conn, self._conn = self._conn, None
+            return conn
+
+
 class Pool:
     """Autocommit connections to one server, at most ``size`` lent at once; thread-safe;
     fork-aware. A :class:`psycopg_pool.ConnectionPool` plus fenced's errors.
@@ -428,8 +484,11 @@ class Pool:
     the pool, until the budget is spent, then :class:`Unavailable`; any other failure (a wrong
     password, a missing database: :class:`ConfigurationError`) is reported at once. With all
     ``size`` connections lent it only waits, then :class:`Unavailable` (raise ``?pool_size=``).
-    Nothing is ever sent twice: once a statement has gone out, failures are reported, never
-    retried here.
+    No caller waits for a connect past its budget: libpq's ``connect_timeout`` counts whole
+    seconds (at least 2), so the direct connection is made in a thread of its own, one attempt
+    at a time shared by the callers that need one (see :meth:`_connect_within`); a caller whose
+    budget ends first gets :class:`Unavailable`, nothing sent. Nothing is ever sent twice: once a
+    statement has gone out, failures are reported, never retried here.
 
     ``prepare``: run the hot statements (:class:`Statement`, the coordinator's direct ones) as
     prepared statements named after their text (on by default). A transaction-pooling PgBouncer
@@ -466,18 +525,24 @@ class Pool:
         # waits for the pool (_waiting), which would otherwise wait for them in vain.
         self._spare: list[psycopg.Connection[tuple[Any, ...]]] = []
         self._waiting = 0
+        self._attempt: _Attempt | None = None  # the direct connection attempt in flight
         self._pid = os.getpid()
         self._closed = False
 
-    def _live(self) -> ConnectionPool[psycopg.Connection[tuple[Any, ...]]]:
-        """This process's psycopg pool, opened on first use."""
-        if self._pid != os.getpid():  # never use or close connections of the parent
+    def _forget_parent(self) -> None:
+        """In a forked child: drop the parent's pool, spares, lock and connect attempt (its
+        connections are never used or closed here; its threads do not exist here)."""
+        if self._pid != os.getpid():
             if self._inner is not None:
                 _inherited.append(self._inner)
             _inherited.extend(self._spare)
             self._lock = threading.Lock()
             self._inner, self._lent, self._pid = None, 0, os.getpid()
-            self._spare, self._waiting = [], 0
+            self._spare, self._waiting, self._attempt = [], 0, None
+
+    def _live(self) -> ConnectionPool[psycopg.Connection[tuple[Any, ...]]]:
+        """This process's psycopg pool, opened on first use."""
+        self._forget_parent()
         with self._lock:
             if self._closed:
                 raise ConfigurationError(f"the connection pool of {self.display} is closed")
@@ -504,18 +569,49 @@ class Pool:
             raise psycopg.OperationalError("the idle connection was closed by the server")
 
     def open_connection(self, budget: float) -> psycopg.Connection[tuple[Any, ...]]:
-        """A new connection outside the pool, retrying refused/starting-up connects until
-        ``budget`` is spent; a failure is translated (:func:`translate`)."""
+        """A new connection outside the pool within ``budget`` seconds, retrying
+        refused/starting-up connects until it is spent; a failure is translated
+        (:func:`translate`), no connection within ``budget`` is :class:`Unavailable`."""
         deadline = time.monotonic() + budget
         delay = 0.02
         while True:
             try:
-                return self._connect()
+                conn = self._connect_within(deadline)
             except psycopg.Error as error:
                 if not _transient(error) or time.monotonic() + delay >= deadline:
                     raise translate(error, "connecting", sent=False, where=self.display) from error
+            else:
+                if conn is None:
+                    raise self._no_connection(budget)
+                return conn
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
+
+    def _connect_within(self, deadline: float) -> psycopg.Connection[tuple[Any, ...]] | None:
+        """A new connection by ``deadline`` (``time.monotonic()``), or None: a caller never
+        waits for a connect past its own deadline (see :class:`_Attempt`).
+
+        At most one attempt of this pool is in flight; every caller that needs a connection
+        meanwhile waits for it, the first to ask once it connected takes it (the others start
+        the next attempt), and its failure (psycopg's error) is raised to each of them. An
+        attempt that connects after all its callers gave up is closed.
+        """
+        self._forget_parent()
+        while (left := deadline - time.monotonic()) > 0:
+            with self._lock:
+                attempt = self._attempt
+                if attempt is None or attempt.done:
+                    attempt = self._attempt = _Attempt(self._connect)
+            conn = attempt.take(left)
+            if conn is not None:
+                return conn
+        return None
+
+    def _no_connection(self, budget: float) -> Unavailable:
+        return Unavailable(
+            f"connecting ({self.display}): no connection within {budget:g}s; nothing was "
+            "changed, retry"
+        )
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         conn: psycopg.Connection[tuple[Any, ...]] = psycopg.Connection.connect(
@@ -613,11 +709,15 @@ class Pool:
                 wait = remaining
                 continue
             try:
-                return self._connect(), False
+                conn = self._connect_within(deadline)
             except psycopg.Error as error:
                 remaining = deadline - time.monotonic()
                 if not _transient(error) or remaining <= 0:
                     raise translate(error, "connecting", sent=False, where=self.display) from error
+            else:
+                if conn is None:
+                    raise self._no_connection(budget)
+                return conn, False
             wait = min(remaining, wait * 2, 0.5)
 
     @property

@@ -51,8 +51,10 @@ Guarantees
   resources, so they never conflict. A record's ``seq`` is derived from the etcd revision that
   wrote it (commit order across all resources). An expiry is noticed by the next grant,
   :meth:`records` or :meth:`watch` of the resource and dated when it was noticed (etcd does not
-  say when a lease expired). Each resource's oldest records are pruned beyond
-  :data:`RECORDS_KEPT`.
+  say when a lease expired). A record's ``at`` is the writing client's wall clock
+  (``time.time()``: etcd has no server time to stamp with, and this backend takes no injected
+  clock), so records written by different hosts are ordered by ``seq``, not by ``at``. Each
+  resource's oldest records are pruned beyond :data:`RECORDS_KEPT`.
 - **request_id**: ``P/req/ID`` is written in the grant's transaction and compared absent by
   every grant with that id, so a retry after a lost reply finds the earlier grant (also from
   another client), for :data:`REQUEST_RETENTION` seconds.
@@ -176,6 +178,7 @@ from fenced.coordinator.backends.etcd_keys import (
     stamped,
 )
 from fenced.coordinator.backends.etcd_queue import EtcdTicket, QueueView
+from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
     LeaseLost,
@@ -451,7 +454,7 @@ class _PooledLease:
     id: int
     want: int  # the TTL asked for (ceil of the fenced ttl)
     ttl: int  # the TTL etcd granted
-    expires: float  # monotonic: send time of the last successful grant/keep-alive + ttl
+    expires: float  # deadline clock: send time of the last successful grant/keep-alive + ttl
     grant: tuple[str, int, str] | None = None  # (resource, epoch, owner) while it carries one
     lease_rev: int = 0  # mod revision of the lease key it carries
     holder: str = ""  # the holder label of that grant
@@ -494,6 +497,7 @@ class EtcdBackend:
         self._transport = transport(
             settings.endpoints, timeout=settings.timeout, connect_timeout=settings.connect_timeout
         )
+        self._clock: Clock = SystemClock()  # of the pooled leases' times: counts a suspended host
         self._lock = threading.Lock()
         # one lock per resource while in use (see _grant_lock); dropped with its last user
         self._grant_locks: weakref.WeakValueDictionary[str, threading.Lock] = (
@@ -590,7 +594,7 @@ class EtcdBackend:
 
     # -- etcd leases --------------------------------------------------------------------------
     def _grant_lease(self, want: int) -> _PooledLease:
-        sent = time.monotonic()
+        sent = self._clock.now()
         try:
             reply = self._call("lease/grant", {"TTL": str(want)}, mutating=True, what="lease grant")
         except OutcomeUnknown as error:  # at worst an etcd lease nobody uses: it expires
@@ -605,7 +609,7 @@ class EtcdBackend:
 
     def _keepalive(self, lease_id: int) -> tuple[int, float]:
         """Keep ``lease_id`` alive: ``(TTL etcd granted (0: gone), send time)``."""
-        sent = time.monotonic()
+        sent = self._clock.now()
         reply = self._call(
             "lease/keepalive", {"ID": str(lease_id)}, mutating=False, what="lease keep-alive"
         )
@@ -613,7 +617,7 @@ class EtcdBackend:
 
     def _take_lease(self, ttl: float) -> _PooledLease:
         want = max(1, math.ceil(ttl))
-        now = time.monotonic()
+        now = self._clock.now()
         stale: list[_PooledLease] = []
         with self._lock:
             best: _PooledLease | None = None
@@ -642,7 +646,7 @@ class EtcdBackend:
             pooled.lease_rev = 0
             pooled.holder = ""
             pooled.in_use = False
-            pooled.idle_since = time.monotonic()
+            pooled.idle_since = self._clock.now()
 
     def _drop(self, pooled: _PooledLease) -> None:
         with self._lock:
@@ -682,7 +686,7 @@ class EtcdBackend:
     def _queue_lease_id(self) -> int:
         with self._lock:
             current = self._queue_lease
-        if current is not None and current.expires - time.monotonic() > 0.2:
+        if current is not None and current.expires - self._clock.now() > 0.2:
             return current.id
         fresh = self._grant_lease(QUEUE_TTL)
         with self._lock:
@@ -693,7 +697,7 @@ class EtcdBackend:
     def _retention_lease_id(self) -> int:
         with self._lock:
             current = self._retention
-        if current is not None and time.monotonic() - current.refreshed < _RETENTION_ROTATE:
+        if current is not None and self._clock.now() - current.refreshed < _RETENTION_ROTATE:
             return current.id
         fresh = self._grant_lease(REQUEST_RETENTION + int(_RETENTION_ROTATE))
         with self._lock:
@@ -717,7 +721,7 @@ class EtcdBackend:
         with self._lock:
             pooled = self._leases.get(kv.lease)
             if pooled is not None and not pooled.tainted:
-                return max(min(ttl, pooled.expires - time.monotonic()), 0.0)
+                return max(min(ttl, pooled.expires - self._clock.now()), 0.0)
         try:
             reply = self._call(
                 "lease/timetolive", {"ID": str(kv.lease)}, mutating=False, what="lease ttl"
@@ -737,7 +741,7 @@ class EtcdBackend:
             with self._lock:
                 if self._closed:
                     return
-                now = time.monotonic()
+                now = self._clock.now()  # the pooled leases' clock
                 due: list[_PooledLease] = []
                 revoke: list[_PooledLease] = []
                 for pooled in list(self._leases.values()):
@@ -764,7 +768,7 @@ class EtcdBackend:
                 idle = [
                     name
                     for name, view in self._views.items()
-                    if view.broken or now - view.used > _VIEW_IDLE
+                    if view.broken or time.monotonic() - view.used > _VIEW_IDLE
                 ]
                 stopped = [self._views.pop(name) for name in idle]
                 for name in idle:
@@ -967,7 +971,7 @@ class EtcdBackend:
         if pooled is None or pooled.tainted:
             return None
         with self._grant_lock(name):
-            if pooled.expires - time.monotonic() < pooled.ttl * 0.5:
+            if pooled.expires - self._clock.now() < pooled.ttl * 0.5:
                 granted, sent = self._keepalive(pooled.id)
                 if granted <= 0:
                     self._drop(pooled)
@@ -984,7 +988,7 @@ class EtcdBackend:
                     # the grant's transaction wrote the state too, at the same revision
                     state = ResourceState(lease.epoch, "held", lease.holder, lease.n)
                     self._res[name] = (kv.mod_revision, state)
-                expires_in = min(lease.ttl, pooled.expires - time.monotonic())
+                expires_in = min(lease.ttl, pooled.expires - self._clock.now())
         self._retire(ticket)
         return Granted(lease.epoch, lease.owner, lease.holder, lease.ttl, expires_in)
 
@@ -1093,7 +1097,7 @@ class EtcdBackend:
                 pooled.lease_rev = revision
                 pooled.holder = request.holder
                 pooled.reserved = False
-                expires_in = min(request.ttl, pooled.expires - time.monotonic())
+                expires_in = min(request.ttl, pooled.expires - self._clock.now())
             if ticket is not None:
                 self._retire(ticket)
             self._granted_again(name)

@@ -5,7 +5,7 @@ Guarantees
 - **Expiry by the server's clock.** Every decision reads ``clock_timestamp()`` on the server; the
   client never sends a time. (PostgreSQL has no monotonic clock in SQL: a step of the *server's*
   wall clock moves every expiry with it — run the server with a slewing NTP daemon. Holders are
-  still safe: their local deadlines are monotonic and stores reject stale tokens.)
+  still safe: their local deadlines are on the deadline clock and stores reject stale tokens.)
 - **Epochs never repeat, and are durable before acquire returns.** A grant is one transaction
   that locks the resource's row, increments its epoch and commits with ``synchronous_commit`` on
   (raised for the transaction even if the server or role has it off). ``advance`` raises a
@@ -54,9 +54,10 @@ Guarantees
   :data:`RECHECK` seconds.
 - **Records** (granted, released, expired, proclaimed, restored, holder reports) are written in
   the same transaction as the change, under the resource's row lock: the records of one resource
-  are in commit order. Across resources, ``records(None, after)`` holds back records that follow
-  a gap in ``seq`` younger than :data:`GAP_SETTLE` seconds (a concurrent transaction may still
-  commit the missing one).
+  are in commit order. A record's ``at`` is the server's ``clock_timestamp()``, never a client's
+  clock (so this backend takes no injected clock). Across resources, ``records(None, after)``
+  holds back records that follow a gap in ``seq`` younger than :data:`GAP_SETTLE` seconds (a
+  concurrent transaction may still commit the missing one).
 
 Race timeline (release → handoff)::
 
@@ -119,6 +120,7 @@ from fenced.coordinator.backend import (
     owned_ticket,
 )
 from fenced.coordinator.backends import postgres_schema
+from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
     FencedError,
@@ -636,8 +638,9 @@ class PostgresTicket:
 
     Used by one thread at a time. It ends when granted or left; :meth:`PostgresBackend.wait` on
     an ended ticket returns at once. ``sent_at`` is when the last request that kept the row
-    alive was sent (``time.monotonic``), ``seen_epoch`` the largest epoch a blocked answer
-    reported: a grant handed over by a releaser is newer than that, and came after that send.
+    alive was sent (on the deadline clock, ``Clock.now``), ``seen_epoch`` the largest epoch a
+    blocked answer reported: a grant handed over by a releaser is newer than that, and came
+    after that send.
     """
 
     __slots__ = (
@@ -687,6 +690,7 @@ class PostgresBackend:
         self.capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
         self._op_timeout = parsed.option_float("timeout", DEFAULT_OP_TIMEOUT, minimum=0.01)
         self._connect_budget = min(parsed.connect_timeout, self._op_timeout)
+        self._clock: Clock = SystemClock()  # the deadline clock: counts a suspended host
         self._pool = Pool(
             parsed.conninfo,
             display=parsed.display,
@@ -833,19 +837,23 @@ class PostgresBackend:
         budget: float,
         connect_budget: float,
     ) -> list[tuple[Any, ...]]:
+        """One attempt within ``budget`` seconds: a connection (waiting at most
+        ``connect_budget`` for it), then the statement with the time left, so that connecting
+        never makes the call outlast its budget."""
+        deadline = time.monotonic() + budget
         wait = min(connect_budget, budget)
         if self._pool.size > 1 and self._kept_lock.acquire(blocking=False):
             try:
                 conn = self._kept_connection(wait)
                 try:
-                    return self._run(conn, doing, name, params, mutation, budget)
+                    return self._run(conn, doing, name, params, mutation, budget, deadline)
                 except BaseException:
                     self._drop_kept()  # closed unless it is idle, else back to the pool
                     raise
             finally:
                 self._kept_lock.release()
         with self._pool.connection(wait) as conn:
-            return self._run(conn, doing, name, params, mutation, budget)
+            return self._run(conn, doing, name, params, mutation, budget, deadline)
 
     def _run(
         self,
@@ -855,8 +863,10 @@ class PostgresBackend:
         params: Sequence[object],
         mutation: bool,
         budget: float,
+        deadline: float,
     ) -> list[tuple[Any, ...]]:
-        with guarded(conn, budget) as fired:
+        """The statement on ``conn``, cut at ``deadline`` (the end of the call's ``budget``)."""
+        with guarded(conn, _left(doing, self.url, deadline, budget)) as fired:
             try:
                 direct = self._direct.get(name)
                 if direct is not None:
@@ -972,7 +982,7 @@ class PostgresBackend:
             listen_key=None if fast else self._handoff_key(request),
             prune=prune,
         )
-        sent = time.monotonic()
+        sent = self._clock.now()
         rows = self._call(
             f"acquiring {request.resource}",
             name,
@@ -1023,7 +1033,7 @@ class PostgresBackend:
         epoch, since_keep = handoff
         if epoch <= mine.seen_epoch or request.owner != mine.owner:
             return None  # stale: a later answer of the server already knew a newer epoch
-        elapsed = time.monotonic() - mine.sent_at
+        elapsed = self._clock.now() - mine.sent_at
         left = request.ttl - elapsed + min(since_keep, elapsed)
         if left < request.ttl / 2:
             return None
@@ -1243,7 +1253,7 @@ class PostgresBackend:
         """Take a place at the end of ``request.resource``'s queue (and start listening)."""
         listener = self._listener()
         listener.start(_PROBE_TIMEOUT + 1)
-        sent = time.monotonic()
+        sent = self._clock.now()
         rows = self._call(
             f"queueing for {request.resource}",
             "enqueue",
@@ -1354,6 +1364,15 @@ class PostgresBackend:
 
 def _dumps(value: object) -> str:
     return json.dumps(value, default=str, separators=(",", ":"))
+
+
+def _left(doing: str, url: str, deadline: float, budget: float) -> float:
+    """Seconds left before ``deadline`` (``time.monotonic()``) for the statement, once
+    connected; :class:`Unavailable` (nothing was sent) if connecting took them all."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Unavailable(f"{doing} ({url}): no connection within {budget:g}s; nothing was changed")
+    return left
 
 
 def _timed_out(doing: str, url: str, budget: float, *, sent: bool) -> FencedError:

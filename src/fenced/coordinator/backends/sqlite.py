@@ -456,7 +456,8 @@ class SQLiteBackend:
 
     Creates the parent directory (``0700``) and the database (``0600``, or ``0660`` in a
     deliberately shared directory) if missing: see :mod:`.sqlite_files`. ``host_clock``
-    (default: the kernel's CLOCK_BOOTTIME and boot id) decides every expiry; tests inject a
+    (default: the kernel's CLOCK_BOOTTIME and boot id) decides every expiry, and its ``wall()``
+    dates every record and measures the record and request_id retention; tests inject a
     :class:`~fenced.core.clock.ManualClock`. ``coordinator_id_for_new`` is used only when the
     database is initialised here (restores, tests). ``marker=False`` opens a transient copy (a
     restore's staging file) without leaving the marker beside it. Raises
@@ -812,7 +813,9 @@ class SQLiteBackend:
         its row. Unless ``durable`` (the transaction is fsynced), only an epoch reserved in
         this boot. None if not granted: the epoch is not reserved, or ``head`` is not first in
         line any more (or the resource was taken meanwhile)."""
-        _, params = self._params(name=resource, head=head.row_id, wall=self._clock.wall(), durable=durable)
+        _, params = self._params(
+            name=resource, head=head.row_id, wall=self._clock.wall(), durable=durable
+        )
         row = conn.execute(_HAND_OFF, params).fetchone()
         if row is None:
             return None
@@ -890,7 +893,9 @@ class SQLiteBackend:
             row = conn.execute(_PROCLAIM, params).fetchone()
             if row is not None:
                 detail = json.dumps({"value": value})
-                conn.execute(_RECORD, (self._clock.wall(), "proclaimed", resource, epoch, row[0], detail))
+                conn.execute(
+                    _RECORD, (self._clock.wall(), "proclaimed", resource, epoch, row[0], detail)
+                )
         if row is None:
             raise LeaseLost(
                 LossReason.REJECTED,
@@ -1003,7 +1008,8 @@ class SQLiteBackend:
     ) -> None:
         """Append a record reported by a holder (renewal failure, loss). Not fsynced."""
         self._settle(resource)  # a pending release of this lease comes first
-        row = (self._clock.wall(), kind.value, resource, epoch, holder, json.dumps(detail, default=str))
+        recorded = json.dumps(detail, default=str)
+        row = (self._clock.wall(), kind.value, resource, epoch, holder, recorded)
         with self._db.transaction(f"recording {kind.value} of {resource}", durable=False) as conn:
             conn.execute(_RECORD, row)
         self._wake_watchers(resource)
