@@ -814,16 +814,36 @@ def test_lost_and_delayed_replies_through_a_tcp_proxy(
     direct = opened(etcd_cluster.url(prefix=prefix))
     with TcpProxy("127.0.0.1", member.client_port) as proxy:
         proxied = opened(f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}&timeout=1")
-        # a lost grant reply: OutcomeUnknown, and the retry with the request_id finds the grant
-        warm = proxied.acquire("exports/warm", ttl=5, wait=0, request_id="warm")  # etcd leases
-        assert proxied.release(warm)
-        proxy.lose_replies()
-        with pytest.raises(OutcomeUnknown):
-            proxied.acquire(R, ttl=5, wait=0, request_id="lost-1")
+        # the client's own deadline (20 s) never ends a request first: only the proxy does
+        patient = opened(f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}&timeout=20")
+        # a lost grant reply: OutcomeUnknown, and the retry with the request_id finds the grant.
+        # The warm-up leaves an idle etcd lease of ttl 5 in the pool and the request_id
+        # retention lease, so the grant's transaction is the acquire's only request. Its reply
+        # is held until etcd shows the grant, then lost with the connection. (lose_replies would
+        # cut at the first byte back: an HTTP/2 frame etcd sends as the request arrives, after
+        # which etcd may cancel the request and grant nothing, or grant after the read below.)
+        warm = patient.acquire("exports/warm", ttl=5, wait=0, request_id="warm")
+        assert patient.release(warm)
+        proxy.hold_replies()
+        attempts: list[object] = []
+        granting = threading.Thread(
+            target=lambda: attempts.append(
+                _attempt(lambda: patient.acquire(R, ttl=5, wait=0, request_id="lost-1"))
+            )
+        )
+        granting.start()
+        wait_for(lambda: direct.last_epoch(R) == 1, timeout=10, what="the grant at etcd")
+        assert granting.is_alive() and not attempts  # its reply has not come back
+        proxy.cut()
+        granting.join(10)
+        assert len(attempts) == 1 and isinstance(attempts[0], OutcomeUnknown), attempts
         proxy.forward()
-        assert direct.current(R) is not None and direct.last_epoch(R) == 1
-        lease = proxied.acquire(R, ttl=5, wait=0, request_id="lost-1")
-        assert lease.epoch == 1 and proxied.release(lease)
+        info = direct.current(R)
+        assert info is not None and info.epoch == 1
+        lease = patient.acquire(R, ttl=5, wait=0, request_id="lost-1")
+        assert lease.epoch == 1
+        assert direct.last_epoch(R) == 1  # the retry found the grant: no second epoch
+        assert patient.release(lease)
         # a delayed reply to a renewal: the local deadline counts from the send time
         lease = proxied.acquire(R, ttl=3, wait=0)
         proxy.delay(0.5)
@@ -834,7 +854,6 @@ def test_lost_and_delayed_replies_through_a_tcp_proxy(
         proxy.forward()
         # a delayed release from the old owner never affects the newer lease: it reaches etcd
         # after the newer grant, and its client (timeout 20 s) is still there to hear the answer
-        patient = opened(f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}&timeout=20")
         short = patient.acquire("exports/other", ttl=1, wait=0)
         proxy.blackhole()
         outcome: list[object] = []

@@ -36,6 +36,7 @@ from fenced.fence.postgres_store import PostgresStore, open_postgres_store
 from fenced.fence.values import Mode
 from fenced.testing.conformance import wait_for
 from fenced.testing.postgres import PostgresServer
+from fenced.testing.proxy import TcpProxy
 from fenced.testing.store_conformance import (
     FencingConformance,
     KeysConformance,
@@ -168,6 +169,52 @@ def test_a_speculative_write_without_a_reply_in_time_is_outcome_unknown(store_ur
     wait_for(applied, 30, "the server to apply the write whose reply was cut")
     assert store.put(token(1), "k", b"w").version == 4
     store.close()
+
+
+@pytest.mark.parametrize("call", ["get", "put"])
+def test_waiting_for_a_connection_comes_out_of_a_store_calls_timeout(
+    postgres_server: PostgresServer, call: str
+) -> None:
+    """The only pooled connection is busy for most of a call's ``?timeout=``, then handed to it
+    just as the network starts blackholing: the call ends when its timeout, counted from its
+    start, ends — not a whole timeout after it got the connection."""
+    timeout = 1.0
+    with TcpProxy("127.0.0.1", postgres_server.port) as proxy:
+        url = (
+            f"postgresql://{postgres_server.user}@127.0.0.1:{proxy.port}/postgres"
+            f"?schema=s_{uuid.uuid4().hex[:12]}&pool_size=1&timeout={timeout:g}"
+        )
+        store = open_postgres_store(url, "monotonic", _options())
+        store.put(token(1), "k", b"v")
+        pool = store._backend._pool
+        taken = threading.Event()
+        failures: list[BaseException] = []
+
+        def busy() -> None:
+            try:
+                with pool.connection(5):
+                    taken.set()
+                    wait_for(lambda: pool._waiting > 0, 30, "the call to wait for the pool")
+                    time.sleep(timeout * 0.9)  # the fault: the connection stays busy this long
+                    proxy.blackhole()
+            except BaseException as error:
+                failures.append(error)
+
+        other = threading.Thread(target=busy)
+        other.start()
+        assert taken.wait(10)
+        began = time.monotonic()
+        with pytest.raises((OutcomeUnknown, Unavailable)):
+            if call == "get":
+                store.get(token(1).resource, "k")
+            else:
+                store.put(token(1), "k", b"w")
+        took = time.monotonic() - began
+        other.join(10)
+        proxy.forward()
+        store.close()
+    assert failures == [] and not other.is_alive()
+    assert took < timeout + 0.3, (timeout, took)
 
 
 def test_concurrent_writers_of_one_domain_serialise(store: PostgresStore) -> None:

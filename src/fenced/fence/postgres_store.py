@@ -42,9 +42,9 @@ for the other stores. What this backend guarantees:
 * **Schema**: tables ``store_*`` in the URL's schema (default ``fenced``, ``?schema=``), versioned
   in ``store_meta`` (``format``, ``schema_version``, ``mode``) and migrated automatically.
 
-URL query parameters: ``schema``, ``pool_size``, ``timeout`` (seconds an operation may wait for a
-reply, default 10), ``prepare`` (``off``: no server-side prepared statements) — see
-docs/postgres.md.
+URL query parameters: ``schema``, ``pool_size``, ``timeout`` (seconds an operation may take, its
+wait for a connection included: its statements get only the time left once it is connected;
+default 10), ``prepare`` (``off``: no server-side prepared statements) — see docs/postgres.md.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ import contextlib
 import json
 import math
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str  # json.dumps's, for str
@@ -613,8 +614,29 @@ class PostgresBackend:
                     del self._known[next(iter(self._known))]
                 self._known[resource] = known
 
+    def _deadline(self) -> float:
+        """When an operation that starts now must end (``time.monotonic()``): ``?timeout=``
+        counts from the start of the call, waiting for a connection included."""
+        return time.monotonic() + self._timeout
+
+    def _left(self, doing: str, deadline: float) -> float:
+        """Seconds left before ``deadline`` for the statements, once connected: connecting
+        never makes a call outlast its timeout. :class:`Unavailable` (nothing was sent) if
+        getting the connection took them all."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Unavailable(
+                f"{doing} ({self._where}): no connection within {self._timeout:g}s; nothing "
+                "was changed, retry"
+            )
+        return left
+
     def _read(self, doing: str, query: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
-        with self._pool.connection(self._connect_budget) as conn, guarded(conn, self._timeout):
+        deadline = self._deadline()
+        with (
+            self._pool.connection(self._connect_budget) as conn,
+            guarded(conn, self._left(doing, deadline)),
+        ):
             try:
                 return execute(self._pool, conn, self._sql(query), params)
             except psycopg.Error as error:
@@ -639,9 +661,11 @@ class PostgresBackend:
             known = self._known.get(resource) if hint.speculate else None
         if hint.speculate and known is None:
             raise _SpeculationFailed(resource)
+        deadline = self._deadline()
         with self._pool.connection(self._connect_budget) as conn:
+            left = self._left(f"writing {resource!r}", deadline)
             watchdog = deadlines()  # as guarded(), without one more generator per call
-            armed_key, armed = watchdog.arm(conn.fileno(), self._timeout)
+            armed_key, armed = watchdog.arm(conn.fileno(), left)
             tx = _PgTransaction(self, conn, resource, hint.key, hint.pointer, known)
             try:
                 try:
@@ -708,9 +732,10 @@ class PostgresBackend:
         records become visible in ``seq`` order) and changes nothing but the records.
         """
         doing = f"recording a rejection on {record.resource!r}"
+        deadline = self._deadline()
         with (
             self._pool.connection(self._connect_budget) as conn,
-            guarded(conn, self._timeout) as fired,
+            guarded(conn, self._left(doing, deadline)) as fired,
         ):
             cur: psycopg.ClientCursor[tuple[Any, ...]] = psycopg.ClientCursor(conn)
             try:
@@ -786,9 +811,10 @@ class PostgresBackend:
         return None if not rows else _publication(resource, name, rows[0])
 
     def open_current(self, resource: str, name: str) -> tuple[Publication, BinaryIO] | None:
+        deadline = self._deadline()
         conn = self._pool.open_connection(self._connect_budget)
         try:
-            with guarded(conn, self._timeout):
+            with guarded(conn, self._left(f"reading {resource!r}", deadline)):
                 conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 rows = conn.execute(self._sql(_POINTER), (resource, name), prepare=False).fetchall()
                 if not rows:
@@ -820,7 +846,8 @@ class PostgresBackend:
     def stage(self, resource: str, object_id: str, chunks: Iterable[bytes], now: float) -> None:
         """Write the object's chunks and its row in one transaction (streamed with COPY).
 
-        Each chunk must reach the server within the operation timeout (a rolling deadline).
+        Each chunk must reach the server within the operation timeout (a rolling deadline;
+        the first one's counts from the start of the call, waiting for a connection included).
         Any failure rolls the whole object back: nothing was published, retry
         (:class:`~fenced.Unavailable`, even if the commit's reply was lost: an object that no
         pointer references is only garbage for gc).
@@ -829,9 +856,10 @@ class PostgresBackend:
         copy_sql = self._sql(
             "COPY {s}.store_chunks (object_id, seq, data) FROM STDIN (FORMAT BINARY)"
         )
+        deadline = self._deadline()
         with self._pool.connection(self._connect_budget) as conn:
             watchdog = deadlines()
-            key, armed = watchdog.arm(conn.fileno(), self._timeout)
+            key, armed = watchdog.arm(conn.fileno(), self._left(doing, deadline))
             try:
                 count = size = 0
                 with conn.transaction(), conn.cursor() as cur:
@@ -865,10 +893,11 @@ class PostgresBackend:
                 watchdog.disarm(key, armed)
 
     def discard(self, resource: str, object_id: str) -> None:
+        deadline = self._deadline()
         try:
             with (
                 self._pool.connection(self._connect_budget) as conn,
-                guarded(conn, self._timeout),
+                guarded(conn, self._left(f"discarding object {object_id}", deadline)),
                 conn.transaction(),
             ):
                 _delete_object(conn, self._s, object_id)

@@ -7,15 +7,22 @@
         proxy.blackhole()         # connections stay open, nothing is forwarded either way
         proxy.lose_replies()      # requests are forwarded; the next reply is dropped and the
                                   # connection is cut: "the request was sent, the reply was lost"
+        proxy.hold_replies()      # requests are forwarded; nothing comes back until forward()
+                                  # delivers it or cut() loses it with the connection
         proxy.cut()               # close every current connection (new ones are accepted)
         proxy.refuse()            # cut, and close new connections at once
         proxy.forward()           # back to normal
 
 Modes apply to existing and new connections at once. During ``blackhole`` nothing is read:
 the bytes wait in the kernel's buffers and flow again after :meth:`forward`, as after a network
-stall. Threads and sockets only, loopback addresses only (anything else is a
-:class:`ValueError`). Every thread is a daemon; :meth:`stop` (or leaving the ``with`` block, or
-``lifetime`` seconds after start) closes everything.
+stall. ``lose_replies`` cuts at the first bytes the server sends after a request, which over
+HTTP/2 (gRPC) may be a flow-control or ping frame sent as the request arrives, before the server
+has acted on it: the server then sees the connection close while it may still cancel the request.
+``hold_replies`` followed by :meth:`cut` loses a reply at a moment the test chooses instead (for
+example once the request's effect is visible to another client). Threads and sockets only,
+loopback addresses only (anything else is a :class:`ValueError`). Every thread is a daemon;
+:meth:`stop` (or leaving the ``with`` block, or ``lifetime`` seconds after start) closes
+everything.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Literal
 
 __all__ = ["Mode", "TcpProxy"]
 
-Mode = Literal["forward", "delay", "blackhole", "lose_replies", "refuse"]
+Mode = Literal["forward", "delay", "blackhole", "lose_replies", "hold_replies", "refuse"]
 _TICK = 0.02
 _BUFFER = 64 * 1024
 
@@ -134,6 +141,14 @@ class TcpProxy:
         """Forward requests; drop the next reply of each connection and then cut it."""
         self._set("lose_replies")
 
+    def hold_replies(self) -> None:
+        """Forward requests; read nothing from the server, so no reply (nor any other byte the
+        server sends) reaches the client: they wait in the kernel's buffers until
+        :meth:`forward` delivers them, or :meth:`cut` closes the connection with them unread
+        (the reply is lost after the server acted on the request). Delayed replies not yet
+        delivered are held too."""
+        self._set("hold_replies")
+
     def cut(self) -> None:
         """Close every current connection now (both sides see it closed)."""
         with self._lock:
@@ -221,21 +236,28 @@ class TcpProxy:
         while not pair.closed and not self._stopped.is_set():
             mode = self._mode
             now = time.monotonic()
-            while pair.pending and (pair.pending[0][0] <= now or mode != "delay"):
+            while (
+                pair.pending
+                and mode != "hold_replies"
+                and (pair.pending[0][0] <= now or mode != "delay")
+            ):
                 pair.client.sendall(pair.pending.popleft()[1])
             if mode == "blackhole":
                 time.sleep(_TICK)
                 continue
+            watched = [pair.client] if mode == "hold_replies" else [pair.client, pair.server]
             timeout = _TICK
-            if pair.pending:
+            if pair.pending and mode != "hold_replies":
                 timeout = min(timeout, max(pair.pending[0][0] - now, 0.0))
             try:
-                readable, _, _ = select.select([pair.client, pair.server], [], [], timeout)
+                readable, _, _ = select.select(watched, [], [], timeout)
             except (OSError, ValueError):
                 return
             if self._mode == "blackhole":
                 continue
             for sock in readable:
+                if sock is pair.server and self._mode == "hold_replies":
+                    continue  # held: left unread
                 try:
                     data = sock.recv(_BUFFER)
                 except OSError:
