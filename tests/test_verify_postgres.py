@@ -7,6 +7,8 @@ the server; every worker process reaches the coordinator through its own TCP pro
 violation of any invariant, except case 6 (restore), which verify never runs against a
 coordinator it did not create (*not available*, shown, neither a pass nor a failure). Two short
 seeded fault schedules (kills, pauses, wire faults on the proxies) must keep every invariant.
+``fenced verify --mutants`` against the PostgreSQL coordinator exits 0: every seeded defect with a
+hook there (or in the embedded stores) is caught, the embedded coordinator's are n/a.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 from fenced.fence.store import open_store
 from fenced.testing.postgres import PostgresServer
 from fenced.verify.target import Target
-from verify_networked import assert_verify_passes
+from verify_networked import assert_mutants_pass, assert_verify_passes
 
 
 @pytest.mark.slow
@@ -36,3 +38,11 @@ def test_the_cases_pass_on_a_postgres_coordinator_and_stores(
     target = Target.create(coordinator, (strict, monotonic))
     assert target.stores == {"S": strict, "M": monotonic}
     assert_verify_passes(target, seed=61, schedules=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(660)
+def test_the_seeded_defects_are_caught_or_na_on_postgres(postgres_server: PostgresServer) -> None:
+    assert_mutants_pass(
+        postgres_server.url("postgres", schema=f"vx_{uuid.uuid4().hex[:10]}"), seed=62
+    )

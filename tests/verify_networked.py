@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 from fenced.verify.cases import CASES, run_cases
 from fenced.verify.schedule import run_random
 from fenced.verify.target import Target
 
-__all__ = ["assert_verify_passes"]
+__all__ = ["ONLY_EMBEDDED", "assert_mutants_pass", "assert_verify_passes"]
+
+ONLY_EMBEDDED = frozenset({"release-without-owner", "epoch-reuse"})
+"""The seeded defects whose hooks exist only in the embedded (SQLite) coordinator."""
 
 
 def assert_verify_passes(target: Target, seed: int, schedules: int) -> None:
@@ -25,3 +32,29 @@ def assert_verify_passes(target: Target, seed: int, schedules: int) -> None:
     summary = run_random(schedules, seed, target, duration=3.0)
     assert summary.ok, [(r.schedule.seed, r.report.violations) for r in summary.failed]
     assert summary.totals()["grants"] >= schedules
+
+
+def _fenced(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "fenced", "verify", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def assert_mutants_pass(coordinator: str, seed: int) -> None:
+    """``fenced verify --mutants --coordinator URL`` exits 0: every defect with a hook in this
+    coordinator (and the embedded stores) is caught, and the defects of the embedded
+    coordinator are shown as n/a, not as failures; ``--random`` refuses them."""
+    done = _fenced(
+        *("--mutants", "--coordinator", coordinator, "--seed", str(seed), "--json"), timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(done.stdout)
+    assert document["ok"] is True
+    statuses = {row["mutant"]: row["status"] for row in document["mutants"]}
+    assert {name for name, status in statuses.items() if status == "n/a"} == ONLY_EMBEDDED
+    applicable = {status for name, status in statuses.items() if name not in ONLY_EMBEDDED}
+    assert applicable == {"caught"}, statuses
+    refused = _fenced(
+        *("--random", "1", "--mutant", "epoch-reuse", "--coordinator", coordinator), timeout=60
+    )
+    assert refused.returncode == 2
+    assert "--mutant epoch-reuse does not apply here" in refused.stderr

@@ -33,7 +33,8 @@ from fenced.verify.target import Target
 __all__ = ["FAILED", "verify_command"]
 
 FAILED = 1
-"""Exit status when a case failed, a schedule broke an invariant or a mutant was not caught."""
+"""Exit status when a case failed, a schedule broke an invariant or an applicable mutant was not
+caught."""
 
 
 def _replay(
@@ -54,6 +55,13 @@ def _replay(
     for mutant in mutants:
         parts += ["--mutant", mutant]
     return " ".join(parts)
+
+
+def _hunted(result: MutantResult) -> str:
+    if result.not_applicable is not None:
+        return f"n/a ({result.not_applicable})"
+    outcome = "caught" if result.caught else "NOT caught"
+    return f"{outcome} after {result.schedules} schedule(s)"
 
 
 def _echo_progress(enabled: bool, text: str) -> None:
@@ -129,8 +137,9 @@ def verify_command(
     (--random N), or the seeded defects the checker must catch (--mutants).
 
     Exit status 0 when every case passed (a case whose feature has not landed says so and
-    counts neither way), every schedule kept every invariant and every mutant was caught; 1
-    otherwise. A failing schedule prints its seed, the command that replays it and the kept
+    counts neither way), every schedule kept every invariant and every mutant was caught (a
+    mutant without a hook in the target's coordinator or stores is n/a and counts neither way);
+    1 otherwise. A failing schedule prints its seed, the command that replays it and the kept
     history file.
     """
     if count is not None and count < 1:
@@ -152,6 +161,10 @@ def verify_command(
     if seconds is not None and not seconds > 0:
         raise ConfigurationError("--duration must be > 0")
     target = Target.create(coordinator, stores)
+    for mutant in CATALOGUE if count is not None else ():
+        why = mutant.not_applicable(target) if mutant.name in mutant_names else None
+        if why is not None:  # --random would run the correct program under the defect's name
+            raise ConfigurationError(f"--mutant {mutant.name} does not apply here: {why}")
     first_seed = seed if seed is not None else secrets.randbelow(1_000_000)
     chatty = not as_json
     rows: list[Row] | None = None
@@ -203,17 +216,13 @@ def verify_command(
             budget=budget,
             duration=seconds or MUTANT_DURATION,
             keep_history=keep_history,
-            progress=lambda r: _echo_progress(
-                chatty,
-                f"  {r.mutant.name}: {'caught' if r.caught else 'NOT caught'} after "
-                f"{r.schedules} schedule(s)",
-            ),
+            progress=lambda r: _echo_progress(chatty, f"  {r.mutant.name}: {_hunted(r)}"),
         )
 
     ok = (
         (rows is None or all(row.status != "fail" for row in rows))
         and (summary is None or summary.ok)
-        and (hunted is None or all(r.caught for r in hunted))
+        and (hunted is None or not any(r.failed for r in hunted))
     )
     if as_json:
         click.echo(to_json(target.describe(), rows, summary, hunted, ok, replay))

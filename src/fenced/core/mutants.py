@@ -1,13 +1,14 @@
 """Test-only switches for seeded defects ("mutants") used by ``fenced verify --mutants``. Pure.
 
 **Not part of the public API** and not exported by :mod:`fenced`. Every switch is off unless a
-``fenced verify`` worker process turns it on at start-up (from the environment variable that
-verify sets for its own worker processes only); nothing in the library turns one on. Each defect
-is a hook of one or two lines at the exact code site it breaks, guarded by :func:`active`; an
-inactive hook costs one membership test in an empty frozenset.
+``fenced verify`` worker process turns it on at start-up with an explicit :func:`activate` call
+(the names come from the worker's own configuration, which verify writes on its command line);
+nothing in the library turns one on, and no environment variable does. Each defect is a hook of
+one or two lines at the exact code site it breaks, guarded by :func:`active`; an inactive hook
+costs one membership test in an empty frozenset.
 
-The catalogue (what each switch breaks, and which invariant of the history checker must catch
-it) lives in :mod:`fenced.verify.mutants`.
+The catalogue (what each switch breaks, where it applies, and which invariant of the history
+checker must catch it) lives in :mod:`fenced.verify.mutants`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,7 @@ from collections.abc import Iterable
 
 from fenced.core.lease import Lease
 
-__all__ = ["ENV_VAR", "KNOWN", "activate", "active", "assumed_renewal", "caught"]
-
-ENV_VAR = "_FENCED_VERIFY_MUTANT"
-"""The environment variable a verify worker reads its switches from (comma-separated names)."""
+__all__ = ["KNOWN", "activate", "active", "assumed_renewal", "caught"]
 
 KNOWN = frozenset(
     {
@@ -45,10 +43,11 @@ def active(name: str) -> bool:
 
 
 def activate(names: Iterable[str]) -> frozenset[str]:
-    """Switch on exactly ``names`` (replacing earlier ones); returns them.
+    """Switch on exactly ``names`` (replacing earlier ones; none switches all off); returns them.
 
-    Called only by the verify worker at start-up. An unknown name is a :class:`ValueError`, so a
-    typo cannot make a mutant run silently as the correct program.
+    Called only by the verify worker at start-up (and by the unit tests of the hooks). An
+    unknown name is a :class:`ValueError` and changes nothing, so a typo cannot make a mutant
+    run silently as the correct program.
     """
     global _ACTIVE  # noqa: PLW0603 - one process-wide switch board, set once at start-up
     chosen = frozenset(name.strip() for name in names if name.strip())

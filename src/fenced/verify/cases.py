@@ -343,7 +343,7 @@ def restore(env: Env) -> str:
     a.call("rmw", store="S")
     a.call("unhold")
     backup = env.run.workdir / "coordinator.backup"
-    taken = time.monotonic()
+    taken = env.run.rec.now()
     support.backup(env.coordinator, backup)
     env.run.rec.emit("backup", t0=taken)
     epoch_b = env.hold(b)
@@ -354,7 +354,7 @@ def restore(env: Env) -> str:
     pending = c.send("rmw", store="S", pause=True)
     c.wait_stopped()
     stopped = time.monotonic()
-    t0 = time.monotonic()
+    t0 = env.run.rec.now()
     support.restore(backup, env.coordinator)
     env.run.rec.emit("restore", t0=t0, available=True, epochs=[epoch_c])
     d = env.worker("D")  # a process started after the restore, on the restored coordinator

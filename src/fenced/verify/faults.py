@@ -185,7 +185,7 @@ class _Wire:
         fault = planned.fault if planned is not None else None
         call = f"{self._prefix}{next(self._calls)}"
         if planned is not None and fault == "delay_request":
-            fields = {**fields, "issued": time.monotonic()}
+            fields = {**fields, "issued": self._rec.now()}
             time.sleep(planned.delay)
         self._rec.emit(self._send_ev, call=call, op=op, **fields)
         reply: dict[str, Any] = {"call": call, "op": op, "fault": fault}
@@ -209,7 +209,7 @@ class _Wire:
             self._rec.emit(self._reply_ev, ok=False, error="OutcomeUnknown", **truth, **reply)
             raise OutcomeUnknown(f"injected fault: the reply to {op} was lost (it took effect)")
         if planned is not None and fault == "delay_reply":
-            reply["applied_at"] = time.monotonic()
+            reply["applied_at"] = self._rec.now()
             time.sleep(planned.delay)
         self._rec.emit(self._reply_ev, ok=True, **truth, **reply)
         return result
@@ -424,7 +424,7 @@ class RecordingStore:
         )
 
     def get(self, resource: str, key: str) -> Item | None:
-        t0 = time.monotonic()
+        t0 = self._rec.now()
         try:
             item = self.store.get(resource, key)
         except FencedError as error:
@@ -445,13 +445,13 @@ class RecordingStore:
 
     def floor(self, resource: str) -> int | None:
         """The store's floor of ``resource`` (recorded as an ``s.read`` of op ``floor``)."""
-        t0 = time.monotonic()
+        t0 = self._rec.now()
         floor = self.store.floor(resource)
         self._rec.emit("s.read", t0=t0, store=self.name, op="floor", floor=floor)
         return floor
 
     def latest(self, resource: str, name: str) -> Publication | None:
-        t0 = time.monotonic()
+        t0 = self._rec.now()
         found = self.store.latest(resource, name)
         pointer = None
         if found is not None:
@@ -461,7 +461,7 @@ class RecordingStore:
 
     def read(self, resource: str, name: str) -> bytes | None:
         """The current publication's bytes (checked by the store against its SHA-256), or None."""
-        t0 = time.monotonic()
+        t0 = self._rec.now()
         try:
             data: bytes | None = self.store.read(resource, name)
         except LookupError:

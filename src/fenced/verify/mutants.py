@@ -1,32 +1,39 @@
 """Detection power: seeded defects the checker must catch, and the ``--mutants`` driver.
 
 Each :class:`Mutant` is a deliberately broken variant of fenced, switched on only inside verify's
-own worker processes (through :data:`fenced.core.mutants.ENV_VAR`; the switches are not
-reachable from the public API). The driver runs randomized schedules with the defect active —
-under a fault profile that makes the faults exposing it frequent (a profile changes what
-happens, never what the checker verifies) — until the checker reports a violation, and tells
-which invariants caught it after how many schedules. A defect that survives its budget of
-schedules is reported as **not caught**, and the run fails.
+own worker processes (named in the worker's configuration, switched on by the worker with
+:func:`fenced.core.mutants.activate`; the switches are not reachable from the public API). The
+driver runs randomized schedules with the defect active — under a fault profile designed to
+expose it (a profile changes what happens, never what the checker verifies) — until the
+checker reports a violation, and tells which invariants caught it after how many schedules. A
+defect that survives its budget of schedules is reported as **not caught**, and the run fails.
 
-=========================  =======================================================  ===========
-mutant                     defect (hook site)                                       profile
-=========================  =======================================================  ===========
-no-fence-check             stores accept any epoch (fence/rules.py admit_mutation)  in-flight
-check-then-write           file store checks and writes without its lock            storm
+A defect has a hook only where it is written: some exist in one coordinator backend or one
+store kind (``coordinators`` / ``stores``). Against a target without that backend or store the
+defect is **n/a** (shown with the reason, never run, and no failure): running it would run the
+correct program and call it a miss.
+
+=========================  ==================================================  =============
+mutant                     defect (hook site)                                  applies to
+=========================  ==================================================  =============
+no-fence-check             stores accept any epoch                             every store
+                           (fence/rules.py admit_mutation)
+check-then-write           the file store checks and writes without its lock   file: stores
                            (fence/file_store.py transaction)
-deadline-from-reply        local deadline from the reply time, not the send time    reply-delays
-                           (coordinator/client.py acquire, renew)
-renewal-failure-ignored    a failed renewal counts as a success                     renewal-
-                           (runtime/keeper.py renewer)                              failures
-release-without-owner      release deletes whatever lease is live                   late-releases
-                           (coordinator/backends/sqlite.py, memory.py release)
-epoch-reuse                a grant after an expiry (crash, pause) or a restore      standard
-                           reuses the last epoch (coordinator/backends/sqlite.py)
-dedup-after-fence          the op-id lookup comes after the fence check             lost-writes
+deadline-from-reply        local deadline from the reply time, not the send    every
+                           time (coordinator/client.py acquire, renew)         coordinator
+renewal-failure-ignored    a failed renewal counts as a success                every
+                           (runtime/keeper.py renewer)                         coordinator
+release-without-owner      release deletes whatever lease is live              sqlite,
+                           (coordinator/backends/sqlite.py, memory.py)         memory
+epoch-reuse                a grant after an expiry (crash, pause) or a         sqlite
+                           restore reuses the last epoch
+                           (coordinator/backends/sqlite.py)
+dedup-after-fence          the op-id lookup comes after the fence check        every store
                            (fence/store.py _mutate)
-publish-no-token-check     publish skips the fence and pointer checks               publications
-                           (fence/store.py _mutate, fence/rules.py check_pointer)
-=========================  =======================================================  ===========
+publish-no-token-check     publish skips the fence and pointer checks          every store
+                           (fence/store.py _mutate, fence/rules.py)
+=========================  ==================================================  =============
 """
 
 from __future__ import annotations
@@ -36,20 +43,39 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fenced.core import mutants as switches
 from fenced.core.errors import ConfigurationError
+from fenced.core.urls import scheme_of
 from fenced.verify.recorder import read_history
 from fenced.verify.schedule import PROFILES, Schedule, run_schedule
 from fenced.verify.target import Target
 
-__all__ = ["CATALOGUE", "DEFAULT_BUDGET", "Mutant", "MutantResult", "hunt", "run_mutants"]
+__all__ = [
+    "CATALOGUE",
+    "DEFAULT_BUDGET",
+    "Mutant",
+    "MutantResult",
+    "MutantStatus",
+    "hunt",
+    "run_mutants",
+]
 
 DEFAULT_BUDGET = 8
 """Schedules a mutant may survive before it counts as not caught."""
 MUTANT_DURATION = 3.0
 """Seconds of work per mutant schedule."""
+EMBEDDED_STORES = ("sqlite", "file")
+"""The store kinds verify creates itself for a role given no ``--store``."""
+
+MutantStatus = Literal["caught", "not caught", "n/a"]
+
+
+def _kind(url: str) -> str:
+    """The backend kind of a coordinator or store URL (``postgres:`` is ``postgresql``)."""
+    scheme = scheme_of(url)
+    return "postgresql" if scheme == "postgres" else scheme
 
 
 @dataclass(frozen=True)
@@ -62,6 +88,35 @@ class Mutant:
     expected: tuple[str, ...]
     """The invariants expected to catch it (documentation; any violation counts)."""
     profile: str
+    coordinators: frozenset[str] | None = None
+    """The coordinator backends (URL schemes) that have its hook; None: every one."""
+    stores: frozenset[str] | None = None
+    """The store kinds (URL schemes) that have its hook; None: every one."""
+
+    def not_applicable(self, target: Target) -> str | None:
+        """Why the defect cannot exist in a run against ``target`` (None: it applies)."""
+        if self.coordinators is not None:
+            kind = "sqlite" if target.coordinator is None else _kind(target.coordinator)
+            if kind not in self.coordinators:
+                return (
+                    f"no hook in the {kind} coordinator "
+                    f"(only in {', '.join(sorted(self.coordinators))})"
+                )
+        if self.stores is not None:
+            chosen = PROFILES[self.profile].stores
+            kinds: set[str] = set()
+            for index, role in enumerate(("S", "M")):
+                url = target.stores.get(role)
+                if url is not None:
+                    kinds.add(_kind(url))
+                else:
+                    kinds.update(EMBEDDED_STORES if chosen is None else (chosen[index],))
+            if not kinds & self.stores:
+                return (
+                    f"no hook in the {', '.join(sorted(kinds))} stores "
+                    f"(only in {', '.join(sorted(self.stores))})"
+                )
+        return None
 
 
 CATALOGUE: tuple[Mutant, ...] = (
@@ -78,7 +133,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "separate steps",
         "fence/file_store.py FileBackend.transaction",
         ("chain-integrity", "largest-seen"),
-        "storm",
+        "in-commit",
+        stores=frozenset({"file"}),
     ),
     Mutant(
         "deadline-from-reply",
@@ -100,6 +156,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "coordinator/backends/sqlite.py and memory.py release",
         ("compare-owner", "exclusive-grant"),
         "late-releases",
+        coordinators=frozenset({"sqlite", "memory"}),
     ),
     Mutant(
         "epoch-reuse",
@@ -107,7 +164,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "epoch instead of max(last, minimum) + 1",
         "coordinator/backends/sqlite.py SQLiteBackend._grant",
         ("token-unique", "token-monotonic"),
-        "standard",
+        "expiries",
+        coordinators=frozenset({"sqlite"}),
     ),
     Mutant(
         "dedup-after-fence",
@@ -132,7 +190,8 @@ assert {m.name for m in CATALOGUE} == switches.KNOWN
 
 @dataclass
 class MutantResult:
-    """How one mutant fared: caught or not, by which invariants, after how many schedules."""
+    """How one mutant fared: caught or not (or n/a), by which invariants, after how many
+    schedules."""
 
     mutant: Mutant
     caught: bool = False
@@ -141,6 +200,19 @@ class MutantResult:
     seed: int | None = None
     history: Path | None = None
     messages: list[str] = field(default_factory=list)
+    not_applicable: str | None = None
+    """Why the defect does not exist against this target (then nothing was run)."""
+
+    @property
+    def status(self) -> MutantStatus:
+        if self.not_applicable is not None:
+            return "n/a"
+        return "caught" if self.caught else "not caught"
+
+    @property
+    def failed(self) -> bool:
+        """True if the defect applied and survived its budget (the run fails)."""
+        return self.status == "not caught"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,7 +220,9 @@ class MutantResult:
             "defect": self.mutant.defect,
             "site": self.mutant.site,
             "profile": self.mutant.profile,
-            "caught": self.caught,
+            "status": self.status,
+            "caught": None if self.not_applicable is not None else self.caught,
+            "not_applicable": self.not_applicable,
             "invariants": self.invariants,
             "schedules": self.schedules,
             "seed": self.seed,
@@ -182,10 +256,13 @@ def hunt(
 ) -> MutantResult:
     """Run schedules ``seed``, ``seed + 1``, … with ``mutant`` active until one is caught.
 
+    A mutant that does not apply to ``target`` is not run (its result is n/a, with the reason).
     Raises :class:`RuntimeError` if the workers did not run the mutant (a switch that does not
     reach the worker processes must not look like a correct program).
     """
-    result = MutantResult(mutant)
+    result = MutantResult(mutant, not_applicable=mutant.not_applicable(target))
+    if result.not_applicable is not None:
+        return result
     workdir = Path(tempfile.mkdtemp(prefix="fenced-verify-mutant-"))
     try:
         for index in range(budget):
@@ -224,7 +301,8 @@ def run_mutants(
     keep_history: Path | None = None,
     progress: Callable[[MutantResult], None] | None = None,
 ) -> list[MutantResult]:
-    """Hunt every mutant of the catalogue (or those named); returns the results in order."""
+    """Hunt every mutant of the catalogue (or those named); returns the results in order
+    (those that do not apply to ``target`` as n/a)."""
     results = []
     for mutant in _by_name(names):
         result = hunt(

@@ -10,7 +10,11 @@ fencing matters:
   the victim is the current lease holder in 85 % of the strikes (such a strike is skipped when
   nobody holds the lease or the holder is already stopped); besides, workers stop
   themselves between a lease check and the write that follows (at a seeded rate) and the
-  nemesis resumes them after a pause that usually outlasts the lease: a write in flight;
+  nemesis resumes them after a pause that usually (under an ``outlast`` profile: always)
+  outlasts the lease: a write in flight; and, under a profile with ``commit_stops``, inside a
+  store's critical section (between its check and its commit), resumed after a pause that
+  always outlasts the lease. The lease these pauses outlast is the one the coordinator keeps:
+  ttl plus the backend's documented overrun (etcd rounds TTLs up);
 * **kills** (SIGKILL) of a worker, which is replaced by a fresh process (a new name);
 * **restores** of the embedded coordinator (with :mod:`fenced.coordinator.restore`): a backup
   is taken while the workers run (at 15-35 % of the schedule); a restore strike kills every
@@ -33,6 +37,7 @@ the victim's own TCP proxy delays every reply, blackholes the connection or drop
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -47,14 +52,19 @@ ActionKind = Literal["pause", "kill", "backup", "restore", "restart", "wire"]
 WIRE_MODES = ("delay", "blackhole", "lose_replies")
 
 
-def pause_length(rng: random.Random, ttl: float, *, in_flight: bool = False) -> float:
+def pause_length(
+    rng: random.Random, ttl: float, *, in_flight: bool = False, outlast: bool = False
+) -> float:
     """A pause length biased around the TTL boundary (see the module docstring).
 
     ``in_flight``: the worker stopped itself between its lease check and its write; then
     three quarters of the pauses outlast the lease, so that a successor can take over and
-    install its epoch before the stale write arrives.
+    install its epoch before the stale write arrives. ``outlast``: every pause outlasts the
+    lease by at least half a ttl (a successor is granted and installs during the pause).
     """
     roll = rng.random()
+    if outlast:
+        return ttl * rng.uniform(1.5, 2.2)
     if in_flight:
         return ttl * (rng.uniform(0.3, 0.9) if roll < 0.25 else rng.uniform(1.1, 2.2))
     if roll < 0.2:
@@ -98,13 +108,14 @@ class NemesisPlan:
         restarts: bool = False,
         wire: bool = False,
     ) -> NemesisPlan:
-        """Strikes every ``gap`` × ttl on average (exponential gaps) over ``duration`` seconds;
+        """Strikes every ``gap`` × ttl on average (exponential gaps) over ``duration`` seconds
+        (``gap`` infinite: none);
         a share ``kills`` of them kill, 10 % restore (if ``restores``: after a backup taken at
         15-35 % of the duration), 5 % restart (if ``restarts``), the others pause."""
         actions: list[Action] = []
         if restores:
             actions.append(Action(rng.uniform(0.15, 0.35) * duration, "backup"))
-        at = rng.uniform(0.2, 0.6) * ttl
+        at = rng.uniform(0.2, 0.6) * ttl if math.isfinite(gap) else math.inf
         while at < duration:
             roll = rng.random()
             kind: ActionKind = "pause"
@@ -129,7 +140,9 @@ class Nemesis:
     """Executes a :class:`NemesisPlan` against the workers of a run.
 
     ``slots`` maps a slot number to the worker process currently in it; ``respawn(slot)``
-    replaces a killed worker; ``restore()`` and ``restart()`` (optional) act on the coordinator.
+    replaces a killed worker; ``restore()`` and ``restart()`` (optional) act on the coordinator;
+    ``overrun`` is how much longer than ttl the coordinator may keep a lease; ``outlast``: every
+    self-stop outlasts it.
     Paused workers are resumed by :meth:`tick` when their pause is over, and by :meth:`calm`.
     """
 
@@ -144,9 +157,16 @@ class Nemesis:
         backup: Callable[[], None] | None = None,
         restore: Callable[[], None] | None = None,
         restart: Callable[[], None] | None = None,
+        overrun: float = 0.0,
+        outlast: bool = False,
     ) -> None:
         self.run = run
         self.ttl = ttl
+        self.lease = ttl + overrun
+        """How long the coordinator may keep a lease (ttl + its overrun): self-stops outlast
+        this, not only the ttl."""
+        self.outlast = outlast
+        """Every self-stop outlasts the lease (not only three quarters of them)."""
         self.pending = list(plan.actions)
         self.slots = slots
         self._respawn = respawn
@@ -193,7 +213,8 @@ class Nemesis:
                 worker = self._worker(str(event["w"]))
                 if worker is not None:
                     worker.paused = True
-                    length = pause_length(self._rng, self.ttl, in_flight=True)
+                    outlast = self.outlast or bool(event.get("in_commit"))
+                    length = pause_length(self._rng, self.lease, in_flight=True, outlast=outlast)
                     self._resume_at[worker.name] = now + length
         self._seen = len(events)
 

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from fenced.core import mutants as switches
 from fenced.testing.proxy import TcpProxy
 from fenced.verify.recorder import Event, HistoryTail, Recorder
 from fenced.verify.target import endpoints, with_endpoints
@@ -55,11 +54,7 @@ class WorkerProcess:
         self.name = config.name
         self.config = config
         self.stderr_path = run.workdir / f"{config.name}.stderr"
-        env = dict(os.environ)
-        env.pop(switches.ENV_VAR, None)
-        chosen = ",".join(sorted(mutants))
-        if chosen:
-            env[switches.ENV_VAR] = chosen
+        config.mutants = sorted(mutants)  # switched on by the worker itself, from its config
         command = config.mode == "command"
         with self.stderr_path.open("wb") as stderr:
             self.proc = subprocess.Popen(
@@ -67,7 +62,6 @@ class WorkerProcess:
                 stdin=subprocess.PIPE if command else subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
-                env=env,
             )
         self._stdin: IO[bytes] | None = self.proc.stdin
         self._ids = itertools.count(1)

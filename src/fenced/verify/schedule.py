@@ -23,6 +23,7 @@ file documents the run that failed.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import secrets
 import shutil
@@ -70,7 +71,8 @@ BASE_RATES = {
 }
 """Mean probability of a wire fault per call, by operation (scaled per schedule); ``stop``: of a
 worker stopping itself with SIGSTOP between its lease check and its send (resumed by the nemesis
-after a TTL-biased pause)."""
+after a TTL-biased pause). A profile may add ``reconcile_stop``: of a worker stopping itself
+before it asks again about a write of unknown outcome (default: 3 × ``stop``)."""
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,14 @@ class Profile:
 
     name: str = "standard"
     rates: dict[str, float] = field(default_factory=lambda: dict(BASE_RATES))
+    vary: bool = True
+    """Scale the rates by a seeded factor in 0.5-1.5 per schedule (capped at 0.9); a profile
+    designed to expose one defect keeps the rates it was designed with."""
     kinds: dict[str, float] = field(default_factory=dict)
     """Weights of the wire fault kinds (empty: the default weights of the fault plan)."""
     strike_gap: float = 2.0
-    """Mean time between nemesis strikes, in ttl."""
+    """Mean time between nemesis strikes, in ttl (``math.inf``: the nemesis does not strike;
+    it still resumes the workers that stop themselves)."""
     kills: float = 0.15
     """Share of the strikes that kill (the rest pause)."""
     mix: dict[str, float] = field(default_factory=dict)
@@ -102,6 +108,20 @@ class Profile:
     """Bytes of padding per written value (longer write transactions)."""
     long_pauses: bool = False
     """Nemesis pauses mostly outlast the lease (as the pauses of writes in flight do)."""
+    outlast: bool = False
+    """Every pause a worker starts itself (before a send, or while reconciling a write of
+    unknown outcome) outlasts the lease, so that a successor is granted and installs or writes
+    its epoch before the stale request arrives (otherwise a quarter of them are shorter)."""
+    write_stores: tuple[str, ...] = ()
+    """The stores (``S``, ``M``) the workers write to (empty: both). ``("S",)``: only the
+    strict store, where every successor installs its epoch, so that every stale write meets a
+    newer epoch (a monotonic store sees the successor's epoch only if the successor happened to
+    write there first)."""
+    commit_stops: float = 0.0
+    """Probability that a write to the strict store stops its worker inside the store's
+    critical section (checked, not yet committed) for longer than the lease, so that a
+    successor is granted and installs its epoch meanwhile (see
+    :class:`~fenced.verify.worker.StopInCommit`)."""
 
     def describe(self) -> str:
         return self.name
@@ -115,7 +135,15 @@ PROFILES: dict[str, Profile] = {
     profile.name: profile
     for profile in (
         Profile(),
-        Profile("in-flight", _rates(stop=0.4), strike_gap=4.0, kills=0.05),
+        Profile(
+            "in-flight",
+            _rates(try_grant=0.0, fence=0.0, put=0.0, publish=0.0, stop=0.8),
+            vary=False,
+            strike_gap=math.inf,
+            mix={"rmw": 0.85, "observe": 0.15},
+            outlast=True,
+            write_stores=("S",),
+        ),
         Profile(
             "storm",
             _rates(stop=0.0),
@@ -129,37 +157,60 @@ PROFILES: dict[str, Profile] = {
             mix={"rmw": 0.6, "publish": 0.1, "observe": 0.3},
         ),
         Profile(
+            "in-commit",
+            {op: 0.0 for op in BASE_RATES},
+            vary=False,
+            strike_gap=math.inf,
+            stores=("file", "file"),
+            commit_stops=0.8,
+            mix={"rmw": 0.85, "observe": 0.15},
+            write_stores=("S",),
+        ),
+        Profile(
             "reply-delays",
-            _rates(try_grant=0.5, renew=0.5, stop=0.05),
-            {"delay_reply": 1.0},
-            strike_gap=4.0,
-            kills=0.0,
+            _rates(try_grant=0.9, renew=0.6, stop=0.0),
+            vary=False,
+            kinds={"delay_reply": 1.0},
+            strike_gap=math.inf,
         ),
         Profile(
             "renewal-failures",
-            _rates(renew=0.5, stop=0.05),
-            {"unavailable": 1.0, "lose_reply": 1.0},
-            strike_gap=4.0,
-            kills=0.0,
+            _rates(renew=0.8, stop=0.0),
+            vary=False,
+            kinds={"unavailable": 1.0, "lose_reply": 1.0},
+            strike_gap=math.inf,
+            idle=2.0,
+            ops=16,  # leases that last through several renewals
         ),
         Profile(
             "late-releases",
-            _rates(release=0.6),
-            {"delay_request": 1.0},
-            strike_gap=3.0,
+            {**{op: 0.0 for op in BASE_RATES}, "release": 1.0},
+            vary=False,
+            kinds={"delay_request": 1.0},
+            strike_gap=1.5,
+            kills=0.0,
+            long_pauses=True,
         ),
+        Profile("expiries", vary=False, strike_gap=1.5, kills=0.3, long_pauses=True),
         Profile(
             "lost-writes",
-            _rates(put=0.4, publish=0.4, stop=0.2),
-            {"lose_reply": 1.0},
-            strike_gap=2.0,
+            # A retry's reply is lost as often as the first one's: 0.4 loses all three retries
+            # of a reconciliation (hiding its answer) in 6 % of them.
+            _rates(try_grant=0.0, fence=0.0, put=0.4, publish=0.4, stop=0.0, reconcile_stop=1.0),
+            vary=False,
+            kinds={"lose_reply": 1.0},
+            strike_gap=math.inf,
+            outlast=True,
+            write_stores=("S",),
         ),
         Profile(
             "publications",
-            _rates(stop=0.4),
-            strike_gap=4.0,
-            kills=0.05,
-            mix={"rmw": 0.2, "publish": 0.6, "observe": 0.2},
+            _rates(try_grant=0.0, fence=0.0, put=0.0, publish=0.0, stop=0.7),
+            vary=False,
+            strike_gap=math.inf,
+            mix={"publish": 0.8, "observe": 0.2},
+            outlast=True,
+            write_stores=("S",),
         ),
     )
 }
@@ -194,8 +245,9 @@ class Schedule:
         profile = profile or PROFILES["standard"]
         rng = random.Random(seed)
         ttl = rng.choice((0.6, 0.8, 1.0))
-        scale = rng.uniform(0.5, 1.5)
-        rates = {op: round(min(rate * scale, 0.9), 4) for op, rate in profile.rates.items()}
+        scale = rng.uniform(0.5, 1.5) if profile.vary else 1.0
+        cap = 0.9 if profile.vary else 1.0
+        rates = {op: round(min(rate * scale, cap), 4) for op, rate in profile.rates.items()}
         plan = NemesisPlan.draw(
             rng,
             duration=duration,
@@ -285,13 +337,14 @@ def run_schedule(
     stores = target.store_urls(rundir, schedule.seed, schedule.profile.stores)
     resource = f"verify/s{schedule.seed}-{secrets.token_hex(3)}"
     modes = {"S": "strict", "M": "monotonic"}
+    overrun = target.lease_overrun(schedule.ttl)
     run.rec.emit(
         "meta",
         kind="schedule",
         seed=schedule.seed,
         resource=resource,
         ttl=schedule.ttl,
-        overrun=target.lease_overrun(schedule.ttl),
+        overrun=overrun,
         margin=schedule.margin,
         workers=schedule.workers,
         rates=schedule.rates,
@@ -325,6 +378,8 @@ def run_schedule(
             idle=schedule.profile.idle,
             ops=schedule.profile.ops,
             pad=schedule.profile.pad,
+            write_stores=list(schedule.profile.write_stores),
+            commit_stops=schedule.profile.commit_stops,
         )
         return run.spawn(config, chosen)
 
@@ -334,12 +389,12 @@ def run_schedule(
         backup_path = rundir / "coordinator.backup"
 
         def backup_now() -> None:
-            t0 = time.monotonic()
+            t0 = run.rec.now()
             restore.backup(coordinator, backup_path)
             run.rec.emit("backup", t0=t0)
 
         def restore_now() -> None:
-            t0 = time.monotonic()
+            t0 = run.rec.now()
             try:
                 restore.restore(backup_path, coordinator)
             except Exception as error:
@@ -365,6 +420,8 @@ def run_schedule(
             spawn,
             backup=backup_now,
             restore=restore_now,
+            overrun=overrun,
+            outlast=schedule.profile.outlast,
         )
         end = nemesis.started + schedule.duration
         temporary = go.with_suffix(".tmp")

@@ -100,17 +100,34 @@ def plain_random(summary: RandomSummary, replay: str) -> str:
     return "\n".join(out)
 
 
+def _caught(result: MutantResult) -> str:
+    return {"caught": "yes", "not caught": "NO", "n/a": "n/a"}[result.status]
+
+
+def _by(result: MutantResult) -> str:
+    """The invariants that caught it, or why the defect does not apply."""
+    if result.not_applicable is not None:
+        return result.not_applicable
+    return ", ".join(result.invariants) or "-"
+
+
 def plain_mutants(results: Sequence[MutantResult]) -> str:
-    """The detection-power table as plain text."""
+    """The detection-power table as plain text (an inapplicable defect: ``n/a`` and why)."""
     out = [f"{'mutant':<26}{'caught':<8}{'by invariant':<38}{'schedules':>10}  seed"]
     for result in results:
-        by = ", ".join(result.invariants) or "-"
+        if result.not_applicable is not None:
+            out.append(f"{result.mutant.name:<26}{'n/a':<8}{result.not_applicable}")
+            continue
         out.append(
-            f"{result.mutant.name:<26}{'yes' if result.caught else 'NO':<8}{by[:37]:<38}"
+            f"{result.mutant.name:<26}{_caught(result):<8}{_by(result)[:37]:<38}"
             f"{result.schedules:>10}  {result.seed if result.seed is not None else '-'}"
         )
-    caught = sum(1 for r in results if r.caught)
-    out.append(f"mutants: {caught} of {len(results)} caught")
+    caught = sum(1 for r in results if r.status == "caught")
+    applicable = sum(1 for r in results if r.status != "n/a")
+    summary = f"mutants: {caught} of {applicable} caught"
+    if applicable < len(results):
+        summary += f", {len(results) - applicable} n/a (no hook in this target)"
+    out.append(summary)
     return "\n".join(out)
 
 
@@ -162,13 +179,14 @@ def print_rich(
         for name in ("mutant", "defect", "profile", "caught", "by invariant", "schedules"):
             table.add_column(name, overflow="fold")
         for result in mutants:
+            colour = {"caught": "green", "not caught": "bold red", "n/a": "yellow"}[result.status]
             table.add_row(
                 result.mutant.name,
                 escape(result.mutant.defect),
                 result.mutant.profile,
-                "[green]yes[/]" if result.caught else "[bold red]NO[/]",
-                escape(", ".join(result.invariants) or "-"),
-                str(result.schedules),
+                f"[{colour}]{_caught(result)}[/]",
+                escape(_by(result)),
+                "-" if result.not_applicable is not None else str(result.schedules),
             )
         console.print(table)
 

@@ -11,7 +11,7 @@ history file with the truth about its effect, and the wire faults of its
     the process began (with its active mutants) / ended normally / ended with an unexpected
     exception (recorded, then raised);
 ``lease``
-    ``hold()`` returned: ``epoch``, the holder's local ``deadline`` (monotonic), ``ttl``;
+    ``hold()`` returned: ``epoch``, the holder's local ``deadline`` (deadline clock), ``ttl``;
 ``check``
     ``held.check()`` just before a protected mutation: ``state`` and the ``deadline`` it used;
 ``lost``
@@ -19,7 +19,9 @@ history file with the truth about its effect, and the wire faults of its
 ``unhold``
     the ``with`` block ended (``error`` if it ended with one);
 ``pause``
-    the worker is about to stop itself with SIGSTOP (the verify process records ``resume``);
+    the worker is about to stop itself with SIGSTOP (the verify process records ``resume``):
+    between a lease check and its send, or (``in_commit``) inside a store's critical section,
+    after the store decided a write and before it commits it;
 ``done``
     a command (command mode) finished, with its result.
 
@@ -30,8 +32,9 @@ list of ``[op_id, epoch]``: each accepted put appends exactly its own entry to t
 so the final value lists every accepted write in order and the checker can prove there was no
 lost update.
 
-The environment variable :data:`fenced.core.mutants.ENV_VAR` switches on seeded defects (set by
-``fenced verify --mutants`` for its workers only).
+Seeded defects (:mod:`fenced.core.mutants`) are switched on from the configuration's
+``mutants`` only, by an explicit call at start-up: ``fenced verify --mutants`` names them for its
+own workers; no environment variable switches one on.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ import sys
 import time
 import uuid
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import open_backend
@@ -60,7 +64,8 @@ from fenced.core.errors import (
     Rejected,
     Unavailable,
 )
-from fenced.fence.store import open_store
+from fenced.fence.backend import Backend, Transaction
+from fenced.fence.store import Store, open_store
 from fenced.runtime.keeper import HeldLease
 from fenced.verify.faults import FaultPlan, RecordingBackend, RecordingStore, error_fields
 from fenced.verify.recorder import Recorder
@@ -92,7 +97,8 @@ class WorkerConfig:
     end: float = 0.0
     """Random mode: the monotonic time at which to stop taking new leases."""
     rates: dict[str, float] = field(default_factory=dict)
-    """Random mode: wire fault probability per operation; ``stop``: of a self-stop before a send."""
+    """Random mode: wire fault probability per operation; ``stop``: of a self-stop before a send;
+    ``reconcile_stop``: before asking again about a write of unknown outcome (default 3 × stop)."""
     kinds: dict[str, float] = field(default_factory=dict)
     """Random mode: weights of the wire fault kinds (empty: the default weights)."""
     mix: dict[str, float] = field(default_factory=dict)
@@ -103,9 +109,17 @@ class WorkerConfig:
     """Random mode: at most this many operations per lease."""
     pad: int = 0
     """Bytes of padding in every written value (larger values: longer write transactions)."""
+    write_stores: list[str] = field(default_factory=list)
+    """Random mode: the stores this worker writes to (empty: every store; reads go to all)."""
+    commit_stops: float = 0.0
+    """Random mode: probability that a write to a store of ``fence`` stops this process inside
+    the store's critical section, after the store checked it and before the store commits it,
+    for longer than the lease (see :class:`StopInCommit`)."""
     wait: float = 10.0
     go: str = ""
     """Random mode: wait for this file, then read ``end`` from it (a start barrier)."""
+    mutants: list[str] = field(default_factory=list)
+    """Seeded defects this worker switches on at start-up (:func:`fenced.core.mutants.activate`)."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -134,6 +148,46 @@ def encode_chain(chain: list[list[Any]], pad: int = 0) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
+class StopInCommit:
+    """A store backend whose transactions can stop this process between check and commit.
+
+    Wraps the backend of one of this worker's stores (the backend contract's ``transaction``
+    is the seam; everything else is the backend's own). When :meth:`arm`-ed, the next
+    transaction whose body succeeded — the store has checked the token and decided the
+    mutation — calls ``stop`` before the backend commits it. A correct store holds its lock
+    (or database transaction) across the stop, so a successor's install waits for the commit;
+    a store that checks and writes in separate steps lets the successor in between, and the
+    stale commit then lands on top of the successor's (seeded defect ``check-then-write``).
+    """
+
+    def __init__(self, inner: Backend, stop: Callable[[], None]) -> None:
+        self._inner = inner
+        self._stop = stop
+        self._armed = False
+
+    def arm(self, armed: bool = True) -> None:
+        """Stop inside the next committed transaction (``False``: do not)."""
+        self._armed = armed
+
+    @contextlib.contextmanager
+    def transaction(self, resource: str) -> Iterator[Transaction]:
+        with self._inner.transaction(resource) as tx:
+            yield tx
+            if self._armed:
+                self._armed = False
+                self._stop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @classmethod
+    def install(cls, store: Store, stop: Callable[[], None]) -> StopInCommit:
+        """Put a StopInCommit between ``store`` and its backend; returns it."""
+        wrapper = cls(store._backend, stop)
+        store._backend = cast(Backend, wrapper)
+        return wrapper
+
+
 class Worker:
     """One worker process's state: coordinator, stores, the current hold, its recorder."""
 
@@ -147,10 +201,17 @@ class Worker:
         self.coord = Coordinator(backend)
         self.coord_plan = plan
         self.stores: dict[str, RecordingStore] = {}
+        self.in_commit: dict[str, StopInCommit] = {}
+        """Stores where writes may stop inside the critical section (``commit_stops``)."""
         for name, url in sorted(config.stores.items()):
             store_seed = config.seed ^ zlib.crc32(name.encode())
             store_plan = FaultPlan(random.Random(store_seed), config.rates, config.ttl, kinds)
-            self.stores[name] = RecordingStore(open_store(url), name, recorder, store_plan)
+            store = open_store(url)
+            if config.commit_stops > 0 and name in config.fence:
+                self.in_commit[name] = StopInCommit.install(
+                    store, lambda: self._pause_self(in_commit=True)
+                )
+            self.stores[name] = RecordingStore(store, name, recorder, store_plan)
         self.held: HeldLease | None = None
         self._stack: contextlib.ExitStack | None = None
         self._ops = 0
@@ -216,8 +277,9 @@ class Worker:
         self.rec.emit("check", epoch=held.epoch, state="held", deadline=held.deadline)
         return True
 
-    def _pause_self(self) -> None:
-        self.rec.emit("pause", target=self.config.name, self_stop=True)
+    def _pause_self(self, *, in_commit: bool = False) -> None:
+        extra = {"in_commit": True} if in_commit else {}
+        self.rec.emit("pause", target=self.config.name, self_stop=True, **extra)
         os.kill(os.getpid(), signal.SIGSTOP)
 
     # -- protected work -------------------------------------------------------------------------
@@ -265,7 +327,14 @@ class Worker:
         }
         if unchecked:
             self.pending["meta"]["unchecked"] = True
-        return self._send(0, reconcile)
+        in_commit = self.in_commit.get(store_name)
+        if in_commit is None:
+            return self._send(0, reconcile)
+        in_commit.arm(self.rng.random() < self.config.commit_stops)
+        try:
+            return self._send(0, reconcile)
+        finally:
+            in_commit.arm(False)
 
     def publish(self, store_name: str, *, pause: bool = False, reconcile: bool = True) -> str:
         """Publish a small object naming its writer; returns the outcome's name (as rmw)."""
@@ -328,7 +397,9 @@ class Worker:
                 # Did it land? Ask again with the same op id: sometimes at once, sometimes after a
                 # pause past the lease, when a newer owner may have taken over (the store must
                 # still answer with the first attempt's outcome).
-                if self.rng.random() < self.config.rates.get("stop", 0.0) * 3:
+                rates = self.config.rates
+                stop = self.rng.random() < rates.get("reconcile_stop", rates.get("stop", 0.0) * 3)
+                if stop:
                     self._pause_self()
                 else:
                     time.sleep(0.01)
@@ -390,6 +461,7 @@ class Worker:
     def _work(self) -> None:
         rng, ttl, idle = self.rng, self.config.ttl, self.config.idle
         stores = sorted(self.stores)
+        writable = sorted(self.config.write_stores) or stores
         mix = self.config.mix or {"rmw": 0.6, "publish": 0.25, "observe": 0.15}
         actions = sorted(mix)
         weights = [mix[a] for a in actions]
@@ -397,7 +469,7 @@ class Worker:
             if time.monotonic() >= self.config.end:
                 return
             action = rng.choices(actions, weights=weights)[0]
-            store = rng.choice(stores)
+            store = rng.choice(stores if action == "observe" else writable)
             stop = rng.random() < self.config.rates.get("stop", 0.0)
             if action == "rmw":
                 outcome = self.rmw(store, pause=stop)
@@ -506,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m fenced.verify.worker CONFIG_JSON", file=sys.stderr)
         return 2
     config = WorkerConfig.from_json(args[0])
-    active = mutants.activate(os.environ.get(mutants.ENV_VAR, "").split(","))
+    active = mutants.activate(config.mutants)
     logging.getLogger("fenced").setLevel(logging.CRITICAL)  # the history says it all
     recorder = Recorder(config.history, config.name)
     recorder.emit("start", mode=config.mode, mutants=sorted(active), seed=config.seed)
