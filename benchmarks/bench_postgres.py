@@ -61,7 +61,7 @@ from _common import fmt_rate, fmt_ratio, fmt_time, median, percentile, print_tab
 import fenced
 from fenced.coordinator.connect import connect
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres_store import open_postgres_store
+from fenced.fence.postgres.store import open_postgres_store
 from fenced.testing.postgres import PostgresServer
 
 TTL = 30.0

@@ -31,7 +31,7 @@ import pytest
 
 import fenced
 from fenced.coordinator import restore as restoring
-from fenced.coordinator.backends.sqlite_backup import inspect_database
+from fenced.coordinator.backends.sqlite.backup import inspect_database
 from fenced.core.errors import ConfigurationError
 from fenced.core.records import RecordKind
 from fenced.core.restore import restore_base, restore_tick
@@ -300,7 +300,7 @@ def test_advance_after_a_restore_behind_fenceds_back_uses_store_floors(area: Pat
 
 @pytest.fixture
 def memory() -> Iterator[fenced.Coordinator]:
-    from fenced.coordinator.backends.memory import MemoryBackend
+    from fenced.coordinator.backends.memory.backend import MemoryBackend
 
     MemoryBackend.forget("restore-test")
     with fenced.connect("memory://restore-test") as coord:

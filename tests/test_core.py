@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fenced.coordinator.backends import hostclock
+from fenced.coordinator import hostclock
 from fenced.core.clock import RECHECK, ManualClock, SystemClock
 from fenced.core.errors import (
     Busy,

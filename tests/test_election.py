@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 import fenced
-from fenced.coordinator.backends.memory import MemoryBackend
+from fenced.coordinator.backends.memory.backend import MemoryBackend
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import open_backend
 from fenced.core.clock import ManualClock

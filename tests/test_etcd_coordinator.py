@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 
 import fenced
-import fenced.coordinator.backends.etcd as etcd_module
+import fenced.coordinator.backends.etcd.backend as etcd_module
 from fenced.coordinator import restore as restoring
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.backends.etcd import EtcdBackend, EtcdTicket, parse_etcd_url
-from fenced.coordinator.backends.etcd_client import (
+from fenced.coordinator.backends.etcd.backend import EtcdBackend, EtcdTicket, parse_etcd_url
+from fenced.coordinator.backends.etcd.client import (
     KV,
     MaybeApplied,
     NotApplied,
@@ -41,7 +41,7 @@ from fenced.coordinator.backends.etcd_client import (
     WatchStream,
     b64,
 )
-from fenced.coordinator.backends.etcd_keys import (
+from fenced.coordinator.backends.etcd.keys import (
     SEQ_PER_REVISION,
     STAMP_LATER,
     records_from,

@@ -1,5 +1,6 @@
 """The etcd backend's gRPC transport against real etcd members: the gateway's JSON shapes in and
-out, and which failures may have been applied (``fenced.coordinator.backends.etcd_grpc``)."""
+out, and which failures may have been applied
+(``fenced.coordinator.backends.etcd.grpc_transport``)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from google.protobuf import descriptor_pb2, json_format
 from google.protobuf.message import Message
 
 import fenced
-from fenced.coordinator.backends import etcd_rpc as rpc
-from fenced.coordinator.backends.etcd import EtcdBackend
-from fenced.coordinator.backends.etcd_client import (
+from fenced.coordinator.backends.etcd import rpc
+from fenced.coordinator.backends.etcd.backend import EtcdBackend
+from fenced.coordinator.backends.etcd.client import (
     EtcdRejected,
     MaybeApplied,
     NotApplied,
@@ -25,14 +26,14 @@ from fenced.coordinator.backends.etcd_client import (
     b64,
     unb64,
 )
-from fenced.coordinator.backends.etcd_grpc import GrpcTransport
-from fenced.coordinator.backends.etcd_messages import to_json, to_message
+from fenced.coordinator.backends.etcd.grpc_transport import GrpcTransport
+from fenced.coordinator.backends.etcd.messages import to_json, to_message
 from fenced.core.errors import ConfigurationError, Unavailable
 from fenced.testing.conformance import wait_for
 from fenced.testing.etcd import EtcdCluster
 from fenced.testing.proxy import TcpProxy
 
-BACKENDS = Path(fenced.__file__).parent / "coordinator" / "backends"
+BACKENDS = Path(fenced.__file__).parent / "coordinator" / "backends" / "etcd"
 
 
 def _key() -> bytes:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fenced.coordinator.backends.memory import MemoryBackend
+from fenced.coordinator.backends.memory.backend import MemoryBackend
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
 from fenced.core.clock import ManualClock, SystemClock

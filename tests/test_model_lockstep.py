@@ -2,14 +2,14 @@
 
 The lease rules are written four times — in Python (the memory backend), SQL (SQLite), PL/pgSQL
 (PostgreSQL) and etcd transaction compares. The memory backend is the executable model
-(:mod:`fenced.coordinator.backends.memory`). Each test here drives the model and one real backend
-(SQLite embedded; PostgreSQL and a 3-member etcd cluster started by the test session) with the
-same random operations at the backend contract (:mod:`fenced.coordinator.backend`): acquire with
-and without a ``request_id`` (fresh, replayed, replayed for another resource), renew, release
-and proclaim by the owner, by a wrong owner and with a stale or a later epoch, ``current``,
-``last_epoch``, ``resources``, ``records`` (with ``after`` and ``limit``), ``advance`` (the
-minimum epoch and per-resource floors of a restore), and clock steps. Every answer is compared
-(return values and exception classes), and so is every record.
+(:mod:`fenced.coordinator.backends.memory.backend`). Each test here drives the model and one real
+backend (SQLite embedded; PostgreSQL and a 3-member etcd cluster started by the test session) with
+the same random operations at the backend contract (:mod:`fenced.coordinator.backend`): acquire with
+and without a ``request_id`` (fresh, replayed, replayed for another resource), renew, release and
+proclaim by the owner, by a wrong owner and with a stale or a later epoch, ``current``,
+``last_epoch``, ``resources``, ``records`` (with ``after`` and ``limit``), ``advance`` (the minimum
+epoch and per-resource floors of a restore), and clock steps. Every answer is compared (return
+values and exception classes), and so is every record.
 
 Time. SQLite takes an injected host clock: one :class:`ManualClock` drives the model and the
 backend, so every expiry is decided at the same instant (also exactly at the boundary, and across
@@ -55,9 +55,9 @@ from hypothesis.stateful import (
 )
 
 from fenced.coordinator.backend import Blocked, CoordinatorBackend, Granted, GrantRequest
-from fenced.coordinator.backends.etcd import EtcdBackend
-from fenced.coordinator.backends.memory import MemoryBackend
-from fenced.coordinator.backends.sqlite import SQLiteBackend
+from fenced.coordinator.backends.etcd.backend import EtcdBackend
+from fenced.coordinator.backends.memory.backend import MemoryBackend
+from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
 from fenced.coordinator.connect import open_backend
 from fenced.core.clock import ManualClock, SystemClock
 from fenced.core.errors import (

@@ -28,10 +28,11 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
+from fenced._drivers.postgres import Pool, execute, migrate, parse_url
 from fenced.coordinator import restore as restoring
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.backends import postgres_schema
-from fenced.coordinator.backends.postgres import (
+from fenced.coordinator.backends.postgres import schema as postgres_schema
+from fenced.coordinator.backends.postgres.backend import (
     PostgresBackend,
     PostgresTicket,
     _Listener,
@@ -52,8 +53,7 @@ from fenced.core.lease import Lease, LeaseState
 from fenced.core.records import RecordKind
 from fenced.core.restore import restore_base
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres_conn import Pool, execute, migrate, parse_url
-from fenced.fence.postgres_store import open_postgres_store
+from fenced.fence.postgres.store import open_postgres_store
 from fenced.runtime.keeper import HeldLease
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.postgres import PgBouncer, PostgresServer

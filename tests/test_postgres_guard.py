@@ -21,7 +21,7 @@ from sqlalchemy import text
 
 from fenced.core.errors import ConfigurationError, ForeignToken, StaleToken
 from fenced.core.token import FencingToken
-from fenced.fence.guard_postgres import guard_postgres, guard_psycopg, guard_sqlalchemy, install
+from fenced.fence.postgres.guard import guard_postgres, guard_psycopg, guard_sqlalchemy, install
 from fenced.testing.postgres import PostgresServer
 
 C1 = "c1" * 16

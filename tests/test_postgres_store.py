@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from fenced._drivers import postgres as postgres_conn
 from fenced.cli.exitcodes import BAD_INPUT
 from fenced.cli.main import cli
 from fenced.core.clock import SystemClock
@@ -29,10 +30,11 @@ from fenced.core.errors import (
     Unavailable,
     VersionConflict,
 )
-from fenced.fence import Store, postgres_conn, postgres_store
+from fenced.fence import Store
 from fenced.fence import open_store as fenced_open_store
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres_store import PostgresStore, open_postgres_store
+from fenced.fence.postgres import store as postgres_store
+from fenced.fence.postgres.store import PostgresStore, open_postgres_store
 from fenced.fence.values import Mode
 from fenced.testing.conformance import wait_for
 from fenced.testing.postgres import PostgresServer

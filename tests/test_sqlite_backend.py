@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.backends import sqlite_schema
-from fenced.coordinator.backends.sqlite import QUEUE_KEEPALIVE, SQLiteBackend, SQLiteTicket
+from fenced.coordinator.backends.sqlite import schema as sqlite_schema
+from fenced.coordinator.backends.sqlite.backend import QUEUE_KEEPALIVE, SQLiteBackend, SQLiteTicket
 from fenced.coordinator.client import Coordinator
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, LeaseLost, LossReason, Unavailable
@@ -239,7 +239,7 @@ def test_the_wal_is_kept_allocated_and_its_zero_tail_survives_a_crash(db_path: P
         """
         import os, sys
         from fenced.coordinator.backend import GrantRequest
-        from fenced.coordinator.backends.sqlite import SQLiteBackend
+        from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
         backend = SQLiteBackend(sys.argv[1])
         for i in range(5):
             g = backend.try_grant(GrantRequest("jobs/nightly", 10.0, "c" * 32, "child"), None)
@@ -267,7 +267,7 @@ def test_a_grant_is_fsynced_before_it_returns_and_a_release_is_not(
         """
         import os, sys
         from fenced.coordinator.backend import GrantRequest
-        from fenced.coordinator.backends.sqlite import SQLiteBackend
+        from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
         backend = SQLiteBackend(sys.argv[1])
         marks = os.open(os.devnull, os.O_WRONLY)
         for i in range(5):
@@ -622,7 +622,7 @@ CHILD_PRELUDE = """
 import json, sys, time
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.client import Coordinator
-from fenced.coordinator.backends.sqlite import SQLiteBackend
+from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
 path, resource, out = sys.argv[1], sys.argv[2], sys.argv[3]
 backend = SQLiteBackend(path)
 request = GrantRequest(resource, 10.0, "c" * 32, "child")

@@ -36,9 +36,9 @@ import pytest
 import fenced
 from fenced.coordinator import restore as restoring
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.backends.notify import NETNS, Waker
-from fenced.coordinator.backends.sqlite import SQLiteBackend, SQLiteTicket
-from fenced.coordinator.backends.sqlite_files import marker_of
+from fenced.coordinator.backends.sqlite.backend import SQLiteBackend, SQLiteTicket
+from fenced.coordinator.backends.sqlite.files import marker_of
+from fenced.coordinator.backends.sqlite.wakeup import NETNS, Waker
 from fenced.coordinator.client import Coordinator
 from fenced.core.errors import Busy, ConfigurationError
 from fenced.core.records import RecordKind
@@ -357,7 +357,7 @@ def test_a_setgid_group_directory_shares_the_coordinator_with_its_group(
             """
             import sys
             from fenced.coordinator.backend import GrantRequest
-            from fenced.coordinator.backends.sqlite import SQLiteBackend
+            from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
             with SQLiteBackend(sys.argv[1]) as backend:
                 granted = backend.try_grant(GrantRequest("jobs/nightly", 5.0, "d" * 32, "d"), None)
                 print(granted.epoch)
@@ -424,7 +424,7 @@ def test_a_deleted_database_is_refused_while_its_marker_is_there(tmp_path: Path)
 _KILLED = """
 import sys, time
 from fenced.coordinator.backend import GrantRequest
-from fenced.coordinator.backends.sqlite import SQLiteBackend
+from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
 backend = SQLiteBackend(sys.argv[1])
 for owner in ("1", "2", "3"):
     granted = backend.try_grant(GrantRequest("jobs/nightly", 60.0, owner * 32, "k"), None)

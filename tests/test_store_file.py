@@ -19,9 +19,10 @@ import pytest
 
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, IdempotencyConflict, StaleToken, Unavailable
-from fenced.fence import Store, file_store, open_store, ops
-from fenced.fence.file_store import CHECKPOINT_AT, JOURNAL, LOG, OPS, STATE
-from fenced.fence.helpers import drain, later
+from fenced.fence import Store, open_store, ops
+from fenced.fence.background import drain, later
+from fenced.fence.file import store as file_store
+from fenced.fence.file.store import CHECKPOINT_AT, JOURNAL, LOG, OPS, STATE
 from fenced.fence.values import Mode, Publication, Version
 from fenced.testing.store_conformance import (
     MakeStore,

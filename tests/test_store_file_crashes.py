@@ -1,7 +1,7 @@
 """The file store's commit log, checkpoints and journals under ``kill -9``, with real processes.
 
 The workers are functions of this module, run as ``python tests/test_store_file_crashes.py ROLE …``.
-They shrink :data:`fenced.fence.file_store.CHECKPOINT_AT` so that a kill often lands in a
+They shrink :data:`fenced.fence.file.store.CHECKPOINT_AT` so that a kill often lands in a
 checkpoint, and acknowledge each write (one line in a file) only after the store returned it.
 """
 
@@ -24,7 +24,8 @@ import pytest
 import fenced.fence
 from fenced.core.clock import SystemClock
 from fenced.core.records import RecordKind
-from fenced.fence import Store, file_store, open_store
+from fenced.fence import Store, open_store
+from fenced.fence.file import store as file_store
 from fenced.testing.conformance import wait_for
 from fenced.testing.store_conformance import R, token
 

@@ -17,8 +17,8 @@ import fenced
 from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
 from fenced.core.records import Record, RecordKind
 from fenced.fence import Capability
-from fenced.fence.file_store import JOURNAL, LOG, STATE
-from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION
+from fenced.fence.file.store import JOURNAL, LOG, STATE
+from fenced.fence.sqlite.store import MIGRATIONS, SCHEMA_VERSION
 from fenced.testing.store_conformance import R, token
 
 

@@ -17,8 +17,9 @@ import fenced.fence.store as store_module
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
 from fenced.core.records import RecordKind, detail_json
-from fenced.fence import Store, open_store, sqlite_store
-from fenced.fence.sqlite_store import MIGRATIONS, SCHEMA_VERSION, SqliteBackend
+from fenced.fence import Store, open_store
+from fenced.fence.sqlite import store as sqlite_store
+from fenced.fence.sqlite.store import MIGRATIONS, SCHEMA_VERSION, SqliteBackend
 from fenced.fence.values import Mode
 from fenced.testing.conformance import wait_for
 from fenced.testing.store_conformance import (
@@ -479,8 +480,8 @@ def test_the_one_call_put_records_what_the_general_path_records(tmp_path: Path) 
 _OPENER = """
 import sqlite3
 import fenced
-import fenced.fence.sqlite_store as sqlite_store
-from fenced.fence.sqlite_busy import is_busy, retrying
+import fenced.fence.sqlite.store as sqlite_store
+from fenced._drivers.sqlite import is_busy, retrying
 
 path = sys.argv[1]
 refused = 0

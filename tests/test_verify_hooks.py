@@ -29,9 +29,9 @@ from fenced.coordinator.backend import (
     GrantRequest,
     Ticket,
 )
-from fenced.coordinator.backends import sqlite as sqlite_backend
-from fenced.coordinator.backends.memory import MemoryBackend
-from fenced.coordinator.backends.sqlite import SQLiteBackend
+from fenced.coordinator.backends.memory.backend import MemoryBackend
+from fenced.coordinator.backends.sqlite import backend as sqlite_backend
+from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
 from fenced.coordinator.client import Coordinator
 from fenced.core import mutants as switches
 from fenced.core.clock import ManualClock
@@ -293,7 +293,7 @@ def test_an_environment_variable_changes_nothing_in_a_normal_process(tmp_path: P
         f"""
         import json, sys
         from fenced.coordinator.backend import GrantRequest
-        from fenced.coordinator.backends.sqlite import SQLiteBackend
+        from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
         from fenced.core import mutants
 
         with SQLiteBackend(sys.argv[1]) as backend:

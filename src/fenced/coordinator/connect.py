@@ -45,14 +45,14 @@ def open_backend(url: str, *, host_clock: HostClock | None = None) -> Coordinato
     """Open the backend named by ``url`` (already resolved)."""
     scheme = scheme_of(url)
     if scheme == "sqlite":
-        from fenced.coordinator.backends.sqlite import SQLiteBackend  # noqa: PLC0415
+        from fenced.coordinator.backends.sqlite.backend import SQLiteBackend  # noqa: PLC0415
 
         backend: CoordinatorBackend = SQLiteBackend(
             path_from_url(url, "sqlite"), host_clock=host_clock
         )
         return backend
     if scheme == "memory":
-        from fenced.coordinator.backends.memory import MemoryBackend  # noqa: PLC0415
+        from fenced.coordinator.backends.memory.backend import MemoryBackend  # noqa: PLC0415
 
         return MemoryBackend(url[len("memory://") :] or "default", host_clock=host_clock)
     if scheme in ("postgresql", "postgres"):
@@ -62,7 +62,7 @@ def open_backend(url: str, *, host_clock: HostClock | None = None) -> Coordinato
                 "host_clock cannot be injected"
             )
         try:
-            from fenced.coordinator.backends.postgres import PostgresBackend  # noqa: PLC0415
+            from fenced.coordinator.backends.postgres.backend import PostgresBackend  # noqa: PLC0415
         except ImportError as error:
             raise ConfigurationError(
                 f"the PostgreSQL backend needs psycopg: pip install 'fenced[postgres]' ({error})"
@@ -75,7 +75,7 @@ def open_backend(url: str, *, host_clock: HostClock | None = None) -> Coordinato
                 "host_clock cannot be injected"
             )
         try:
-            from fenced.coordinator.backends.etcd import EtcdBackend  # noqa: PLC0415
+            from fenced.coordinator.backends.etcd.backend import EtcdBackend  # noqa: PLC0415
         except ImportError as error:
             raise ConfigurationError(
                 f"the etcd backend needs protobuf and grpcio: pip install 'fenced[etcd]' ({error})"

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from fenced.coordinator.backends import sqlite_backup
+from fenced.coordinator.backends.sqlite import backup as sqlite_backup
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, resolve_url
 from fenced.core.errors import ConfigurationError
@@ -230,7 +230,7 @@ def backup(url: str | None, dest: str | os.PathLike[str]) -> BackupInfo:
     """Take a consistent online copy of the embedded coordinator at ``url`` into ``dest``.
 
     Safe while other processes acquire and release: the copy is one consistent snapshot (see
-    :mod:`fenced.coordinator.backends.sqlite_backup`), checked, synced and renamed into place
+    :mod:`fenced.coordinator.backends.sqlite.backup`), checked, synced and renamed into place
     (``dest`` may be a directory). Raises ConfigurationError for a non-``sqlite:`` URL, a
     missing or foreign database, or an unwritable destination; nothing is left behind then.
     """
@@ -303,7 +303,7 @@ def restore(
         minimum, base, floor = plan_minimum(now, known, reported)
         per_resource = _merge(current.epochs if current else {}, reported)
         detail = _detail("restore", str(source), minimum, base, known, floor)
-        from fenced.coordinator.backends.sqlite import SQLiteBackend  # noqa: PLC0415
+        from fenced.coordinator.backends.sqlite.backend import SQLiteBackend  # noqa: PLC0415
 
         staged_backend = SQLiteBackend(staging, marker=False)  # a transient copy
         try:

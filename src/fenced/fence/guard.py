@@ -25,7 +25,7 @@ import sqlite3
 
 from fenced.core.errors import ConfigurationError, ForeignToken, StaleToken
 from fenced.core.token import FencingToken
-from fenced.fence.sqlite_store import translate_error
+from fenced.fence.sqlite.store import translate_error
 
 __all__ = ["FENCE_TABLE", "guard"]
 
@@ -46,7 +46,7 @@ def guard(connection: object, token: FencingToken) -> int:
     translated (:class:`~fenced.Unavailable`, …): your writes never commit unguarded.
     """
     if type(connection).__module__.partition(".")[0] in ("psycopg", "sqlalchemy"):
-        from fenced.fence.guard_postgres import guard_postgres  # noqa: PLC0415
+        from fenced.fence.postgres.guard import guard_postgres  # noqa: PLC0415
 
         return guard_postgres(connection, token)
     kind = type(connection)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from fenced.core.errors import ConfigurationError
-from fenced.fence.helpers import lane_queue
+from fenced.fence.background import lane_queue
 
 __all__ = ["CHUNK_SIZE", "PublishData", "Source"]
 
@@ -27,7 +27,7 @@ PublishData = bytes | bytearray | memoryview | os.PathLike[str] | IO[bytes]
 class Source:
     """Chunks of the data of one publish; :attr:`sha256` and :attr:`size` once exhausted.
 
-    Large chunks are hashed on a helper thread (see :mod:`fenced.fence.helpers`), in order,
+    Large chunks are hashed on a helper thread (see :mod:`fenced.fence.background`), in order,
     so that hashing overlaps the backend's writes and its ``fsync`` (hashlib and fsync both
     release the GIL); at most :data:`_QUEUED` chunks of a source wait for it, so memory stays
     bounded.

@@ -69,9 +69,9 @@ from fenced.fence.backend import (
     StoreOptions,
     Transaction,
 )
-from fenced.fence.file_store import open_file_backend
+from fenced.fence.file.store import open_file_backend
 from fenced.fence.source import PublishData, Source
-from fenced.fence.sqlite_store import open_sqlite_backend
+from fenced.fence.sqlite.store import open_sqlite_backend
 from fenced.fence.values import Item, Mode, Publication, Version
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def open_store(
     )
     rules.resolve_mode(None, mode, "open_store")  # reject an unknown mode before any I/O
     if opener is None:  # postgresql:// and postgres:// (the postgres extra)
-        from fenced.fence.postgres_store import open_postgres_store  # noqa: PLC0415
+        from fenced.fence.postgres.store import open_postgres_store  # noqa: PLC0415
 
         return open_postgres_store(url, mode, options)
     return Store(opener(path_from_url(url, scheme), mode, options), options)

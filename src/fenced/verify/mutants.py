@@ -19,16 +19,16 @@ mutant                     defect (hook site)                                  a
 no-fence-check             stores accept any epoch                             every store
                            (fence/rules.py admit_mutation)
 check-then-write           the file store checks and writes without its lock   file: stores
-                           (fence/file_store.py transaction)
+                           (fence/file/store.py transaction)
 deadline-from-reply        local deadline from the reply time, not the send    every
                            time (coordinator/client.py acquire, renew)         coordinator
 renewal-failure-ignored    a failed renewal counts as a success                every
                            (runtime/keeper.py renewer)                         coordinator
 release-without-owner      release deletes whatever lease is live              sqlite,
-                           (coordinator/backends/sqlite.py, memory.py)         memory
+                           (coordinator/backends/sqlite/backend.py, memory.py)         memory
 epoch-reuse                a grant after an expiry (crash, pause) or a         sqlite
                            restore reuses the last epoch
-                           (coordinator/backends/sqlite.py)
+                           (coordinator/backends/sqlite/backend.py)
 dedup-after-fence          the op-id lookup comes after the fence check        every store
                            (fence/store.py _mutate)
 publish-no-token-check     publish skips the fence and pointer checks          every store
@@ -131,7 +131,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "check-then-write",
         "the file store reads, checks and writes without its lock: check and write are "
         "separate steps",
-        "fence/file_store.py FileBackend.transaction",
+        "fence/file/store.py FileBackend.transaction",
         ("chain-integrity", "largest-seen"),
         "in-commit",
         stores=frozenset({"file"}),
@@ -153,7 +153,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "release-without-owner",
         "release deletes the live lease without comparing owner and epoch",
-        "coordinator/backends/sqlite.py and memory.py release",
+        "coordinator/backends/sqlite/backend.py and memory.py release",
         ("compare-owner", "exclusive-grant"),
         "late-releases",
         coordinators=frozenset({"sqlite", "memory"}),
@@ -162,7 +162,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "epoch-reuse",
         "a grant after an expiry (a crashed or paused holder) or a restore reuses the last "
         "epoch instead of max(last, minimum) + 1",
-        "coordinator/backends/sqlite.py SQLiteBackend._grant",
+        "coordinator/backends/sqlite/backend.py SQLiteBackend._grant",
         ("token-unique", "token-monotonic"),
         "expiries",
         coordinators=frozenset({"sqlite"}),

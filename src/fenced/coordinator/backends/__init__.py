@@ -1,1 +1,7 @@
-"""Coordinator backends: one per URL scheme, each implementing :mod:`..backend`'s contract."""
+"""The coordinator's backends, one package each, chosen by URL (:mod:`fenced.coordinator.connect`).
+
+Each implements :class:`fenced.coordinator.backend.CoordinatorBackend` and imports only that
+contract, :mod:`fenced.coordinator.hostclock`, :mod:`fenced._drivers` and :mod:`fenced.core`
+(enforced by import-linter): ``memory`` (the executable model), ``sqlite`` (embedded),
+``postgres``, ``etcd``.
+"""

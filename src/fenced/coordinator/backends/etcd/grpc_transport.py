@@ -1,13 +1,13 @@
 """etcd's gRPC API for the etcd backend's requests (``grpcio``), with the gateway's JSON shapes.
 
-:class:`GrpcTransport` is a :class:`~fenced.coordinator.backends.etcd_client.Transport` whose
+:class:`GrpcTransport` is a :class:`~fenced.coordinator.backends.etcd.client.Transport` whose
 single requests (range, txn, put, lease grant/revoke/keep-alive/time-to-live, status) go to
 etcd's gRPC API instead of its JSON gateway: the gateway is a gRPC client inside each member that
 re-encodes every request and reply, and it costs the members ~1.3 ms of CPU per request more than
 gRPC does (``docs/etcd.md``, "Client"). Watches still stream from the gateway (the inherited
 :meth:`~Transport.open_stream`); failover between endpoints, the time budget and the errors are
 the inherited ones. :meth:`~Transport.call` takes and returns the gateway's JSON (bytes as
-base64, 64-bit integers as strings, enums by name: :mod:`.etcd_messages`);
+base64, 64-bit integers as strings, enums by name: :mod:`.messages`);
 :meth:`~Transport.call_message` returns etcd's reply message as it came, and both accept
 messages inside the body or a body that is the request message (the backend sends its
 transactions as ``TxnRequest`` messages).
@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from fenced.coordinator.backends.etcd_client import (
+from fenced.coordinator.backends.etcd.client import (
     EtcdError,
     Json,
     NotApplied,
@@ -52,7 +52,7 @@ from fenced.coordinator.backends.etcd_client import (
     _classify,
     _Endpoint,
 )
-from fenced.coordinator.backends.etcd_messages import METHODS, to_json, to_message
+from fenced.coordinator.backends.etcd.messages import METHODS, to_json, to_message
 
 __all__ = ["GrpcTransport"]
 

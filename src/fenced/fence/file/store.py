@@ -122,7 +122,7 @@ from fenced.core.errors import (
 )
 from fenced.core.records import Record, RecordKind
 from fenced.fence.backend import Capability, Chooser, StoreOptions
-from fenced.fence.helpers import Background, later
+from fenced.fence.background import Background, later
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, resolve_mode
 from fenced.fence.translated import Translated

@@ -3,14 +3,14 @@
 Everything lives in one PostgreSQL schema (default ``fenced``; ``?schema=name``). ``meta`` holds
 ``format``, ``schema_version``, the ``coordinator_id`` (created once, kept forever), the
 coordinator-wide ``minimum_epoch`` (restore safety) and ``records_retention`` (seconds).
-:data:`MIGRATIONS` lists every schema change in order; :func:`fenced.fence.postgres_conn.migrate`
+:data:`MIGRATIONS` lists every schema change in order; :func:`fenced._drivers.postgres.migrate`
 applies the missing ones in one transaction under a transaction-level advisory lock. To change
 the schema, append a :class:`Migration` (``CREATE OR REPLACE`` the functions it changes); never
 edit a released one. A schema of a newer version is refused with ``ConfigurationError``.
 
 Every lease operation is one round trip and one transaction: one call of one PL/pgSQL
 function, or, for the uncontended grant and release, one statement of the client's
-(``_FAST_GRANT`` and ``_FAST_RELEASE`` in :mod:`fenced.coordinator.backends.postgres`) that
+(``_FAST_GRANT`` and ``_FAST_RELEASE`` in :mod:`fenced.coordinator.backends.postgres.backend`) that
 falls back to the function within the same statement. Both read the server's clock
 (``clock_timestamp()``) — the client's clock is never sent — and lock the resource's row before
 they change anything, which orders every change and record of a resource.
@@ -34,7 +34,7 @@ restore).
 
 from __future__ import annotations
 
-from fenced.fence.postgres_conn import Migration
+from fenced._drivers.postgres import Migration
 
 __all__ = ["FORMAT", "LISTEN_LOCK_CLASS", "MIGRATIONS", "SCHEMA_VERSION", "channel", "migrations"]
 

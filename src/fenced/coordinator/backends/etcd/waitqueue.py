@@ -13,7 +13,7 @@ handoff compares everything it assumed — so a stale view costs a retry, never 
 
 Both watches start at the *current* revision (etcd's "synced" group: no 100 ms catch-up loop)
 and cover the gap since the state they start from with one read at the revision etcd confirmed
-the watch at (see :class:`~.etcd_client.WatchStream`).
+the watch at (see :class:`~.client.WatchStream`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 
 from fenced.coordinator.backend import Blocked, GrantRequest
-from fenced.coordinator.backends.etcd_client import KV, Event, Transport, WatchStream, b64
-from fenced.coordinator.backends.etcd_keys import LeaseValue, prefix_end
+from fenced.coordinator.backends.etcd.client import KV, Event, Transport, WatchStream, b64
+from fenced.coordinator.backends.etcd.keys import LeaseValue, prefix_end
 from fenced.core.errors import ConfigurationError
 
 __all__ = ["EtcdTicket", "QueueView"]

@@ -41,6 +41,7 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
+from fenced._drivers.postgres import DEFAULT_SCHEMA, translate
 from fenced.core.errors import (
     ConfigurationError,
     FencedError,
@@ -49,7 +50,6 @@ from fenced.core.errors import (
     Unavailable,
 )
 from fenced.core.token import FencingToken
-from fenced.fence.postgres_conn import DEFAULT_SCHEMA, translate
 
 __all__ = ["GUARD_TABLE", "guard_postgres", "guard_psycopg", "guard_sqlalchemy", "install"]
 

@@ -109,6 +109,18 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.types.json import Jsonb
 
+from fenced._drivers.postgres import (
+    DEFAULT_OP_TIMEOUT,
+    DEFAULT_POOL_SIZE,
+    Pool,
+    checked,
+    execute,
+    guarded,
+    migrate,
+    parse_url,
+    statement_name,
+    translate,
+)
 from fenced.coordinator.backend import (
     CAP_RECORDS,
     CAP_REQUEST_ID,
@@ -119,7 +131,7 @@ from fenced.coordinator.backend import (
     Ticket,
     owned_ticket,
 )
-from fenced.coordinator.backends import postgres_schema
+from fenced.coordinator.backends.postgres import schema as postgres_schema
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
@@ -133,18 +145,6 @@ from fenced.core.lease import LeaseInfo
 from fenced.core.names import validate_resource
 from fenced.core.records import Record, RecordKind
 from fenced.core.token import MAX_EPOCH, validate_coordinator_id
-from fenced.fence.postgres_conn import (
-    DEFAULT_OP_TIMEOUT,
-    DEFAULT_POOL_SIZE,
-    Pool,
-    checked,
-    execute,
-    guarded,
-    migrate,
-    parse_url,
-    statement_name,
-    translate,
-)
 
 __all__ = [
     "GAP_SETTLE",
@@ -382,7 +382,7 @@ class _Listener:
     The session holds the advisory lock ``(LISTEN_LOCK_CLASS, key)`` for as long as it lives, a
     random ``key`` kept across reconnections (another one if it was taken meanwhile). While
     ``listening``, :attr:`handoff_key` offers it to releasers (see ``_handoff`` in
-    :mod:`~fenced.coordinator.backends.postgres_schema`): a free lock means this process is gone.
+    :mod:`~fenced.coordinator.backends.postgres.schema`): a free lock means this process is gone.
     """
 
     def __init__(

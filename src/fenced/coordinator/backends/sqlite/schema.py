@@ -9,7 +9,7 @@ serialise on the write lock (exactly one of them initialises or upgrades). To ch
 append a :class:`Migration`; never edit a released one.
 
 Where the file lives — directory and file modes, and the marker that stops a coordinator from
-being re-created silently where its database was — is :mod:`.sqlite_files`.
+being re-created silently where its database was — is :mod:`.files`.
 
 Failure behaviour: a file that is not a database, a database that is not fenced's, a database
 written by a newer fenced, a path that cannot be created or written, and a database that is
@@ -26,10 +26,10 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from fenced.coordinator.backends import sqlite_files
+from fenced._drivers.sqlite import error_code, retrying
+from fenced.coordinator.backends.sqlite import files as sqlite_files
 from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 from fenced.core.token import validate_coordinator_id
-from fenced.fence.sqlite_busy import error_code, retrying
 
 __all__ = [
     "APPLICATION_ID",
@@ -333,7 +333,7 @@ def open_database(
     """Create or open the database at ``path``; return the connection and the coordinator id.
 
     Creates missing parent directories and a missing file with fenced's modes (see
-    :mod:`.sqlite_files`). A new (or empty) file is initialised with a fresh random coordinator
+    :mod:`.files`). A new (or empty) file is initialised with a fresh random coordinator
     id, or ``coordinator_id_for_new`` if given (ignored for an existing database), unless the
     marker (or a ``-wal``/``-shm``/``-journal`` file beside a missing database) shows that a
     database lived there: then ConfigurationError, and nothing is created. An older schema is

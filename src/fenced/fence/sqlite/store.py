@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import BinaryIO, cast
 
+from fenced._drivers.sqlite import error_code, is_busy, retrying
 from fenced.core.errors import (
     ConfigurationError,
     CorruptData,
@@ -51,7 +52,6 @@ from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.chunks import ChunkReader
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, admit_mutation, next_version, resolve_mode
-from fenced.fence.sqlite_busy import error_code, is_busy, retrying
 from fenced.fence.translated import Translated
 from fenced.fence.values import Item, Mode, Publication, Version
 

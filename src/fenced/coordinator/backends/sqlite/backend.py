@@ -5,7 +5,7 @@ Guarantees
 - **Epochs never repeat.** A grant raises the resource's epoch and writes the lease in one
   write transaction (a single autocommit statement on the uncontended path) that is durable
   before :meth:`SQLiteBackend.try_grant` returns (the WAL is fdatasync-ed right after the commit:
-  see :mod:`.sqlite_db`), so a kill -9 (or a power cut) at any instant can never let the same
+  see :mod:`.database`), so a kill -9 (or a power cut) at any instant can never let the same
   epoch be granted twice. The one exception is a hand-off (below), whose epoch was *reserved*
   durably beforehand.
 - **Epoch reservations for hand-offs.** A waiter that queues behind a lease makes sure, in a
@@ -31,7 +31,7 @@ Guarantees
   reservations above.)
 - **First come, first served, woken by notification.** A waiter takes a :class:`SQLiteTicket`:
   a row in ``waiters`` (its id is its place in line, and it carries the waiter's request: owner
-  secret, holder, ttl, value) and an abstract Unix datagram socket (:mod:`.notify`).
+  secret, holder, ttl, value) and an abstract Unix datagram socket (:mod:`.wakeup`).
 - **A release hands the lease over.** A release that finds a live head waiter grants the lease
   to it in its name (:data:`_HAND_OFF`: epoch + 1, the head's row deleted) in the same commit
   (reserved epoch: no fsync), then sends it one datagram carrying the epoch. The datagram is
@@ -59,7 +59,7 @@ Guarantees
   nobody: waiters retry at ``Blocked.retry_in``, never later than the expiry (a timer, not a
   poll).
 - **Records** are written by database triggers in the statement that changes the lease (see
-  :mod:`.sqlite_schema`): a grant records itself, preceded by the end of the previous lease if
+  :mod:`.schema`): a grant records itself, preceded by the end of the previous lease if
   that is not recorded yet. A release only marks its row (``end_recorded = 0``: no record page
   in its commit); its record is written by the next grant of that resource or by the next
   reader of the records, dated at the release. Expiries are recorded when first noticed (a grant,
@@ -117,14 +117,14 @@ reserved epochs), a datagram, and the waiter's read that confirms it (a primary-
 caller that is probably not first in line (woken by its timer
 rather than by a datagram, or a newcomer where this process recently saw waiters) reads before it
 writes, so that blocked callers do not take the write lock the head needs. Waiting for the write
-lock retries with sleeps of 50 µs to 1 ms (:mod:`.sqlite_db`), not with SQLite's busy handler,
+lock retries with sleeps of 50 µs to 1 ms (:mod:`.database`), not with SQLite's busy handler,
 which sleeps 1-100 ms.
 
 Files: the directory fenced creates is ``0700`` and the database, its ``-wal``/``-shm`` and
 marker ``0600`` (``0660`` in a deliberately shared, setgid directory), whatever the umask: the
 database holds owner secrets and request ids, which are bearer credentials. A database that is
 missing or empty where its marker says one lived is refused, never re-created with epochs from
-1 (see :mod:`.sqlite_files`).
+1 (see :mod:`.files`).
 
 Failure behaviour: another process holding the write lock longer than the busy timeout →
 :class:`~fenced.Unavailable`; a write whose commit may or may not have happened →
@@ -132,7 +132,7 @@ Failure behaviour: another process holding the write lock longer than the busy t
 lost one (above) → :class:`~fenced.ConfigurationError`. Nothing here logs or raises with an
 owner secret or a request id.
 
-Thread-safe (:class:`~.sqlite_db.Database`: one connection behind a lock; the lock costs 0.4 µs
+Thread-safe (:class:`~.database.Database`: one connection behind a lock; the lock costs 0.4 µs
 per step, well under 1 % of a cycle, and SQLite serialises writers anyway, so a connection per
 thread would buy nothing for the single-threaded cycle). Linux only (the wake-up sockets).
 """
@@ -158,10 +158,10 @@ from fenced.coordinator.backend import (
     Ticket,
     owned_ticket,
 )
-from fenced.coordinator.backends.hostclock import SystemHostClock
-from fenced.coordinator.backends.notify import NETNS, Delivery, Waker, WakeSocket
-from fenced.coordinator.backends.sqlite_db import Database
-from fenced.coordinator.backends.sqlite_schema import RECOMPUTE_WATCHED
+from fenced.coordinator.backends.sqlite.database import Database
+from fenced.coordinator.backends.sqlite.schema import RECOMPUTE_WATCHED
+from fenced.coordinator.backends.sqlite.wakeup import NETNS, Delivery, Waker, WakeSocket
+from fenced.coordinator.hostclock import SystemHostClock
 from fenced.core import mutants
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, FencedError, LeaseLost, LossReason
@@ -455,7 +455,7 @@ class SQLiteBackend:
     """The embedded coordinator backend on the SQLite file at ``path`` (see the module doc).
 
     Creates the parent directory (``0700``) and the database (``0600``, or ``0660`` in a
-    deliberately shared directory) if missing: see :mod:`.sqlite_files`. ``host_clock``
+    deliberately shared directory) if missing: see :mod:`.files`. ``host_clock``
     (default: the kernel's CLOCK_BOOTTIME and boot id) decides every expiry, and its ``wall()``
     dates every record and measures the record and request_id retention; tests inject a
     :class:`~fenced.core.clock.ManualClock`. ``coordinator_id_for_new`` is used only when the

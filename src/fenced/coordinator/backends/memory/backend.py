@@ -53,7 +53,7 @@ from fenced.coordinator.backend import (
     GrantRequest,
     Ticket,
 )
-from fenced.coordinator.backends.hostclock import SystemHostClock
+from fenced.coordinator.hostclock import SystemHostClock
 from fenced.core import mutants
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, LeaseLost, LossReason

@@ -62,6 +62,19 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 import psycopg
 from psycopg import pq, sql
 
+from fenced._drivers.postgres import (
+    DEFAULT_OP_TIMEOUT,
+    DEFAULT_POOL_SIZE,
+    Migration,
+    Pool,
+    Statement,
+    deadlines,
+    execute,
+    guarded,
+    migrate,
+    parse_url,
+    translate,
+)
 from fenced.core.errors import (
     ConfigurationError,
     CorruptData,
@@ -77,19 +90,6 @@ from fenced.core.token import FencingToken
 from fenced.fence.backend import Capability, Chooser, StoreOptions
 from fenced.fence.chunks import ChunkReader
 from fenced.fence.ops import OpRecord
-from fenced.fence.postgres_conn import (
-    DEFAULT_OP_TIMEOUT,
-    DEFAULT_POOL_SIZE,
-    Migration,
-    Pool,
-    Statement,
-    deadlines,
-    execute,
-    guarded,
-    migrate,
-    parse_url,
-    translate,
-)
 from fenced.fence.rules import Head, StoredObject, resolve_mode
 from fenced.fence.source import PublishData
 from fenced.fence.store import Store

@@ -41,7 +41,7 @@ Waiting for the write lock: SQLite's own busy handler sleeps 1, 2, 5, 10 … ms 
 which would turn a 0.3 ms wait behind another process's commit into milliseconds and let the
 process that just released win again and again. Writers here retry ``BEGIN IMMEDIATE`` (or the
 autocommit statement) themselves after sleeps of 50 µs doubling up to 1 ms, for at most
-:data:`~.sqlite_schema.BUSY_TIMEOUT` seconds.
+:data:`~.schema.BUSY_TIMEOUT` seconds.
 
 Errors: the write lock held by another process for longer than the busy timeout →
 :class:`~fenced.Unavailable`; a failure while committing a write (or anywhere in an autocommit
@@ -72,14 +72,14 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fenced.coordinator.backends.sqlite_schema import (
+from fenced._drivers.sqlite import retrying
+from fenced.coordinator.backends.sqlite.schema import (
     BUSY_TIMEOUT,
     connect,
     open_database,
     translate,
 )
 from fenced.core.errors import ConfigurationError, OutcomeUnknown
-from fenced.fence.sqlite_busy import retrying
 
 __all__ = ["Database"]
 
@@ -106,7 +106,7 @@ class Database:
 
     ``coordinator_id`` is the database's coordinator id. Thread-safe. Raises
     :class:`~fenced.ConfigurationError` for an unusable file, and for a missing or empty one
-    where its marker says a database lived (see :func:`~.sqlite_schema.open_database`).
+    where its marker says a database lived (see :func:`~.schema.open_database`).
     """
 
     def __init__(

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from fenced.coordinator.backends.sqlite_files import new_file_mode
-from fenced.coordinator.backends.sqlite_schema import APPLICATION_ID, SCHEMA_VERSION
+from fenced.coordinator.backends.sqlite.files import new_file_mode
+from fenced.coordinator.backends.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 from fenced.core.errors import ConfigurationError
 from fenced.core.token import validate_coordinator_id
 

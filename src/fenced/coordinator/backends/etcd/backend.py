@@ -1,8 +1,8 @@
 """The etcd coordinator backend: ``etcd://host:port[,host:port…][?prefix=/fenced&timeout=5]``.
 
 fenced on a Raft-replicated etcd 3.4+ cluster: requests through etcd's gRPC API
-(:mod:`.etcd_grpc`; ``?api=gateway``: its JSON gateway, :mod:`.etcd_client`), watches through
-the gateway (see ``docs/etcd.md`` for the client choice, and :mod:`.etcd_keys` for the key
+(:mod:`.grpc_transport`; ``?api=gateway``: its JSON gateway, :mod:`.client`), watches through
+the gateway (see ``docs/etcd.md`` for the client choice, and :mod:`.keys` for the key
 layout).
 
 Guarantees
@@ -47,7 +47,7 @@ Guarantees
   TTL (+0.5 s) after its process last kept it alive, like a holder that dies.
 - **Records in the same transaction** as the change they describe (grant, release, proclaim,
   restore, a detected expiry), under ``P/log/NAME:N`` numbered by the resource's own counter in
-  ``P/res/NAME`` (see :mod:`.etcd_keys`): no key is shared by the changes of different
+  ``P/res/NAME`` (see :mod:`.keys`): no key is shared by the changes of different
   resources, so they never conflict. A record's ``seq`` is derived from the etcd revision that
   wrote it (commit order across all resources). An expiry is noticed by the next grant,
   :meth:`records` or :meth:`watch` of the resource and dated when it was noticed (etcd does not
@@ -153,8 +153,8 @@ from fenced.coordinator.backend import (
     Ticket,
     owned_ticket,
 )
-from fenced.coordinator.backends import etcd_rpc as rpc
-from fenced.coordinator.backends.etcd_client import (
+from fenced.coordinator.backends.etcd import rpc
+from fenced.coordinator.backends.etcd.client import (
     KV,
     EtcdRejected,
     Event,
@@ -163,7 +163,7 @@ from fenced.coordinator.backends.etcd_client import (
     Transport,
     WatchStream,
 )
-from fenced.coordinator.backends.etcd_keys import (
+from fenced.coordinator.backends.etcd.keys import (
     DEFAULT_PREFIX,
     SEQ_PER_REVISION,
     STAMP_LATER,
@@ -177,7 +177,7 @@ from fenced.coordinator.backends.etcd_keys import (
     records_value,
     stamped,
 )
-from fenced.coordinator.backends.etcd_queue import EtcdTicket, QueueView
+from fenced.coordinator.backends.etcd.waitqueue import EtcdTicket, QueueView
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
@@ -487,7 +487,7 @@ class EtcdBackend:
         transport: type[Transport] = Transport
         if settings.api == "grpc":
             try:
-                from fenced.coordinator.backends.etcd_grpc import GrpcTransport  # noqa: PLC0415
+                from fenced.coordinator.backends.etcd.grpc_transport import GrpcTransport  # noqa: PLC0415
             except ImportError as error:
                 raise ConfigurationError(
                     "etcd:// over gRPC needs grpcio: pip install 'fenced[etcd]', "

@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
-from fenced.coordinator.backends import etcd_rpc as rpc
+from fenced.coordinator.backends.etcd import rpc
 
 __all__ = ["METHODS", "Json", "to_json", "to_message"]
 

@@ -56,7 +56,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from fenced.coordinator.backends.etcd_messages import METHODS, Json, to_json, to_message
+from fenced.coordinator.backends.etcd.messages import METHODS, Json, to_json, to_message
 
 __all__ = [
     "KV",
@@ -373,7 +373,7 @@ class Transport:
     def call_message(
         self, path: str, body: Json | Message, *, mutating: bool, timeout: float | None = None
     ) -> Message:
-        """:meth:`call`, with the reply as etcd's message (:data:`~.etcd_messages.METHODS`).
+        """:meth:`call`, with the reply as etcd's message (:data:`~.messages.METHODS`).
 
         ``body`` may hold messages where the gateway's JSON has objects (ops, compares), or be
         the request message itself."""

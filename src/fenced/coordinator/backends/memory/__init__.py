@@ -1,0 +1,1 @@
+"""``memory://NAME``: the in-process backend, the executable model of the lease rules."""

@@ -1,0 +1,1 @@
+"""``postgresql://``: the PostgreSQL coordinator: the backend and its schema (tables, functions)."""

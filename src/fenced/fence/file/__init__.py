@@ -1,0 +1,1 @@
+"""``file:`` stores: a directory, a state log and immutable objects."""

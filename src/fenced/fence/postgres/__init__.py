@@ -1,0 +1,1 @@
+"""``postgresql://`` stores, and the guard for the caller's own PostgreSQL transactions."""

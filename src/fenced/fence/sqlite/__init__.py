@@ -1,0 +1,1 @@
+"""``sqlite:`` stores: objects and records in one SQLite database."""
