@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 import fenced
-import fenced.coordinator.backends.etcd.backend as etcd_module
+import fenced.coordinator.backends.etcd.records as etcd_records
 from fenced.coordinator import restore as restoring
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends.etcd.backend import EtcdBackend, EtcdTicket, parse_etcd_url
@@ -326,16 +326,16 @@ def test_a_late_renew_never_returns_to_the_pool_an_etcd_lease_that_a_new_grant_c
         raising=False,
     )
     found, resume = threading.Event(), threading.Event()
-    carrier = backend._carrier
+    carrier = backend._carrying_lease
 
-    def renew_stops_after_finding_the_carrier(resource: str, epoch: int, owner: str) -> Any:
+    def renew_stops_after_finding_its_lease(resource: str, epoch: int, owner: str) -> Any:
         pooled = carrier(resource, epoch, owner)
         if threading.current_thread() is renewer:
             found.set()
             resume.wait(patience)
         return pooled
 
-    monkeypatch.setattr(backend, "_carrier", renew_stops_after_finding_the_carrier)
+    monkeypatch.setattr(backend, "_carrying_lease", renew_stops_after_finding_its_lease)
     renewed: list[object] = []
     released: list[object] = []
     renewer = threading.Thread(
@@ -1483,7 +1483,7 @@ def test_records_are_read_in_pages_that_end_inside_a_transaction(
     assert len({r.seq // SEQ_PER_REVISION for r in whole if r.kind is RecordKind.RESTORED}) == 1
     seqs = [r.seq for r in whole]
     assert seqs == sorted(set(seqs))
-    monkeypatch.setattr(etcd_module, "_PAGE", 3)
+    monkeypatch.setattr(etcd_records, "_PAGE", 3)
     assert coord.history() == whole
     for index, record in enumerate(whole):
         assert coord.history(after=record.seq) == whole[index + 1 :]
@@ -1493,8 +1493,8 @@ def test_records_are_read_in_pages_that_end_inside_a_transaction(
 def test_each_resource_keeps_its_newest_records(
     etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(etcd_module, "RECORDS_KEPT", 4)
-    monkeypatch.setattr(etcd_module, "_PRUNE_EVERY", 2)
+    monkeypatch.setattr(etcd_records, "RECORDS_KEPT", 4)
+    monkeypatch.setattr(etcd_records, "_PRUNE_EVERY", 2)
     coord = opened(etcd_cluster.url(prefix=_prefix()))
     coord.release(coord.acquire("b", ttl=5, wait=0))
     for _ in range(5):
@@ -1521,7 +1521,7 @@ def test_a_restore_recorded_after_a_grant_keeps_that_grant(
     coord, other = opened(url), opened(url)
     for name in ("a", "b"):
         coord.release(coord.acquire(name, ttl=5, wait=0))
-    monkeypatch.setattr(etcd_module, "_RESTORE_CHUNK", 1)  # "b" is recorded after the advance
+    monkeypatch.setattr(etcd_records, "_RESTORE_CHUNK", 1)  # "b" is recorded after the advance
     leases = []
     record_restored = EtcdBackend._record_restored
 

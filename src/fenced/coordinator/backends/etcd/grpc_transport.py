@@ -2,12 +2,11 @@
 
 :class:`GrpcTransport` is a :class:`~fenced.coordinator.backends.etcd.client.Transport` whose
 single requests (range, txn, put, lease grant/revoke/keep-alive/time-to-live, status) go to
-etcd's gRPC API instead of its JSON gateway: the gateway is a gRPC client inside each member that
-re-encodes every request and reply, and it costs the members ~1.3 ms of CPU per request more than
-gRPC does (``docs/etcd.md``, "Client"). Watches still stream from the gateway (the inherited
-:meth:`~Transport.open_stream`); failover between endpoints, the time budget and the errors are
-the inherited ones. :meth:`~Transport.call` takes and returns the gateway's JSON (bytes as
-base64, 64-bit integers as strings, enums by name: :mod:`.messages`);
+etcd's gRPC API instead of its JSON gateway (a gRPC client inside each member that re-encodes
+every request and reply; see ``docs/etcd.md``, "Client"). Watches still stream from the gateway
+(the inherited :meth:`~Transport.open_stream`); failover between endpoints, the time budget and
+the errors are the inherited ones. :meth:`~Transport.call` takes and returns the gateway's JSON
+(bytes as base64, 64-bit integers as strings, enums by name: :mod:`.messages`);
 :meth:`~Transport.call_message` returns etcd's reply message as it came, and both accept
 messages inside the body or a body that is the request message (the backend sends its
 transactions as ``TxnRequest`` messages).
