@@ -9,8 +9,8 @@ server can show: restarts (``pg_ctl restart -m fast`` and ``-m immediate``) in t
 leases, a connection blackholed by a TCP proxy while holding, a lost NOTIFY, PgBouncer in
 transaction mode, and the documented restore procedure (pg_dump, pg_restore, ``advance``). And
 what this backend does on its own: a release that hands the resource to the first waiter in its
-own transaction (and what happens when that waiter is gone or gave up), the one-statement grant
-and release, and the upgrade of a schema written by an earlier version.
+own transaction (and what happens when that waiter is gone or gave up), and the one-statement
+grant and release.
 """
 
 from __future__ import annotations
@@ -28,16 +28,12 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-from fenced._drivers.postgres import Pool, execute, migrate, parse_url
+from fenced._drivers.postgres import Pool, execute, parse_url
 from fenced.coordinator import restore as restoring
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends.postgres import schema as postgres_schema
-from fenced.coordinator.backends.postgres.backend import (
-    PostgresBackend,
-    PostgresTicket,
-    _Listener,
-    _Subscription,
-)
+from fenced.coordinator.backends.postgres.backend import PostgresBackend, PostgresTicket
+from fenced.coordinator.backends.postgres.listener import Listener, Subscription
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, open_backend
 from fenced.core.clock import ManualClock, SystemClock
@@ -53,7 +49,8 @@ from fenced.core.lease import Lease, LeaseState
 from fenced.core.records import RecordKind
 from fenced.core.restore import restore_base
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres.store import open_postgres_store
+from fenced.fence.postgres.store import open_postgres_backend
+from fenced.fence.store import Store
 from fenced.runtime.keeper import HeldLease
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.postgres import PgBouncer, PostgresServer
@@ -232,7 +229,7 @@ def test_a_blackholed_holder_goes_uncertain_then_lost_and_the_next_owner_wins(
 ) -> None:
     schema = _schema()
     direct = postgres_server.url("postgres", schema=schema)
-    store = open_postgres_store(direct, "strict", _options())
+    store = Store(open_postgres_backend(direct, "strict", _options()), _options())
     with TcpProxy("127.0.0.1", postgres_server.port) as proxy:
         via_proxy = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?schema={schema}&timeout=1&connect_timeout=2"
         holder = open_coord(via_proxy)
@@ -573,6 +570,9 @@ def test_the_schema_is_versioned_and_a_newer_one_refused(pg_url: str) -> None:
     again = PostgresBackend(pg_url)
     assert again.coordinator_id == coordinator_id  # kept forever
     again.close()
+    assert _sql(pg_url, "SELECT value FROM {s}.meta WHERE key = 'schema_version'") == [
+        (str(postgres_schema.SCHEMA_VERSION),)
+    ]
     schema = pg_url.split("schema=")[1]
     with psycopg.connect(pg_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
         conn.execute(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'".encode())
@@ -678,9 +678,8 @@ def test_restore_with_pg_dump_and_pg_restore_then_advance(
 ) -> None:
     schema = _schema()
     url = postgres_server.url("postgres", schema=schema)
-    store = open_postgres_store(
-        postgres_server.url("postgres", schema=schema + "_s"), "strict", _options()
-    )
+    store_url = postgres_server.url("postgres", schema=schema + "_s")
+    store = Store(open_postgres_backend(store_url, "strict", _options()), _options())
     coord = open_coord(url)
     for _ in range(40):
         coord.release(coord.acquire(R, ttl=5, wait=0))
@@ -914,7 +913,7 @@ def test_a_stale_or_late_handoff_is_asked_again(pg_url: str) -> None:
     try:
         request = GrantRequest(R, 10.0, "6" * 32, "w")
         ticket = PostgresTicket(backend, R, 7, request.owner, DEADLINE_CLOCK.now() - 1.0)
-        ticket._sub = sub = _Subscription(R, 7)
+        ticket._sub = sub = Subscription(R, 7)
         ticket.seen_epoch = 5
         sub.handoff = (5, 0.5)  # a server answer after the grant already knew epoch 5
         assert backend._handed_over(ticket, request) is None and sub.handoff is None
@@ -923,7 +922,7 @@ def test_a_stale_or_late_handoff_is_asked_again(pg_url: str) -> None:
         assert isinstance(granted, Granted) and granted.epoch == 6 and ticket.ended
         assert 9.9 < granted.expires_in <= 10.0
         late = PostgresTicket(backend, R, 8, request.owner, DEADLINE_CLOCK.now() - 8.0)
-        late._sub = _Subscription(R, 8)
+        late._sub = Subscription(R, 8)
         late._sub.handoff = (9, 0.1)  # less than half the ttl left: ask the server
         assert backend._handed_over(late, request) is None and not late.ended
     finally:
@@ -940,7 +939,7 @@ def test_a_handoff_counts_the_time_a_suspended_host_slept_since_the_send(pg_url:
     try:
         request = GrantRequest(R, 10.0, "6" * 32, "w")
         ticket = PostgresTicket(backend, R, 7, request.owner, clock.now())
-        ticket._sub = _Subscription(R, 7)
+        ticket._sub = Subscription(R, 7)
         clock.suspend(8.0)
         ticket._sub.handoff = (8, 0.1)
         assert backend._handed_over(ticket, request) is None and not ticket.ended
@@ -949,7 +948,7 @@ def test_a_handoff_counts_the_time_a_suspended_host_slept_since_the_send(pg_url:
 
 
 def test_notification_payloads_reach_the_right_subscriptions() -> None:
-    listener = _Listener("", "x", "fenced_x", lambda nonce: None, enabled=False)
+    listener = Listener("", "x", "fenced_x", lambda nonce: None, enabled=False)
     mine = listener.subscribe(R, 7)
     other = listener.subscribe(R, 8)
     watcher = listener.subscribe(R, None)
@@ -995,39 +994,3 @@ def test_without_prepared_statements(open_coord: Callable[[str], Coordinator], p
         assert coord.release(coord.acquire(R, ttl=5, wait=0))
     assert coord.last_epoch(R) == 8
     assert coord.backend._pool.prepare is False  # type: ignore[attr-defined]
-
-
-def test_a_schema_of_version_2_is_upgraded(postgres_server: PostgresServer) -> None:
-    schema = _schema()
-    url = postgres_server.url("postgres", schema=schema)
-    with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
-        migrate(
-            conn,
-            schema=schema,
-            meta_table="meta",
-            fmt=postgres_schema.FORMAT,
-            migrations=postgres_schema.migrations(schema)[:2],
-            initial={"coordinator_id": "c" * 32, "minimum_epoch": "0", "records_retention": "60"},
-            where="test",
-        )
-        row = conn.execute(
-            f"SELECT * FROM {schema}.try_grant(%s, %s, 'old', 10.0, NULL, NULL, NULL, 2.0, 0.6)",
-            (R, "3" * 32),
-        ).fetchone()
-        assert row is not None and row[:2] == ("granted", 1)
-        conn.execute(f"SELECT {schema}.release(%s, 1, %s)", (R, "3" * 32))
-        conn.execute(f"SELECT {schema}.advance(100, '{{}}'::jsonb, '{{}}'::jsonb)")
-        # version 2's advance raised only the minimum, not the resource's own epoch
-        assert _sql(url, "SELECT epoch FROM {s}.resources") == [(1,)]
-    backend = PostgresBackend(url)
-    try:
-        assert backend.coordinator_id == "c" * 32
-        assert _sql(url, "SELECT value FROM {s}.meta WHERE key = 'schema_version'") == [
-            (str(postgres_schema.SCHEMA_VERSION),)
-        ]
-        coord = Coordinator(backend)
-        lease = coord.acquire(R, ttl=5, wait=0)  # the one-statement grant
-        assert lease.epoch == 101
-        assert coord.release(lease)
-    finally:
-        backend.close()

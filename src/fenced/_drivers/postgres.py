@@ -1,21 +1,22 @@
-"""PostgreSQL plumbing shared by the coordinator backend, the store and the guard.
+"""PostgreSQL connections shared by the coordinator backend, the store and the guard.
 
-* :func:`parse_url` — ``postgresql://`` / ``postgres://`` URLs: fenced's own query parameters are
-  taken out, everything else goes to libpq unchanged (and is validated by it).
 * :class:`Pool` — autocommit connections from a :class:`psycopg_pool.ConnectionPool` (one worker
   thread), checked without a round trip before they are lent (a dead one — the server restarted,
-  a proxy cut it — is readable at EOF and is discarded with every idle one). Where the pool
-  alone would report any failure to connect as the same ``PoolTimeout`` after the whole wait,
-  :class:`Pool` tells "all connections busy" from "cannot connect" and, for the latter, tries a
-  direct connection whose error is translated (wrong password versus server restarting) or
-  which, if it connects, serves the operation — never waiting past the caller's budget, although
-  libpq's ``connect_timeout`` counts whole seconds. Nothing is ever sent twice: once a statement
-  has gone out, failures are reported, never retried here.
+  a proxy cut it — is readable at EOF and is discarded with every idle one). :class:`Pool` tells
+  "all connections busy" from "cannot connect" and, for the latter, tries a direct connection
+  whose error is translated (wrong password versus server restarting) or which, if it connects,
+  serves the operation — never waiting past the caller's budget, although libpq's
+  ``connect_timeout`` counts whole seconds. Nothing is ever sent twice: once a statement has gone
+  out, failures are reported, never retried here.
 * :class:`Deadlines` — one watchdog thread per process that shuts down the socket of an
   operation that outlived its deadline (a blackholed network, a hung server): the blocked call
   then fails instead of hanging forever.
-* :func:`translate` — a psycopg error to the fenced error a caller can act on.
-* :func:`migrate` — versioned migrations of one component's tables in one schema.
+* :func:`execute` and :class:`Statement` — one statement on a lent connection, sent again
+  unprepared if a pooler lost its prepared form.
+
+This module is also the import point of the rest of the PostgreSQL plumbing: URLs
+(:mod:`.postgres_url`), error translation (:mod:`.postgres_errors`) and migrations
+(:mod:`.postgres_migrate`, :class:`~fenced._drivers.migrations.Migration`).
 """
 
 from __future__ import annotations
@@ -26,22 +27,30 @@ import itertools
 import logging
 import math
 import os
-import re
 import select
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from psycopg import errors, pq, sql
+from psycopg import errors, pq
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+from fenced._drivers.migrations import Migration
+from fenced._drivers.postgres_errors import is_config_message, translate
+from fenced._drivers.postgres_migrate import migrate
+from fenced._drivers.postgres_url import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_OP_TIMEOUT,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_SCHEMA,
+    ParsedURL,
+    parse_url,
+)
+from fenced.core.errors import ConfigurationError, Unavailable
 
 log = logging.getLogger("fenced.postgres")
 
@@ -64,201 +73,6 @@ __all__ = [
     "translate",
 ]
 
-DEFAULT_SCHEMA = "fenced"
-DEFAULT_POOL_SIZE = 10
-DEFAULT_OP_TIMEOUT = 10.0
-"""Seconds an operation may wait for its reply before its connection is cut (``?timeout=``)."""
-DEFAULT_CONNECT_TIMEOUT = 5.0
-"""Seconds an operation waits for a connection (while the pool reconnects) before it finds out
-why none came; also libpq's ``connect_timeout`` unless the URL sets one."""
-
-_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
-_SCHEMES = ("postgresql", "postgres")
-_CONFIG_MESSAGES = (
-    "does not exist",
-    "password authentication failed",
-    "authentication failed",
-    "no pg_hba.conf entry",
-    "password is required",
-    "permission denied",
-    "invalid uri",
-    "invalid connection option",
-    "invalid sslmode",
-    "too many connections for role",
-)
-# SQLSTATE classes: 28 auth, 3D catalog, 3F schema, 42 syntax/undefined/privilege, 0A unsupported
-_CONFIG_CLASSES = ("28", "3D", "3F", "42", "0A")
-# The server ended the session (connection class 08, admin shutdown/crash/cannot-connect 57P0x).
-_GONE_STATES = ("57P01", "57P02", "57P03", "57P04", "57P05")
-
-
-# -- URLs -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedURL:
-    """A parsed ``postgresql://`` URL.
-
-    ``conninfo`` is what libpq gets (fenced's parameters removed); ``display`` the URL with the
-    password masked (safe in messages and ``repr``); ``schema`` the PostgreSQL schema of fenced's
-    tables; ``options`` fenced's other query parameters (validated by their users).
-    """
-
-    conninfo: str
-    display: str
-    schema: str
-    connect_timeout: float
-    options: dict[str, str] = field(default_factory=dict)
-
-    def option_float(self, name: str, default: float, *, minimum: float = 0.0) -> float:
-        text = self.options.get(name)
-        if text is None:
-            return default
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not value >= minimum or value == float("inf"):
-            raise ConfigurationError(
-                f"{self.display}: {name}={text!r} must be a number >= {minimum:g}"
-            )
-        return value
-
-    def option_int(self, name: str, default: int, *, minimum: int = 1) -> int:
-        text = self.options.get(name)
-        if text is None:
-            return default
-        if not text.isdigit() or int(text) < minimum:
-            raise ConfigurationError(
-                f"{self.display}: {name}={text!r} must be an integer >= {minimum}"
-            )
-        return int(text)
-
-    def option_flag(self, name: str, default: bool) -> bool:
-        text = self.options.get(name)
-        if text is None:
-            return default
-        lowered = text.lower()
-        if lowered in ("1", "on", "true", "yes"):
-            return True
-        if lowered in ("0", "off", "false", "no"):
-            return False
-        raise ConfigurationError(f"{self.display}: {name}={text!r} must be on or off")
-
-
-def parse_url(url: str, fenced_keys: Sequence[str]) -> ParsedURL:
-    """Split ``url`` into libpq's conninfo and fenced's parameters (``schema`` + ``fenced_keys``).
-
-    Raises :class:`ConfigurationError` for another scheme, a fragment, a bad schema name, a
-    repeated parameter, or a parameter libpq does not know.
-    """
-    if not isinstance(url, str):
-        raise ConfigurationError(f"a PostgreSQL URL is a string, not {type(url).__name__}")
-    try:
-        parts = urlsplit(url.strip())
-    except ValueError as error:
-        raise ConfigurationError(f"malformed PostgreSQL URL: {error}") from None
-    if parts.scheme.lower() not in _SCHEMES:
-        raise ConfigurationError(f"expected a postgresql:// URL, got scheme {parts.scheme!r}")
-    display = _masked(parts)
-    if parts.fragment:
-        raise ConfigurationError(f"{display}: a fragment (#...) is not allowed")
-    try:
-        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError as error:
-        raise ConfigurationError(f"{display}: malformed query string: {error}") from None
-    seen: set[str] = set()
-    ours: dict[str, str] = {}
-    libpq: list[tuple[str, str]] = []
-    for key, value in pairs:
-        if key in seen:
-            raise ConfigurationError(f"{display}: parameter {key!r} given twice")
-        seen.add(key)
-        if key == "schema" or key in fenced_keys:
-            ours[key] = value
-        else:
-            libpq.append((key, value))
-    schema = ours.pop("schema", DEFAULT_SCHEMA)
-    if not _SCHEMA.fullmatch(schema):
-        raise ConfigurationError(
-            f"{display}: schema={schema!r} must be 1-48 characters of [a-z0-9_], not starting "
-            "with a digit"
-        )
-    keys = {key for key, _ in libpq}
-    connect_timeout = DEFAULT_CONNECT_TIMEOUT
-    if "connect_timeout" in keys:
-        text = dict(libpq)["connect_timeout"]
-        if not text.isdigit() or int(text) < 1:
-            raise ConfigurationError(f"{display}: connect_timeout must be a whole number >= 1")
-        connect_timeout = float(text)
-    else:
-        libpq.append(("connect_timeout", str(int(DEFAULT_CONNECT_TIMEOUT))))
-    if "application_name" not in keys:
-        libpq.append(("application_name", "fenced"))
-    # libpq percent-decodes a URI's query but does not read "+" as a space (as HTML forms do):
-    # quote_via=quote keeps a space in ``options=-c name=value`` a space.
-    query = urlencode(libpq, quote_via=quote)
-    conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, query, ""))
-    try:
-        psycopg.conninfo.conninfo_to_dict(conninfo)
-    except psycopg.Error as error:
-        raise ConfigurationError(f"{display}: {error}") from None
-    return ParsedURL(conninfo, display, schema, connect_timeout, ours)
-
-
-def _masked(parts: SplitResult) -> str:
-    """The URL with its password replaced by ``***``."""
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            user = userinfo.split(":", 1)[0]
-            netloc = f"{user}:***@{host}"
-    query = "&".join(
-        f"{key}={_mask_nested(key, value)}" for key, value in parse_qsl(parts.query, True)
-    )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def _mask_nested(key: str, value: str) -> str:
-    if key == "password":
-        return "***"
-    if value.startswith(_SCHEMES):
-        return quote(_masked(urlsplit(value)), safe=":/@*?=&")
-    return quote(value, safe=":/@*")
-
-
-# -- errors ---------------------------------------------------------------------------------
-
-
-def _is_config_message(message: str) -> bool:
-    lowered = message.lower()
-    return any(text in lowered for text in _CONFIG_MESSAGES)
-
-
-def translate(error: psycopg.Error, doing: str, *, sent: bool, where: str = "") -> FencedError:
-    """The fenced error for ``error``, raised while ``doing`` (the caller chains it).
-
-    ``sent``: a statement that changes state had been sent when the error happened. Then a
-    broken connection (or the server ending the session) is :class:`OutcomeUnknown`: the change
-    may have committed with its reply lost. A server error on a live connection means the
-    statement failed and its transaction rolled back: :class:`Unavailable` (retry), or
-    :class:`ConfigurationError` for authentication, missing database/schema/table and privilege
-    problems. Before anything was sent, every connection problem is :class:`Unavailable`.
-    """
-    state = getattr(error, "sqlstate", None) or ""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    prefix = f"{doing}" + (f" ({where})" if where else "")
-    if state[:2] in _CONFIG_CLASSES or (not state and _is_config_message(text)):
-        return ConfigurationError(f"{prefix}: {text}")
-    gone = not state or state[:2] == "08" or state in _GONE_STATES
-    if sent and gone:
-        return OutcomeUnknown(
-            f"{prefix}: the connection failed after the request was sent ({text}); it may or "
-            "may not have taken effect"
-        )
-    return Unavailable(f"{prefix}: {text}; nothing was changed, retry")
-
 
 # -- deadlines ------------------------------------------------------------------------------
 
@@ -277,8 +91,9 @@ class Deadlines:
     """Cuts the connection of an operation that outlived its deadline (see the module doc).
 
     :meth:`arm` before sending, :meth:`disarm` after the reply. One daemon thread; it ticks every
-    :attr:`TICK` seconds while operations are in flight and parks when idle, so the cost of an
-    operation is two short critical sections. A deadline fires up to ``TICK`` late.
+    :attr:`TICK` seconds while operations are in flight and parks when idle; an operation takes
+    its lock twice (arm, disarm) and never waits for the thread. A deadline fires up to ``TICK``
+    late.
     """
 
     TICK = 0.05
@@ -399,7 +214,7 @@ _PROBE_AFTER = 0.1
 def _transient(error: psycopg.Error) -> bool:
     """True if a failed connect may succeed if tried again soon (the server is restarting)."""
     message = str(error).lower()
-    return any(text in message for text in _TRANSIENT_CONNECT) and not _is_config_message(message)
+    return any(text in message for text in _TRANSIENT_CONNECT) and not is_config_message(message)
 
 
 _inherited: list[Any] = []
@@ -520,9 +335,9 @@ class Pool:
         self._lock = threading.Lock()
         self._inner: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._lent = 0
-        # Up to _SPARES idle connections kept out of psycopg_pool (its getconn + putconn cost
-        # about 10 µs a call on a slow machine), last returned first lent; only while nobody
-        # waits for the pool (_waiting), which would otherwise wait for them in vain.
+        # Up to _SPARES idle connections kept out of psycopg_pool and lent without it, last
+        # returned first lent; only while nobody waits for the pool (_waiting), which would
+        # otherwise wait for them in vain.
         self._spare: list[psycopg.Connection[tuple[Any, ...]]] = []
         self._waiting = 0
         self._attempt: _Attempt | None = None  # the direct connection attempt in flight
@@ -811,8 +626,8 @@ def checked(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> pq.abc.PG
 
 
 class Statement:
-    """One hot statement run through libpq directly (psycopg's cursor machinery costs tens of
-    microseconds a call): prepared once per connection, then one Bind/Execute.
+    """One hot statement run through libpq directly, without psycopg's cursors: prepared once
+    per connection, then one Bind/Execute.
 
     Parameters (``None``, ``str``, ``int``, ``float``) are sent as text, ``bytes`` as binary (for
     ``bytea``); their types are those the server infers from the statement. The result is not
@@ -885,99 +700,3 @@ def guarded(
         yield lambda: armed.fired
     finally:
         watchdog.disarm(key, armed)
-
-
-# -- migrations -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Migration:
-    """One schema step from ``version - 1`` to ``version``; ``{s}`` is the quoted schema."""
-
-    version: int
-    summary: str
-    statements: tuple[str, ...]
-
-
-def migrate(
-    conn: psycopg.Connection[tuple[Any, ...]],
-    *,
-    schema: str,
-    meta_table: str,
-    fmt: str,
-    migrations: Sequence[Migration],
-    initial: dict[str, str],
-    where: str,
-) -> dict[str, str]:
-    """Create or upgrade one component's tables in ``schema``; return its meta key/values.
-
-    The fast path reads ``meta_table`` (one statement). Only when it is missing or older does
-    one transaction take a transaction-level advisory lock (concurrent openers serialise;
-    nothing session-level), re-read, apply the missing migrations and commit: a crash mid-way
-    leaves the previous version. ``initial`` is written when the tables are created. A meta
-    table of another format or a newer version is a :class:`ConfigurationError`.
-    """
-    newest = migrations[-1].version
-    quoted = sql.Identifier(schema).as_string(conn)
-    table = f"{quoted}.{meta_table}"
-    meta = _read_meta(conn, schema, meta_table)
-    if meta is not None and _checked_version(meta, newest, where, fmt) == newest:
-        return meta
-    with conn.transaction():
-        conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            (f"fenced.migrate.{schema}.{meta_table}",),
-        )
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}".encode())
-        meta = _read_meta(conn, schema, meta_table)
-        version = 0 if meta is None else _checked_version(meta, newest, where, fmt)
-        for migration in migrations:
-            if migration.version > version:
-                for statement in migration.statements:
-                    conn.execute(statement.replace("{s}", quoted).encode())
-        if meta is None:
-            rows = [("format", fmt), *initial.items()]
-            with conn.cursor() as cur:
-                cur.executemany(f"INSERT INTO {table} (key, value) VALUES (%s, %s)".encode(), rows)
-        conn.execute(
-            f"INSERT INTO {table} (key, value) VALUES ('schema_version', %s) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value".encode(),
-            (str(newest),),
-        )
-    meta = _read_meta(conn, schema, meta_table)
-    assert meta is not None
-    return meta
-
-
-def _read_meta(
-    conn: psycopg.Connection[tuple[Any, ...]], schema: str, meta_table: str
-) -> dict[str, str] | None:
-    row = conn.execute(
-        "SELECT to_regclass(%s)", (f"{sql.Identifier(schema).as_string(conn)}.{meta_table}",)
-    ).fetchone()
-    if row is None or row[0] is None:
-        return None
-    quoted = sql.Identifier(schema).as_string(conn)
-    rows = conn.execute(f"SELECT key, value FROM {quoted}.{meta_table}".encode()).fetchall()
-    return {str(key): str(value) for key, value in rows}
-
-
-def _version(meta: dict[str, str], where: str, fmt: str) -> int:
-    if meta.get("format") != fmt:
-        raise ConfigurationError(f"{where}: the schema holds tables that are not {fmt}'s")
-    try:
-        version = int(meta.get("schema_version", ""))
-    except ValueError:
-        raise ConfigurationError(f"{where}: damaged meta table (no schema_version)") from None
-    return version
-
-
-def _checked_version(meta: dict[str, str], newest: int, where: str, fmt: str) -> int:
-    """The schema version in ``meta``; :class:`ConfigurationError` if newer than ``newest``."""
-    version = _version(meta, where, fmt)
-    if version > newest:
-        raise ConfigurationError(
-            f"{where} has schema version {version}, created by a newer fenced (this one knows "
-            f"up to {newest}); upgrade fenced"
-        )
-    return version

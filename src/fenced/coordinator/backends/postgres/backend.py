@@ -12,11 +12,11 @@ Guarantees
   coordinator-wide minimum epoch, and every granted resource's own epoch to it, in a
   transaction that excludes grants.
 - **One round trip per operation.** The uncontended grant and release are one statement each
-  (:data:`_FAST_GRANT`, :data:`_FAST_RELEASE`: a conditional ``UPDATE`` of the resource's row
-  and the ``INSERT`` of its record), sent as libpq prepared statements; when their condition
-  does not hold (a new resource, a live or expired lease, someone queued or watching, a
-  request_id, a ticket) the same statement calls the PL/pgSQL function that decides everything
-  else. Every other operation is one function call.
+  (``_FAST_GRANT``, ``_FAST_RELEASE`` in :mod:`~fenced.coordinator.backends.postgres.statements`: a
+  conditional ``UPDATE`` of the resource's row and the ``INSERT`` of its record), sent as libpq
+  prepared statements; when their condition does not hold (a new resource, a live or expired lease,
+  someone queued or watching, a request_id, a ticket) the same statement calls the PL/pgSQL
+  function that decides everything else. Every other operation is one function call.
 - **Renewals are durable** (a lost renewal could let the server grant again before the holder's
   deadline). **Releases are not** (``synchronous_commit = off`` for the transaction): a release
   lost in a server crash only delays the next grant until the lease's expiry, and any later
@@ -24,20 +24,20 @@ Guarantees
   to a waiter: that transaction contains a grant, and commits durably.
 - **First come, first served: the release grants the first waiter.** A waiter takes a row in
   ``waiters`` (its id is its place in line) with its owner secret, ttl and value, and the key of
-  its listener's session lock (see :class:`_Listener`). The transaction that releases the
-  resource grants it, in the same transaction, to the first live waiter whose listener still
-  holds that lock, and notifies it ``<id>:<resource>:<epoch>:<seconds>``; the waiter returns
-  from ``acquire`` without another round trip (:meth:`PostgresBackend._handed_over`). A waiter
-  whose lock is free is gone (killed: its sessions ended): its row is dropped and the next one
-  considered. A waiter without a usable listener (``listen=off``, an unproven listener, a
-  request_id, an older fenced) is only woken, and grants itself. A detected expiry or the head's
-  leave wakes the first live waiter. A waiter that gives up (``leave``) after a lease was handed
-  to it releases that lease and passes the resource on. A waiter's row stays live for
-  :data:`QUEUE_KEEPALIVE` seconds after its last ``try_grant``; a waiter that stopped (SIGSTOP)
-  or was cut off without its sessions ending can be handed the resource within that time, which
-  then stays blocked until that lease expires — as if it had stopped right after its own
-  acquire. A waiter blocked by a live lease retries at the lease's expiry (a timer, not a poll)
-  and at least every ``QUEUE_KEEPALIVE / 3`` (its keep-alive).
+  its listener's session lock (see :mod:`~fenced.coordinator.backends.postgres.listener`). The
+  transaction that releases the resource grants it, in the same transaction, to the first live
+  waiter whose listener still holds that lock, and notifies it
+  ``<id>:<resource>:<epoch>:<seconds>``; the waiter returns from ``acquire`` without another round
+  trip (:meth:`PostgresBackend._handed_over`). A waiter whose lock is free is gone (killed: its
+  sessions ended): its row is dropped and the next one considered. A waiter without a usable
+  listener (``listen=off``, an unproven listener, a request_id) is only woken, and
+  grants itself. A detected expiry or the head's leave wakes the first live waiter. A waiter that
+  gives up (``leave``) after a lease was handed to it releases that lease and passes the resource
+  on. A waiter's row stays live for :data:`QUEUE_KEEPALIVE` seconds after its last ``try_grant``; a
+  waiter that stopped (SIGSTOP) or was cut off without its sessions ending can be handed the
+  resource within that time, which then stays blocked until that lease expires — as if it had
+  stopped right after its own acquire. A waiter blocked by a live lease retries at the lease's
+  expiry (a timer, not a poll) and at least every ``QUEUE_KEEPALIVE / 3`` (its keep-alive).
 - **A lost notification is recovered, never waited on forever.** The listener pings its
   connection every :data:`LISTEN_PING` seconds; when the connection fails it reconnects,
   re-LISTENs, proves delivery with a probe NOTIFY, then wakes every local waiter to try again at
@@ -93,32 +93,24 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import operator
 import os
 import random
-import re
 import secrets
-import select
 import threading
 import time
-import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from fenced._drivers.postgres import (
     DEFAULT_OP_TIMEOUT,
     DEFAULT_POOL_SIZE,
     Pool,
-    checked,
-    execute,
-    guarded,
     migrate,
     parse_url,
-    statement_name,
     translate,
 )
 from fenced.coordinator.backend import (
@@ -132,6 +124,14 @@ from fenced.coordinator.backend import (
     owned_ticket,
 )
 from fenced.coordinator.backends.postgres import schema as postgres_schema
+from fenced.coordinator.backends.postgres.listener import (
+    LISTEN_PING,
+    PROBE_TIMEOUT,
+    RECHECK,
+    Listener,
+    Subscription,
+)
+from fenced.coordinator.backends.postgres.statements import StatementRunner
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
@@ -159,475 +159,14 @@ log = logging.getLogger("fenced.coordinator.postgres")
 
 QUEUE_KEEPALIVE = 2.0
 """Seconds a waiter keeps its place after its last ``try_grant`` (a dead waiter is skipped)."""
-RECHECK = 0.2
-"""Seconds a wait lasts at most while notifications are not known to arrive."""
-LISTEN_PING = 2.0
-"""Seconds of silence after which the listener checks its connection (with the same timeout)."""
 GAP_SETTLE = 2.0
 """Seconds after which a gap in ``records(None, …)`` is taken as a rolled-back transaction."""
 WATCH_KEEPALIVE = 6.0
 """Seconds a watcher's row lives after its last refresh (refreshed every third of that)."""
-_PROBE_TIMEOUT = 2.0
-_RESEND_CONNECT = 3.0  # seconds spent reconnecting before an idempotent request is re-sent
 _URL_KEYS = ("listen_url", "listen", "pool_size", "timeout", "prepare")
-_MAX_KEY = (1 << 31) - 2  # listen keys are 1 .. 2**31 - 1 (the second int4 of the lock)
 _PRUNE_CHANCE = 0.005
 """The share of grants that also prune (the ``try_grant`` function): up to 1000 records past
 ``records_retention`` and 512 request ids older than 24 h, more than a grant ever adds."""
-
-
-_NAMED = re.compile(r"%\((\w+)\)s")
-
-
-class _Direct:
-    """A hot statement, run as libpq's own prepared statement (:meth:`PostgresBackend._direct`).
-
-    ``query`` has one ``$n`` per distinct ``%(key)s`` of the source text (``keys``, in order of
-    first appearance). ``name`` is derived from the text: the same name always means the same
-    statement, even on a server session that a pooler shares between clients.
-    """
-
-    __slots__ = ("_get", "keys", "name", "query")
-
-    def __init__(self, text: str) -> None:
-        keys: list[str] = []
-
-        def number(match: re.Match[str]) -> str:
-            if match.group(1) not in keys:
-                keys.append(match.group(1))
-            return f"${keys.index(match.group(1)) + 1}"
-
-        self.query = _NAMED.sub(number, text).encode()
-        self.keys = tuple(keys)
-        self._get = operator.itemgetter(*keys)
-        self.name = statement_name(self.query)
-
-    def bind(self, **values: object) -> tuple[object, ...]:
-        """The parameters, in ``$n`` order (other keys are ignored)."""
-        params = self._get(values)
-        return cast(tuple[object, ...], params) if len(self.keys) > 1 else (params,)
-
-
-_DUMPERS: dict[type, Callable[[Any, str], bytes | None]] = {
-    str: lambda value, encoding: value.encode(encoding),
-    float: lambda value, _: repr(value).encode(),
-    int: lambda value, _: str(value).encode(),
-    bool: lambda value, _: b"t" if value else b"f",
-    type(None): lambda value, _: None,
-}
-"""Parameters in PostgreSQL's text format, by type (None is NULL)."""
-
-
-_LOADERS: dict[int, Callable[[bytes], object]] = {
-    16: lambda data: data == b"t",  # bool
-    20: int,  # int8
-    23: int,  # int4
-    701: float,  # float8
-}
-
-
-_Kept = tuple[
-    contextlib.AbstractContextManager[psycopg.Connection[Any]], psycopg.Connection[Any], int
-]
-"""A connection the backend keeps lent: how it was lent, the connection, the process's pid."""
-
-
-def _reusable(conn: psycopg.Connection[Any]) -> bool:
-    """True if ``conn`` is open, idle and has nothing to read (EOF: the server closed it)."""
-    if conn.closed or conn.info.transaction_status != pq.TransactionStatus.IDLE:
-        return False
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    return not readable
-
-
-def _rows(result: pq.abc.PGresult, encoding: str) -> list[tuple[Any, ...]]:
-    """The rows of a text-format ``result`` (bool, integers and float8 as such, else str)."""
-    columns = range(result.nfields)
-    loaders = [_LOADERS.get(result.ftype(i)) for i in columns]
-    rows: list[tuple[Any, ...]] = []
-    for row in range(result.ntuples):
-        values: list[object] = []
-        for i in columns:
-            data = result.get_value(row, i)
-            load = loaders[i]
-            values.append(None if data is None else load(data) if load else data.decode(encoding))
-        rows.append(tuple(values))
-    return rows
-
-
-_FAST_GRANT = """
-WITH granted AS (
-    UPDATE {s}.resources r SET epoch = r.epoch + 1, owner = %(owner)s, holder = %(holder)s,
-        ttl = %(ttl)s, expires_at = clock_timestamp() + %(ttl)s * interval '1 second',
-        value = %(value)s
-    WHERE r.name = %(name)s AND r.owner IS NULL AND r.epoch > 0
-      AND NOT EXISTS (SELECT 1 FROM {s}.waiters w
-                      WHERE w.name = %(name)s AND w.expires_at > clock_timestamp())
-      AND NOT EXISTS (SELECT 1 FROM {s}.watchers x
-                      WHERE x.name = %(name)s AND x.expires_at > clock_timestamp())
-    RETURNING r.name, r.epoch, r.holder, r.ttl, r.value, r.ended,
-        r.expires_at - r.ttl * interval '1 second' AS at,
-        CASE WHEN current_setting('synchronous_commit') = 'off'
-             THEN set_config('synchronous_commit', 'on', true) END AS durable),
-rec AS (
-    INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
-    SELECT g.at, 'granted', g.name, g.epoch, g.holder,
-           jsonb_build_object('after', g.ended) || CASE WHEN g.value IS NULL THEN '{}'::jsonb
-                                                   ELSE jsonb_build_object('value', g.value) END
-    FROM granted g)
-SELECT 'granted', g.epoch, %(owner)s, g.holder, g.ttl, g.ttl, NULL::float8, NULL::bigint
-FROM granted g
-UNION ALL
-SELECT * FROM {s}.try_grant(%(name)s, %(owner)s, %(holder)s, %(ttl)s, NULL, NULL, %(value)s,
-                            %(keepalive)s, %(retry_cap)s, NULL, false)
-WHERE NOT EXISTS (SELECT 1 FROM granted)
-"""
-"""The uncontended grant in one statement, else (nothing granted) the ``try_grant`` function in
-the same statement. It grants a known resource (epoch > 0: ``advance`` raised it to the minimum
-epoch, so the row lock alone orders this grant after any restore) that is free, with no live
-waiter or watcher; ``ended`` keeps how the previous lease ended (for the record) until the next
-ending sets it. The new epoch, the lease and the record are written together; the commit is
-synchronous (raised here if the server runs with it off: ``durable`` in RETURNING is evaluated
-for the granted row)."""
-
-_TRY_GRANT = """
-SELECT * FROM {s}.try_grant(%(name)s, %(owner)s, %(holder)s, %(ttl)s, %(request_id)s, %(ticket)s,
-                            %(value)s, %(keepalive)s, %(retry_cap)s, %(listen_key)s, %(prune)s)
-"""
-"""An acquire attempt of a queued caller or with a request_id: the ``try_grant`` function."""
-
-_FAST_RELEASE = """
-WITH rel AS (
-    SELECT r.name, r.epoch, r.holder, clock_timestamp() AS now FROM {s}.resources r
-    WHERE r.name = %(name)s AND r.epoch = %(epoch)s AND r.owner = %(owner)s
-      AND r.expires_at > clock_timestamp()
-    FOR UPDATE),
-head AS MATERIALIZED (
-    SELECT w.id FROM {s}.waiters w
-    WHERE w.name = %(name)s AND w.expires_at > clock_timestamp() ORDER BY w.id LIMIT 1),
-gone AS (
-    DELETE FROM {s}.waiters w USING rel, head h
-    WHERE w.id = h.id AND w.expires_at > clock_timestamp() AND w.owner IS NOT NULL
-      AND NOT pg_try_advisory_xact_lock({k}, w.listen_key)
-    RETURNING w.id, w.owner, w.holder, w.ttl, w.value, w.refreshed_at),
-done AS (
-    UPDATE {s}.resources r SET epoch = r.epoch + CASE WHEN g.id IS NULL THEN 0 ELSE 1 END,
-        owner = g.owner, holder = coalesce(g.holder, r.holder), ttl = coalesce(g.ttl, r.ttl),
-        expires_at = CASE WHEN g.id IS NULL THEN r.expires_at
-                          ELSE rel.now + g.ttl * interval '1 second' END,
-        value = g.value, ended = 'released'
-    FROM rel LEFT JOIN gone g ON true
-    WHERE r.name = rel.name AND (g.id IS NOT NULL OR NOT EXISTS (SELECT 1 FROM head))
-    RETURNING rel.now, rel.epoch AS old_epoch, rel.holder AS old_holder, r.epoch, r.holder,
-        r.value, g.id AS waiter,
-        CASE WHEN g.id IS NOT NULL THEN pg_notify('{c}', g.id::text || ':' || r.name || ':'
-            || r.epoch::text || ':'
-            || coalesce(extract(epoch FROM rel.now - g.refreshed_at)::float8, 0)::text)
-        END AS handed,
-        CASE WHEN EXISTS (SELECT 1 FROM {s}.watchers x
-                          WHERE x.name = r.name AND x.expires_at > rel.now)
-             THEN pg_notify('{c}', '0:' || r.name) END AS watched,
-        set_config('synchronous_commit', CASE WHEN g.id IS NULL THEN 'off'
-            WHEN current_setting('synchronous_commit') = 'off' THEN 'on'
-            ELSE current_setting('synchronous_commit') END, true) AS durability),
-rec AS (
-    INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
-    SELECT d.now, 'released', %(name)s, d.old_epoch, d.old_holder, '{}'::jsonb FROM done d
-    UNION ALL
-    SELECT d.now, 'granted', %(name)s, d.epoch, d.holder,
-           jsonb_build_object('after', 'released') || CASE WHEN d.value IS NULL THEN '{}'::jsonb
-                                                      ELSE jsonb_build_object('value', d.value) END
-    FROM done d WHERE d.waiter IS NOT NULL)
-SELECT true FROM done
-UNION ALL
-SELECT {s}.release(%(name)s, %(epoch)s, %(owner)s) WHERE NOT EXISTS (SELECT 1 FROM done)
-"""
-"""The release in one statement, and the handoff with it: it locks this owner's live lease
-(``rel``), then takes the first live waiter's row (``gone``) if that waiter left what a grant
-needs and its listen lock is held (its process lives) — a row a concurrent ``leave`` deleted
-first is not taken — and ends the lease or grants it to that waiter (epoch + 1, durable commit,
-NOTIFY ``<id>:<resource>:<epoch>:<seconds since its last keep-alive>``), with the records of
-both. Committed without waiting for the disk when it grants nothing. Anything else (not this
-owner's live lease, a first waiter that is gone or cannot be granted here) is the ``release``
-function's, in the same statement."""
-
-
-# -- the listener -----------------------------------------------------------------------------
-
-
-class _Subscription:
-    """What one waiting thread listens for: its waiter id (None: a watcher of ``resource``).
-
-    ``handoff`` is ``(epoch, seconds from the waiter's last keep-alive to the grant)`` once a
-    releaser granted the resource to this waiter (set before ``event``).
-    """
-
-    __slots__ = ("event", "handoff", "resource", "waiter_id")
-
-    def __init__(self, resource: str, waiter_id: int | None) -> None:
-        self.resource = resource
-        self.waiter_id = waiter_id
-        self.event = threading.Event()
-        self.handoff: tuple[int, float] | None = None
-
-
-class _Listener:
-    """One LISTEN session in a daemon thread; dispatches notifications to subscriptions.
-
-    States: ``starting`` (first connect not finished), ``listening`` (delivery proven by a
-    probe), ``unreliable`` (connected, but the probe never arrived: a transaction-pooling
-    PgBouncer), ``down`` (reconnecting), ``off`` (``?listen=off``). Only ``listening`` lets
-    waits run to their full timeout.
-
-    The session holds the advisory lock ``(LISTEN_LOCK_CLASS, key)`` for as long as it lives, a
-    random ``key`` kept across reconnections (another one if it was taken meanwhile). While
-    ``listening``, :attr:`handoff_key` offers it to releasers (see ``_handoff`` in
-    :mod:`~fenced.coordinator.backends.postgres.schema`): a free lock means this process is gone.
-    """
-
-    def __init__(
-        self,
-        conninfo: str,
-        display: str,
-        channel: str,
-        probe: Any,
-        *,
-        enabled: bool,
-    ) -> None:
-        self._conninfo = conninfo
-        self._display = display
-        self._channel = channel
-        self._probe = probe
-        self._lock = threading.Lock()
-        self._subs: dict[str, set[_Subscription]] = {}
-        self._state = "starting" if enabled else "off"
-        self._ready = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._wake_r, self._wake_w = os.pipe()
-        self._nonce = ""
-        self._probe_seen = threading.Event()
-        self._pid = os.getpid()
-        self._key = secrets.randbelow(_MAX_KEY) + 1
-        self._key_held = False
-        if not enabled:
-            self._ready.set()
-
-    @property
-    def healthy(self) -> bool:
-        return self._state == "listening"
-
-    @property
-    def state(self) -> str:
-        return self._state
-
-    @property
-    def handoff_key(self) -> int | None:
-        """The listen key a releaser may check, while notifications are known to arrive."""
-        return self._key if self._state == "listening" and self._key_held else None
-
-    def start(self, timeout: float) -> None:
-        """Start the thread (once) and wait up to ``timeout`` for its first attempt to end."""
-        if self._state == "off":
-            return
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"fenced-pg-listen:{self._channel}", daemon=True
-                )
-                self._thread.start()
-        self._ready.wait(timeout)
-
-    def subscribe(self, resource: str, waiter_id: int | None) -> _Subscription:
-        sub = _Subscription(resource, waiter_id)
-        with self._lock:
-            self._subs.setdefault(resource, set()).add(sub)
-        return sub
-
-    def update(self, sub: _Subscription, waiter_id: int) -> None:
-        with self._lock:
-            sub.waiter_id = waiter_id
-
-    def unsubscribe(self, sub: _Subscription) -> None:
-        with self._lock:
-            subs = self._subs.get(sub.resource)
-            if subs is not None:
-                subs.discard(sub)
-                if not subs:
-                    del self._subs[sub.resource]
-
-    def wake_all(self) -> None:
-        with self._lock:
-            for subs in self._subs.values():
-                for sub in subs:
-                    sub.event.set()
-
-    def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5)
-        if thread is None or not thread.is_alive():
-            for fd in (self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self.wake_all()
-
-    # -- the thread ---------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        backoff = 0.05
-        while not self._stop.is_set():
-            try:
-                self._session()
-                backoff = 0.05
-            except Exception as error:  # any failure: reconnect (the thread must not die)
-                log.debug("listener of %s: %s", self._display, error)
-            if self._stop.is_set():
-                break
-            self._state = "down"  # waits are capped at RECHECK from their next round on
-            self._ready.set()
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, 1.0)
-
-    def _session(self) -> None:
-        name = psycopg.conninfo.conninfo_to_dict(self._conninfo).get("application_name")
-        conn = psycopg.Connection.connect(
-            self._conninfo, autocommit=True, application_name=f"{name or 'fenced'}-listen"
-        )
-        try:
-            pgconn = conn.pgconn
-            self._query(pgconn, f"LISTEN {_quote_ident(self._channel)}".encode(), 5.0)
-            self._lock_key(pgconn)
-            self._nonce = secrets.token_hex(8)
-            self._probe_seen.clear()
-            sent = time.monotonic()
-            try:
-                self._probe(self._nonce)
-            except FencedError as error:
-                log.debug("listener probe of %s failed: %s", self._display, error)
-            while not self._probe_seen.is_set() and time.monotonic() - sent < _PROBE_TIMEOUT:
-                self._pump(pgconn, _PROBE_TIMEOUT - (time.monotonic() - sent))
-                if self._stop.is_set():
-                    return
-            if self._probe_seen.is_set():
-                self._state = "listening"
-            else:
-                if self._state != "unreliable":
-                    log.warning(
-                        "%s: NOTIFY does not reach the listener (a transaction-pooling "
-                        "PgBouncer?); waiting falls back to re-checks every %ss. Give a direct "
-                        "connection with ?listen_url=",
-                        self._display,
-                        RECHECK,
-                    )
-                self._state = "unreliable"
-            self._ready.set()
-            self.wake_all()  # whatever was missed while disconnected: try again now
-            while not self._stop.is_set():
-                if not self._pump(pgconn, LISTEN_PING):
-                    self._query(pgconn, b"SELECT 1", LISTEN_PING)
-        finally:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-    def _lock_key(self, pgconn: pq.abc.PGconn) -> None:
-        """Take the session's listen lock (:attr:`handoff_key`); a new key if ours is taken."""
-        self._key_held = False
-        for _ in range(4):
-            query = f"SELECT pg_try_advisory_lock({postgres_schema.LISTEN_LOCK_CLASS}, {self._key})"
-            if self._query(pgconn, query.encode(), 5.0) == b"t":
-                self._key_held = True
-                return
-            self._key = secrets.randbelow(_MAX_KEY) + 1
-
-    def _pump(self, pgconn: pq.abc.PGconn, timeout: float) -> bool:
-        """Wait up to ``timeout`` for input and dispatch notifications; False on silence."""
-        readable, _, _ = select.select([pgconn.socket, self._wake_r], [], [], max(timeout, 0))
-        if self._wake_r in readable:
-            with contextlib.suppress(OSError):
-                os.read(self._wake_r, 64)
-            return True
-        if not readable:
-            return False
-        pgconn.consume_input()
-        self._drain(pgconn)
-        if pgconn.status != pq.ConnStatus.OK:
-            raise psycopg.OperationalError("the listening connection was closed")
-        return True
-
-    def _query(self, pgconn: pq.abc.PGconn, query: bytes, timeout: float) -> bytes | None:
-        """Run ``query`` on the raw connection; give up (raise) after ``timeout`` seconds.
-
-        Returns the first value of the first row of the last result (None if none).
-        """
-        deadline = time.monotonic() + timeout
-        value: bytes | None = None
-        pgconn.send_query(query)
-        while pgconn.flush():
-            self._wait_socket(pgconn, deadline, write=True)
-        while True:
-            while pgconn.is_busy():
-                self._wait_socket(pgconn, deadline, write=False)
-                pgconn.consume_input()
-                self._drain(pgconn)
-            result = pgconn.get_result()
-            if result is None:
-                break
-            if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
-                message = result.error_message.decode(errors="replace").strip()
-                raise psycopg.OperationalError(f"listener query failed: {message}")
-            value = result.get_value(0, 0) if result.ntuples and result.nfields else None
-        self._drain(pgconn)
-        return value
-
-    def _wait_socket(self, pgconn: pq.abc.PGconn, deadline: float, *, write: bool) -> None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or self._stop.is_set():
-            raise psycopg.OperationalError("the listening connection did not answer in time")
-        fd = pgconn.socket
-        rlist, wlist = ([], [fd]) if write else ([fd], [])
-        select.select(rlist, wlist, [], min(remaining, 0.5))
-
-    def _drain(self, pgconn: pq.abc.PGconn) -> None:
-        while (notify := pgconn.notifies()) is not None:
-            self._dispatch(notify.extra.decode(errors="replace"))
-
-    def _dispatch(self, payload: str) -> None:
-        """``<waiter id>:<resource>[:<epoch>:<seconds>]`` (a grant handed to that waiter),
-        ``0:<resource>`` (watchers), ``0:`` (everyone), ``probe:<nonce>``."""
-        head, _, rest = payload.partition(":")
-        if head == "probe":
-            if rest == self._nonce:
-                self._probe_seen.set()
-            return
-        resource, _, grant = rest.partition(":")
-        try:
-            waiter = int(head)
-            epoch, _, seconds = grant.partition(":")
-            handoff = (int(epoch), float(seconds)) if grant and waiter else None
-        except ValueError:
-            return
-        with self._lock:
-            if not resource:
-                targets = [sub for subs in self._subs.values() for sub in subs]
-            else:
-                targets = [
-                    sub
-                    for sub in self._subs.get(resource, ())
-                    if sub.waiter_id is None or (waiter != 0 and sub.waiter_id == waiter)
-                ]
-            for sub in targets:
-                if handoff is not None and sub.waiter_id == waiter:
-                    sub.handoff = handoff
-        for sub in targets:
-            sub.event.set()
-
-
-def _quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 # -- tickets ----------------------------------------------------------------------------------
@@ -664,7 +203,7 @@ class PostgresTicket:
         self.sent_at = sent_at
         self.seen_epoch = 0
         self.ended = False
-        self._sub: _Subscription | None = None
+        self._sub: Subscription | None = None
 
     def __repr__(self) -> str:
         return f"PostgresTicket({self.resource!r}, waiter_id={self.waiter_id})"
@@ -700,34 +239,23 @@ class PostgresBackend:
         )
         if coordinator_id_for_new is not None:
             validate_coordinator_id(coordinator_id_for_new)
-        quoted = sql.Identifier(self.schema).as_string(None)
-        self._q = self._statements(quoted)
         self._channel = postgres_schema.channel(self.schema)
-        self._direct = {
-            name: _Direct(
-                text.replace("{s}", quoted)
-                .replace("{c}", self._channel)
-                .replace("{k}", str(postgres_schema.LISTEN_LOCK_CLASS))
-            )
-            for name, text in (
-                ("grant", _FAST_GRANT),
-                ("grant_queued", _TRY_GRANT),
-                ("release", _FAST_RELEASE),
-            )
-        }
-        self._prepared: weakref.WeakKeyDictionary[pq.abc.PGconn, set[bytes]] = (
-            weakref.WeakKeyDictionary()
+        self._statements = StatementRunner(
+            self._pool,
+            self.url,
+            sql.Identifier(self.schema).as_string(None),
+            self._channel,
+            op_timeout=self._op_timeout,
+            connect_budget=self._connect_budget,
         )
-        self._prepared_lock = threading.Lock()
-        self._kept: _Kept | None = None
-        self._kept_lock = threading.Lock()
+        self._direct = self._statements.direct
         listen = parsed.options.get("listen_url")
         self._listen_conninfo = (
             parsed.conninfo if listen is None else parse_url(listen, ()).conninfo
         )
         self._listen_enabled = parsed.option_flag("listen", True)
         self.coordinator_id = self._initialise(coordinator_id_for_new)
-        self._listener_obj: _Listener | None = None
+        self._listener_obj: Listener | None = None
         self._listener_lock = threading.Lock()
         self._tickets: set[PostgresTicket] = set()
         self._tickets_lock = threading.Lock()
@@ -770,34 +298,6 @@ class PostgresBackend:
         except ConfigurationError as error:
             raise ConfigurationError(f"{where}: damaged meta table: {error}") from None
 
-    @staticmethod
-    def _statements(s: str) -> dict[str, bytes]:
-        def q(text: str) -> bytes:
-            return text.replace("{s}", s).encode()
-
-        return {
-            "renew": q("SELECT {s}.renew(%s, %s, %s, %s)"),
-            "current": q("SELECT * FROM {s}.current_lease(%s)"),
-            "last_epoch": q(
-                "SELECT greatest(coalesce((SELECT r.epoch FROM {s}.resources r "
-                "WHERE r.name = %s), 0), (SELECT m.value::bigint FROM {s}.meta m "
-                "WHERE m.key = 'minimum_epoch'))"
-            ),
-            "resources": q(
-                'SELECT r.name FROM {s}.resources r WHERE r.epoch > 0 ORDER BY r.name COLLATE "C"'
-            ),
-            "proclaim": q("SELECT {s}.proclaim(%s, %s, %s, %s)"),
-            "report": q("SELECT {s}.report(%s, %s, %s, %s, %s)"),
-            "records": q("SELECT * FROM {s}.records_after(%s, %s, %s)"),
-            "enqueue": q("SELECT {s}.enqueue(%s, %s, %s, %s, %s, %s, %s)"),
-            "leave": q("SELECT {s}.leave(%s, %s, %s)"),
-            "watch_start": q("SELECT {s}.watch_start(%s, %s)"),
-            "watch_poll": q("SELECT * FROM {s}.watch_poll(%s, %s, %s, %s)"),
-            "unwatch": q("DELETE FROM {s}.watchers WHERE id = %s"),
-            "advance": q("SELECT {s}.advance(%s, %s, %s)"),
-            "probe": q("SELECT pg_notify(%s, %s)"),
-        }
-
     def _call(
         self,
         doing: str,
@@ -808,140 +308,12 @@ class PostgresBackend:
         timeout: float | None = None,
         idempotent: bool = False,
     ) -> list[tuple[Any, ...]]:
-        """Run one statement of :meth:`_statements` (one transaction, one round trip).
-
-        ``idempotent``: the statement may be sent again. When the connection breaks under it
-        (a server restart terminates the session) it is re-sent once on a new connection
-        instead of reporting :class:`OutcomeUnknown` — never after a timeout.
-        """
+        """Run one statement (see :meth:`StatementRunner.call`); ConfigurationError once closed."""
         if self._closed:
             raise ConfigurationError(f"{self!r} is closed")
-        budget = self._op_timeout if timeout is None else min(timeout, self._op_timeout)
-        try:
-            return self._send(doing, name, params, mutation, budget, self._connect_budget)
-        except OutcomeUnknown as unknown:
-            if not idempotent or getattr(unknown, "timed_out", False):
-                raise
-            log.debug("%s: %s; sending it again", doing, unknown)
-            try:
-                return self._send(doing, name, params, mutation, budget, _RESEND_CONNECT)
-            except Unavailable:
-                raise unknown from None  # the first attempt's outcome is still unknown
-
-    def _send(
-        self,
-        doing: str,
-        name: str,
-        params: Sequence[object],
-        mutation: bool,
-        budget: float,
-        connect_budget: float,
-    ) -> list[tuple[Any, ...]]:
-        """One attempt within ``budget`` seconds: a connection (waiting at most
-        ``connect_budget`` for it), then the statement with the time left, so that connecting
-        never makes the call outlast its budget."""
-        deadline = time.monotonic() + budget
-        wait = min(connect_budget, budget)
-        if self._pool.size > 1 and self._kept_lock.acquire(blocking=False):
-            try:
-                conn = self._kept_connection(wait)
-                try:
-                    return self._run(conn, doing, name, params, mutation, budget, deadline)
-                except BaseException:
-                    self._drop_kept()  # closed unless it is idle, else back to the pool
-                    raise
-            finally:
-                self._kept_lock.release()
-        with self._pool.connection(wait) as conn:
-            return self._run(conn, doing, name, params, mutation, budget, deadline)
-
-    def _run(
-        self,
-        conn: psycopg.Connection[Any],
-        doing: str,
-        name: str,
-        params: Sequence[object],
-        mutation: bool,
-        budget: float,
-        deadline: float,
-    ) -> list[tuple[Any, ...]]:
-        """The statement on ``conn``, cut at ``deadline`` (the end of the call's ``budget``)."""
-        with guarded(conn, _left(doing, self.url, deadline, budget)) as fired:
-            try:
-                direct = self._direct.get(name)
-                if direct is not None:
-                    return self._run_direct(conn, direct, params)
-                return execute(self._pool, conn, self._q[name], params)
-            except psycopg.Error as error:
-                if conn.broken:
-                    self._pool.discard_idle()  # they probably share the same fate
-                sent = mutation and not isinstance(error, psycopg.InterfaceError)
-                if fired():
-                    raise _timed_out(doing, self.url, budget, sent=sent) from error
-                raise translate(error, doing, sent=sent, where=self.url) from error
-
-    def _kept_connection(self, wait: float) -> psycopg.Connection[Any]:
-        """The pooled connection this backend keeps lent between its statements (under
-        ``_kept_lock``): borrowing and returning one costs more client time than a lease
-        statement on the server.
-
-        One thread at a time uses it (the others borrow from the pool as usual, so a single
-        thread uses one connection for everything, as it did through the pool); it is checked
-        without a round trip before each use, like the pool's, and given back when a call on it
-        failed, when the backend closes, and never used by a forked child.
-        """
-        kept = self._kept
-        if kept is not None:
-            _, conn, pid = kept
-            if pid != os.getpid():
-                self._kept = None  # the parent's: the child's pool never touches it either
-            elif _reusable(conn):
-                return conn
-            else:
-                self._drop_kept()
-        lending = self._pool.connection(wait)
-        conn = lending.__enter__()
-        self._kept = (lending, conn, os.getpid())
-        return conn
-
-    def _drop_kept(self) -> None:
-        """Give the kept connection back to the pool (which closes it unless it is idle)."""
-        kept, self._kept = self._kept, None
-        if kept is not None and kept[2] == os.getpid():
-            with contextlib.suppress(Exception):
-                kept[0].__exit__(None, None, None)
-
-    def _run_direct(
-        self, conn: psycopg.Connection[Any], direct: _Direct, params: Sequence[object]
-    ) -> list[tuple[Any, ...]]:
-        """Run a hot statement through libpq: Bind/Execute of a statement prepared once per
-        server session, text parameters and results (a fraction of psycopg's client time).
-
-        With prepared statements off (``?prepare=off``, or a pooler lost one: then the
-        statement had not run and is sent again), the same text goes through psycopg,
-        unprepared. Errors are psycopg's (translated by the caller).
-        """
-        if not self._pool.prepare:
-            return psycopg.RawCursor(conn).execute(direct.query, params, prepare=False).fetchall()
-        pgconn = conn.pgconn
-        encoding = conn.info.encoding
-        with self._prepared_lock:
-            names = self._prepared.setdefault(pgconn, set())
-        try:
-            if direct.name not in names:
-                try:
-                    checked(conn, pgconn.prepare(direct.name, direct.query))
-                except psycopg.OperationalError as error:  # the statement never ran
-                    raise psycopg.InterfaceError(f"preparing a statement: {error}") from error
-                names.add(direct.name)
-            values = [_DUMPERS[type(value)](value, encoding) for value in params]
-            result = checked(conn, pgconn.exec_prepared(direct.name, cast(list[bytes], values)))
-        except psycopg.Error as error:
-            if not self._pool.lost_prepared_statement(error, conn):
-                raise
-            names.discard(direct.name)
-            return psycopg.RawCursor(conn).execute(direct.query, params, prepare=False).fetchall()
-        return _rows(result, encoding)
+        return self._statements.call(
+            doing, name, params, mutation=mutation, timeout=timeout, idempotent=idempotent
+        )
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -1168,7 +540,7 @@ class PostgresBackend:
         """
         deadline = time.monotonic() + max(timeout, 0.0)
         listener = self._listener()
-        listener.start(_PROBE_TIMEOUT + 1)
+        listener.start(PROBE_TIMEOUT + 1)
         sub = listener.subscribe(resource, None)
         watcher: int | None = None
         try:
@@ -1230,11 +602,11 @@ class PostgresBackend:
 
     # -- waiting ------------------------------------------------------------------------------
 
-    def _listener(self) -> _Listener:
+    def _listener(self) -> Listener:
         with self._listener_lock:
             listener = self._listener_obj
             if listener is None or listener._pid != os.getpid():
-                listener = _Listener(
+                listener = Listener(
                     self._listen_conninfo,
                     self.url,
                     self._channel,
@@ -1252,7 +624,7 @@ class PostgresBackend:
     def enqueue(self, request: GrantRequest) -> PostgresTicket:
         """Take a place at the end of ``request.resource``'s queue (and start listening)."""
         listener = self._listener()
-        listener.start(_PROBE_TIMEOUT + 1)
+        listener.start(PROBE_TIMEOUT + 1)
         sent = self._clock.now()
         rows = self._call(
             f"queueing for {request.resource}",
@@ -1348,12 +720,7 @@ class PostgresBackend:
             listener, self._listener_obj = self._listener_obj, None
         if listener is not None:
             listener.close()
-        if self._kept_lock.acquire(timeout=self._op_timeout):  # a call in flight ends first
-            try:
-                self._drop_kept()
-            finally:
-                self._kept_lock.release()
-        self._pool.close()
+        self._statements.close()
 
     def __enter__(self) -> PostgresBackend:
         return self
@@ -1364,23 +731,3 @@ class PostgresBackend:
 
 def _dumps(value: object) -> str:
     return json.dumps(value, default=str, separators=(",", ":"))
-
-
-def _left(doing: str, url: str, deadline: float, budget: float) -> float:
-    """Seconds left before ``deadline`` (``time.monotonic()``) for the statement, once
-    connected; :class:`Unavailable` (nothing was sent) if connecting took them all."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise Unavailable(f"{doing} ({url}): no connection within {budget:g}s; nothing was changed")
-    return left
-
-
-def _timed_out(doing: str, url: str, budget: float, *, sent: bool) -> FencedError:
-    if sent:
-        unknown = OutcomeUnknown(
-            f"{doing} ({url}): no reply within {budget:g}s, the connection was cut; the request "
-            "may or may not have taken effect"
-        )
-        unknown.timed_out = True  # type: ignore[attr-defined]
-        return unknown
-    return Unavailable(f"{doing} ({url}): no reply within {budget:g}s; nothing was changed")

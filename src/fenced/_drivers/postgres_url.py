@@ -1,0 +1,171 @@
+"""``postgresql://`` / ``postgres://`` URLs and the defaults of their fenced options.
+
+:func:`parse_url` takes fenced's own query parameters out of a URL; everything else goes to
+libpq unchanged (and is validated by it). A malformed URL, an unknown scheme, a bad schema name
+or an out-of-range option is a :class:`~fenced.core.errors.ConfigurationError`; passwords never
+appear in the URL shown in messages (:attr:`ParsedURL.display`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+
+from fenced.core.errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_OP_TIMEOUT",
+    "DEFAULT_POOL_SIZE",
+    "DEFAULT_SCHEMA",
+    "ParsedURL",
+    "parse_url",
+]
+
+DEFAULT_SCHEMA = "fenced"
+DEFAULT_POOL_SIZE = 10
+DEFAULT_OP_TIMEOUT = 10.0
+"""Seconds an operation may wait for its reply before its connection is cut (``?timeout=``)."""
+DEFAULT_CONNECT_TIMEOUT = 5.0
+"""Seconds an operation waits for a connection (while the pool reconnects) before it finds out
+why none came; also libpq's ``connect_timeout`` unless the URL sets one."""
+
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+_SCHEMES = ("postgresql", "postgres")
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedURL:
+    """A parsed ``postgresql://`` URL.
+
+    ``conninfo`` is what libpq gets (fenced's parameters removed); ``display`` the URL with the
+    password masked (safe in messages and ``repr``); ``schema`` the PostgreSQL schema of fenced's
+    tables; ``options`` fenced's other query parameters (validated by their users).
+    """
+
+    conninfo: str
+    display: str
+    schema: str
+    connect_timeout: float
+    options: dict[str, str] = field(default_factory=dict)
+
+    def option_float(self, name: str, default: float, *, minimum: float = 0.0) -> float:
+        text = self.options.get(name)
+        if text is None:
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not value >= minimum or value == float("inf"):
+            raise ConfigurationError(
+                f"{self.display}: {name}={text!r} must be a number >= {minimum:g}"
+            )
+        return value
+
+    def option_int(self, name: str, default: int, *, minimum: int = 1) -> int:
+        text = self.options.get(name)
+        if text is None:
+            return default
+        if not text.isdigit() or int(text) < minimum:
+            raise ConfigurationError(
+                f"{self.display}: {name}={text!r} must be an integer >= {minimum}"
+            )
+        return int(text)
+
+    def option_flag(self, name: str, default: bool) -> bool:
+        text = self.options.get(name)
+        if text is None:
+            return default
+        lowered = text.lower()
+        if lowered in ("1", "on", "true", "yes"):
+            return True
+        if lowered in ("0", "off", "false", "no"):
+            return False
+        raise ConfigurationError(f"{self.display}: {name}={text!r} must be on or off")
+
+
+def parse_url(url: str, fenced_keys: Sequence[str]) -> ParsedURL:
+    """Split ``url`` into libpq's conninfo and fenced's parameters (``schema`` + ``fenced_keys``).
+
+    Raises :class:`ConfigurationError` for another scheme, a fragment, a bad schema name, a
+    repeated parameter, or a parameter libpq does not know.
+    """
+    if not isinstance(url, str):
+        raise ConfigurationError(f"a PostgreSQL URL is a string, not {type(url).__name__}")
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as error:
+        raise ConfigurationError(f"malformed PostgreSQL URL: {error}") from None
+    if parts.scheme.lower() not in _SCHEMES:
+        raise ConfigurationError(f"expected a postgresql:// URL, got scheme {parts.scheme!r}")
+    display = _masked(parts)
+    if parts.fragment:
+        raise ConfigurationError(f"{display}: a fragment (#...) is not allowed")
+    try:
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as error:
+        raise ConfigurationError(f"{display}: malformed query string: {error}") from None
+    seen: set[str] = set()
+    ours: dict[str, str] = {}
+    libpq: list[tuple[str, str]] = []
+    for key, value in pairs:
+        if key in seen:
+            raise ConfigurationError(f"{display}: parameter {key!r} given twice")
+        seen.add(key)
+        if key == "schema" or key in fenced_keys:
+            ours[key] = value
+        else:
+            libpq.append((key, value))
+    schema = ours.pop("schema", DEFAULT_SCHEMA)
+    if not _SCHEMA.fullmatch(schema):
+        raise ConfigurationError(
+            f"{display}: schema={schema!r} must be 1-48 characters of [a-z0-9_], not starting "
+            "with a digit"
+        )
+    keys = {key for key, _ in libpq}
+    connect_timeout = DEFAULT_CONNECT_TIMEOUT
+    if "connect_timeout" in keys:
+        text = dict(libpq)["connect_timeout"]
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigurationError(f"{display}: connect_timeout must be a whole number >= 1")
+        connect_timeout = float(text)
+    else:
+        libpq.append(("connect_timeout", str(int(DEFAULT_CONNECT_TIMEOUT))))
+    if "application_name" not in keys:
+        libpq.append(("application_name", "fenced"))
+    # libpq percent-decodes a URI's query but does not read "+" as a space (as HTML forms do):
+    # quote_via=quote keeps a space in ``options=-c name=value`` a space.
+    query = urlencode(libpq, quote_via=quote)
+    conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, query, ""))
+    try:
+        psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.Error as error:
+        raise ConfigurationError(f"{display}: {error}") from None
+    return ParsedURL(conninfo, display, schema, connect_timeout, ours)
+
+
+def _masked(parts: SplitResult) -> str:
+    """The URL with its password replaced by ``***``."""
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:***@{host}"
+    query = "&".join(
+        f"{key}={_mask_nested(key, value)}" for key, value in parse_qsl(parts.query, True)
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _mask_nested(key: str, value: str) -> str:
+    if key == "password":
+        return "***"
+    if value.startswith(_SCHEMES):
+        return quote(_masked(urlsplit(value)), safe=":/@*?=&")
+    return quote(value, safe=":/@*")
