@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from fenced._drivers.migrations import Migration
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends.sqlite import schema as sqlite_schema
 from fenced.coordinator.backends.sqlite.backend import QUEUE_KEEPALIVE, SQLiteBackend, SQLiteTicket
@@ -124,13 +125,13 @@ def test_a_database_of_a_newer_schema_is_refused(db_path: Path) -> None:
         SQLiteBackend(db_path)
 
 
-def test_an_older_schema_is_migrated_in_order_and_keeps_its_state(
+def test_a_later_schema_step_is_applied_once_and_keeps_the_state(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with SQLiteBackend(db_path) as old:
         epoch = granted(old.try_grant(request(), None)).epoch
         identity = old.coordinator_id
-    later = sqlite_schema.Migration(
+    later = Migration(
         sqlite_schema.SCHEMA_VERSION + 1,
         "a table a later release adds",
         ("CREATE TABLE later_feature (x INTEGER)", "INSERT INTO later_feature VALUES (42)"),
@@ -146,40 +147,6 @@ def test_an_older_schema_is_migrated_in_order_and_keeps_its_state(
         str(later.version),
     )
     raw.close()
-
-
-def test_a_version_1_database_migrates_to_record_election_values(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:1])
-    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", 1)
-    SQLiteBackend(db_path).close()  # a version 1 file (today's statements need version 3)
-    monkeypatch.undo()
-    with SQLiteBackend(db_path) as upgraded:
-        coord = Coordinator(upgraded)
-        lease = coord.acquire("elections/x", ttl=5, wait=0, value="10.0.0.7:80")
-        coord.release(lease)
-        coord.acquire("elections/x", ttl=5, wait=0)
-        grants = [r.detail for r in coord.history("elections/x") if r.kind is RecordKind.GRANTED]
-        assert grants == [{"after": "none", "value": "10.0.0.7:80"}, {"after": "released"}]
-
-
-def test_a_version_3_database_migrates_to_flag_the_watched_resources(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:3])
-    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", 3)
-    SQLiteBackend(db_path).close()
-    raw = sqlite3.connect(db_path, isolation_level=None)
-    raw.execute("INSERT INTO resources (name, epoch) VALUES ('a/watched', 4), ('a/quiet', 2)")
-    raw.execute(
-        "INSERT INTO watchers (name, addr, netns, expires_at, boot_id) "
-        "VALUES ('a/watched', 'x', 'n', 0, 'b')"
-    )
-    raw.close()
-    monkeypatch.undo()
-    SQLiteBackend(db_path).close()
-    assert _watched(db_path) == {"a/watched": 1, "a/quiet": 0}
 
 
 def _watched(db_path: Path) -> dict[str, int]:

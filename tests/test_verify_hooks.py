@@ -30,7 +30,7 @@ from fenced.coordinator.backend import (
     Ticket,
 )
 from fenced.coordinator.backends.memory.backend import MemoryBackend
-from fenced.coordinator.backends.sqlite import backend as sqlite_backend
+from fenced.coordinator.backends.sqlite import statements as sqlite_statements
 from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
 from fenced.coordinator.client import Coordinator
 from fenced.core import mutants as switches
@@ -128,7 +128,7 @@ def _words(statement: str) -> str:
 def test_the_seeded_sqlite_statements_differ_from_the_correct_ones_in_one_clause() -> None:
     """Written out in full, a seeded statement could drift from the statement it breaks: it
     must stay that statement with exactly one clause changed (whitespace aside)."""
-    sql = sqlite_backend
+    sql = sqlite_statements
     correct = _words(f"epoch = max(epoch, {sql._MINIMUM}, {sql._LOST_RESERVATION}) + 1,")
     seeded_epoch = _words(
         "epoch = iif(resources.ended IS 'released', "

@@ -1,9 +1,12 @@
-"""Waiting for another process's SQLite write lock, the same way in every SQLite backend.
+"""The ``sqlite3`` plumbing of every SQLite component (the embedded coordinator, the SQLite store
+and its guard): waiting for another process's write lock, and translating driver errors.
 
 SQLite's own busy handler sleeps 1-100 ms between attempts, and some steps bypass it altogether
 (switching a new database file to WAL answers ``SQLITE_BUSY`` at once while another process opens
-the same file). :func:`retrying` waits in short sleeps instead. Used by the SQLite store and,
-from the layer above, by the embedded coordinator.
+the same file). :func:`retrying` waits in short sleeps instead.
+
+:func:`translate` is the one mapping of a ``sqlite3.Error`` to the fenced error a caller can act
+on; the caller raises it ``from`` the driver's error, so the cause stays attached.
 """
 
 from __future__ import annotations
@@ -13,11 +16,17 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["error_code", "is_busy", "retrying"]
+from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+
+__all__ = ["error_code", "is_busy", "retrying", "translate"]
 
 T = TypeVar("T")
 _FIRST_PAUSE = 50e-6
 _MAX_PAUSE = 1e-3
+_CORRUPT = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+_UNUSABLE = frozenset(
+    {sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH}
+)
 
 
 def error_code(error: sqlite3.Error) -> int:
@@ -50,3 +59,43 @@ def retrying(step: Callable[..., T], *args: Any, timeout: float) -> T:
             if not is_busy(error) or time.monotonic() >= deadline:
                 raise
         pause = min(pause * 2, _MAX_PAUSE)
+
+
+def translate(
+    error: sqlite3.Error, what: str, *, where: str = "", committing: bool = False
+) -> FencedError:
+    """The fenced error for ``error``, raised while doing ``what`` on the database ``where`` (a
+    path, or empty when ``what`` names it already).
+
+    - Busy or locked (another process kept the write lock) → :class:`~fenced.Unavailable`:
+      nothing was changed.
+    - A corrupt file or not a database → :class:`~fenced.ConfigurationError`; a file that
+      cannot be opened or written → ``ConfigurationError``; a misuse of the driver
+      (``ProgrammingError``, ``InterfaceError``) → ``ConfigurationError``.
+    - Any other failure of a step that commits a write (``committing``) →
+      :class:`~fenced.OutcomeUnknown`: the commit may have reached the database; otherwise →
+      ``Unavailable``: nothing was changed.
+    """
+    at = f" {where}" if where else ""
+    name = getattr(error, "sqlite_errorname", None) or type(error).__name__
+    detail = f"{error} ({name})"
+    code = error_code(error)
+    if is_busy(error):
+        return Unavailable(
+            f"{what}: the database{at} is busy, locked by another process ({detail}); "
+            "nothing was changed, retry"
+        )
+    if code in _CORRUPT:
+        return ConfigurationError(
+            f"{what}: the database{at} is not a usable SQLite database ({detail})"
+        )
+    if code in _UNUSABLE:
+        return ConfigurationError(f"{what}: cannot open or write the database{at} ({detail})")
+    if isinstance(error, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+        return ConfigurationError(f"{what}: {detail}")
+    if committing:
+        return OutcomeUnknown(
+            f"{what}: the commit to the database{at} failed ({detail}); it may or may not have "
+            "taken effect"
+        )
+    return Unavailable(f"{what}: the database{at} failed ({detail}); nothing was changed")

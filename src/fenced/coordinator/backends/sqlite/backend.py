@@ -110,11 +110,11 @@ Costs
 The uncontended cycle is two statements: the grant (autocommit, durable: one fdatasync of usually
 two 1 KiB WAL frames, the resource row and the records of the previous release and of this
 grant) and the release (autocommit, no fsync: one frame). A process that granted a resource
-before grants it again with a plain ``UPDATE`` (:data:`_GRANT_KNOWN`, ~5 µs less than the
-upsert), and both statements read the ``watched`` flag instead of searching the watchers table
-(:data:`_WATCHED_ON`). A handoff is one transaction of the releaser (no fsync, within the
-reserved epochs), a datagram, and the waiter's read that confirms it (a primary-key lookup). A
-caller that is probably not first in line (woken by its timer
+before grants it again with a plain ``UPDATE`` (:data:`~.statements._GRANT_KNOWN`: no insert
+attempt, one b-tree seek), and both statements read the ``watched`` flag instead of searching
+the watchers table (:data:`~.statements._WATCHED_ON`). A handoff is one transaction of the
+releaser (no fsync, within the reserved epochs), a datagram, and the waiter's read that confirms
+it (a primary-key lookup). A caller that is probably not first in line (woken by its timer
 rather than by a datagram, or a newcomer where this process recently saw waiters) reads before it
 writes, so that blocked callers do not take the write lock the head needs. Waiting for the write
 lock retries with sleeps of 50 µs to 1 ms (:mod:`.database`), not with SQLite's busy handler,
@@ -132,9 +132,9 @@ Failure behaviour: another process holding the write lock longer than the busy t
 lost one (above) → :class:`~fenced.ConfigurationError`. Nothing here logs or raises with an
 owner secret or a request id.
 
-Thread-safe (:class:`~.database.Database`: one connection behind a lock; the lock costs 0.4 µs
-per step, well under 1 % of a cycle, and SQLite serialises writers anyway, so a connection per
-thread would buy nothing for the single-threaded cycle). Linux only (the wake-up sockets).
+Thread-safe (:class:`~.database.Database`: one connection behind a lock, held for one step;
+SQLite serialises writers anyway). Linux only (the wake-up sockets). The SQL statements are in
+:mod:`.statements`; tickets, the queue and wake-ups in :mod:`.waiting`.
 """
 
 from __future__ import annotations
@@ -142,9 +142,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -156,11 +154,45 @@ from fenced.coordinator.backend import (
     Granted,
     GrantRequest,
     Ticket,
-    owned_ticket,
 )
 from fenced.coordinator.backends.sqlite.database import Database
 from fenced.coordinator.backends.sqlite.schema import RECOMPUTE_WATCHED
-from fenced.coordinator.backends.sqlite.wakeup import NETNS, Delivery, Waker, WakeSocket
+from fenced.coordinator.backends.sqlite.statements import (
+    _COVERAGE,
+    _END_EXPIRED,
+    _GRANT,
+    _GRANT_KNOWN,
+    _GRANT_KNOWN_REUSING_EPOCH,
+    _GRANT_REUSING_EPOCH,
+    _HAND_OFF,
+    _HANDED,
+    _HEAD_AHEAD,
+    _LEASE,
+    _LIVE,
+    _MINIMUM,
+    _PROCLAIM,
+    _PRUNE_RECORDS,
+    _RECORD,
+    _RECORD_ENDS,
+    _RELEASE,
+    _RELEASE_ANY_OWNER,
+    _RENEW,
+    _RESERVE,
+    _STATE,
+    _UNSETTLED,
+)
+from fenced.coordinator.backends.sqlite.waiting import (
+    EXPIRY_MARGIN,
+    MAX_ATTEMPTS,
+    PREPARE,
+    QUEUE_KEEPALIVE,
+    SQLiteTicket,
+    WaitingQueue,
+    _Handed,
+    _head,
+    _Peer,
+)
+from fenced.coordinator.backends.sqlite.wakeup import NETNS, Delivery, Waker
 from fenced.coordinator.hostclock import SystemHostClock
 from fenced.core import mutants
 from fenced.core.clock import HostClock
@@ -170,20 +202,12 @@ from fenced.core.records import Record, RecordKind
 
 __all__ = ["QUEUE_KEEPALIVE", "REQUEST_RETENTION", "SQLiteBackend", "SQLiteTicket"]
 
-QUEUE_KEEPALIVE = 2.0
-"""Seconds a waiter keeps its place after its last ``try_grant`` (a stopped waiter is skipped)."""
 REQUEST_RETENTION = 24 * 3600.0
 """Seconds (wall clock) a ``request_id`` is remembered; a retry after that may get a new epoch."""
 
 _RETRY_CAP = QUEUE_KEEPALIVE / 3  # a queued waiter retries at least this often (keep-alive)
 _REFRESH_BELOW = QUEUE_KEEPALIVE * 2 / 3  # refresh a ticket row when less life than this is left
-_EPSILON = 0.001  # retry just after an expiry, not just before it
-_NO_TICKET = 2**63 - 1  # "behind every queued waiter"
-_HANDED_PREFIX = "granted"  # a wake-up datagram that carries a handed-over lease
-_PREPARE = b"prepare"  # sent to the head before the hand-off commits: "get ready, and alive?"
-_HANDOVER_PATIENCE = 0.05  # how long a prepared waiter waits for its grant before it asks
 _RESERVE_AHEAD = 64  # hand-offs a durable reservation covers beyond the current queue
-_MAX_ATTEMPTS = 16  # grant attempts in one try_grant (after dead heads or a race with a release)
 _PRUNE_EVERY = 256  # request rows inserted (or releases done) between two prunes
 _PRUNE_BATCH = 512  # oldest rows examined by one prune
 _KNOWN_MAX = 4096  # resources remembered as having a row (forgotten all at once beyond)
@@ -191,267 +215,9 @@ RECORD_LIMIT = 100_000
 """Default bound of the records table: the newest records kept (older ones are pruned)."""
 RECORD_RETENTION = 30 * 24 * 3600.0
 """Default age (wall-clock seconds) after which records are pruned."""
-_PRUNE_RECORDS = (
-    "DELETE FROM records WHERE seq IN (SELECT seq FROM records ORDER BY seq LIMIT :batch) "
-    "AND seq < (SELECT max(seq) FROM records) "
-    "AND (seq <= (SELECT max(seq) FROM records) - :keep OR at < :oldest)"
-)
-
-_LIVE = "owner IS NOT NULL AND boot_id = :boot AND expires_at > :now"
-# Epochs reserved in another boot may have been granted without fsync and lost in a crash:
-# grants then start above them (see the module doc).
-_LOST_RESERVATION = "iif(resources.reserved_boot IS NOT :boot, resources.reserved, 0)"
-_LIVE_WAITER = "boot_id = :boot AND expires_at > :now"
-_MINIMUM = "(SELECT epoch FROM minimum_epoch WHERE id = 1)"
-
-# No live waiter ahead of :ticket (0: no ticket, behind everyone).
-_NONE_AHEAD = f"""NOT EXISTS (
-    SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
-        (SELECT id FROM waiters WHERE id = :ticket AND name = :name), {_NO_TICKET}))"""
-# What a grant writes into the resource's row (both grant statements): the next epoch and the
-# caller's lease.
-_TAKE = f"""epoch = max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1, owner = :owner,
-    holder = :holder,
-    ttl = :ttl, expires_at = :now + :ttl, boot_id = :boot, value = :value, granted_at = :wall,
-    ended = NULL, ended_at = NULL, end_recorded = 1"""
-_FREE = (
-    "NOT (resources.owner IS NOT NULL AND resources.boot_id = :boot "
-    "AND resources.expires_at > :now)"
-)
-# Grant if no live lease and nobody ahead. The record_first_grant / record_grant triggers write
-# the records. A new row starts with its ``watched`` flag (see _WATCHED_ON); the statements that
-# change a lease return the flag.
-_GRANT = f"""
-INSERT INTO resources (name, epoch, owner, holder, ttl, expires_at, boot_id, value, granted_at,
-                       ended, ended_at, end_recorded, watched)
-SELECT :name, {_MINIMUM} + 1, :owner, :holder, :ttl, :now + :ttl, :boot, :value, :wall,
-       NULL, NULL, 1, EXISTS (SELECT 1 FROM watchers WHERE name = :name)
-WHERE {_NONE_AHEAD}
-ON CONFLICT (name) DO UPDATE SET {_TAKE}
-WHERE {_FREE}
-RETURNING epoch, watched
-"""
-# The same grant of a resource whose row exists (every grant but its first): a plain UPDATE
-# costs ~5 µs less than the upsert (no insert attempt, one b-tree seek). No row → no grant, and
-# the caller falls back to _GRANT.
-_GRANT_KNOWN = f"""
-UPDATE resources SET {_TAKE}
-WHERE name = :name AND {_FREE} AND {_NONE_AHEAD}
-RETURNING epoch, watched
-"""
 
 
-# Seeded defects of `fenced verify --mutants` (mutants.active, off outside verify's workers).
-# Each statement is a correct one written out in full with one clause changed, so that editing
-# or reformatting the correct statement cannot silently turn the defect into the correct
-# program: tests/test_verify_hooks.py checks each against its correct statement (whitespace
-# aside) and that it still changes what the backend does.
-# "epoch-reuse": a grant after a lease that was not released (it expired: a crashed or paused
-# holder; or a restore ended it) keeps the last epoch instead of max(last, minimum) + 1.
-_TAKE_REUSING_EPOCH = f"""epoch = iif(resources.ended IS 'released',
-        max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1, epoch), owner = :owner,
-    holder = :holder,
-    ttl = :ttl, expires_at = :now + :ttl, boot_id = :boot, value = :value, granted_at = :wall,
-    ended = NULL, ended_at = NULL, end_recorded = 1"""
-_GRANT_REUSING_EPOCH = f"""
-INSERT INTO resources (name, epoch, owner, holder, ttl, expires_at, boot_id, value, granted_at,
-                       ended, ended_at, end_recorded, watched)
-SELECT :name, {_MINIMUM} + 1, :owner, :holder, :ttl, :now + :ttl, :boot, :value, :wall,
-       NULL, NULL, 1, EXISTS (SELECT 1 FROM watchers WHERE name = :name)
-WHERE {_NONE_AHEAD}
-ON CONFLICT (name) DO UPDATE SET {_TAKE_REUSING_EPOCH}
-WHERE {_FREE}
-RETURNING epoch, watched
-"""
-_GRANT_KNOWN_REUSING_EPOCH = f"""
-UPDATE resources SET {_TAKE_REUSING_EPOCH}
-WHERE name = :name AND {_FREE} AND {_NONE_AHEAD}
-RETURNING epoch, watched
-"""
-_FIRST_WAITER = f"FROM waiters WHERE name = :name AND {_LIVE_WAITER} ORDER BY id LIMIT 1"
-# The head waiter comes back with the answer (and whether the lease can be handed to it): it
-# is served without another round trip.
-_RELEASE = f"""
-UPDATE resources SET owner = NULL, ended = 'released', ended_at = :wall, end_recorded = 0
-WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE}
-RETURNING watched, (SELECT json_array(id, addr, netns, owner IS NOT NULL) {_FIRST_WAITER})
-"""
-# ``resources.watched``: whether ``watchers`` may have a row for the resource, kept with the
-# watchers (set with an insert, cleared with the delete of the last one) so that a grant and a
-# release read a column instead of a subquery (measured ~3 µs each). A row of ``watchers``
-# deleted without clearing the flag (an expired one purged by another watch) only costs one
-# read of ``watchers`` by the next change, which then clears it.
-_WATCHED_ON = "UPDATE resources SET watched = 1 WHERE name = :name AND NOT watched"
-_WATCHED_OFF = (
-    "UPDATE resources SET watched = 0 WHERE name = :name AND watched "
-    "AND NOT EXISTS (SELECT 1 FROM watchers WHERE name = :name)"
-)
-# Grant the free resource to its head waiter :head in that waiter's name (its queued request),
-# if :head is still live and first in line. Unless :durable (the commit will be fsynced), only
-# within the epochs reserved durably in this boot. The record_grant trigger writes the records.
-_HAND_OFF = f"""
-UPDATE resources SET epoch = max(resources.epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1,
-    owner = w.owner,
-    holder = w.holder, ttl = w.ttl, expires_at = :now + w.ttl, boot_id = :boot, value = w.value,
-    granted_at = :wall, ended = NULL, ended_at = NULL, end_recorded = 1
-FROM (SELECT owner, holder, ttl, value FROM waiters
-      WHERE id = :head AND name = :name AND owner IS NOT NULL AND {_LIVE_WAITER}) AS w
-WHERE resources.name = :name
-    AND NOT (resources.owner IS NOT NULL AND resources.boot_id = :boot
-             AND resources.expires_at > :now)
-    AND NOT EXISTS (SELECT 1 FROM waiters WHERE name = :name AND {_LIVE_WAITER} AND id < :head)
-    AND (:durable OR (resources.reserved_boot IS :boot
-                      AND max(resources.epoch, {_MINIMUM}) + 1 <= resources.reserved))
-RETURNING epoch
-"""
-_QUEUE_LENGTH = f"(SELECT count(*) FROM waiters WHERE name = :name AND {_LIVE_WAITER})"
-# How far the epochs reserved for hand-offs reach (:ahead beyond the last epoch and the queue).
-_COVERAGE = f"""
-SELECT r.reserved_boot IS :boot AND r.reserved >= max(r.epoch, {_MINIMUM}) + {_QUEUE_LENGTH} + 1
-FROM resources AS r WHERE r.name = :name
-"""
-# Reserve epochs for the queue (durably: run in a durable transaction). A reservation of another
-# boot must first be passed by a grant (which starts above it, see _LOST_RESERVATION): until
-# then nothing is reserved and hand-offs are fsynced.
-_RESERVE = f"""
-UPDATE resources SET
-    reserved = max(reserved, max(epoch, {_MINIMUM}) + {_QUEUE_LENGTH} + :ahead),
-    reserved_boot = :boot
-WHERE name = :name AND (reserved_boot IS :boot OR epoch >= reserved)
-"""
-# Seeded defect "release-without-owner" (see "epoch-reuse" above): _RELEASE without its
-# compare of owner and epoch: a release ends whatever lease is live.
-_RELEASE_ANY_OWNER = f"""
-UPDATE resources SET owner = NULL, ended = 'released', ended_at = :wall, end_recorded = 0
-WHERE name = :name AND {_LIVE}
-RETURNING watched, (SELECT json_array(id, addr, netns, owner IS NOT NULL) {_FIRST_WAITER})
-"""
-_RENEW = f"""
-UPDATE resources SET ttl = :ttl, expires_at = :now + :ttl
-WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE} RETURNING 1
-"""
-_PROCLAIM = f"""
-UPDATE resources SET value = :value
-WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE} RETURNING holder
-"""
-# A resource's state as a caller in line sees it (one row even for an unknown name).
-_STATE = f"""
-SELECT coalesce(r.epoch, 0), r.holder, r.expires_at,
-       r.owner IS NOT NULL AND r.boot_id = :boot AND r.expires_at > :now, {_MINIMUM},
-       (SELECT expires_at FROM waiters WHERE id = :ticket AND name = :name), r.owner IS :owner
-FROM (SELECT 1) LEFT JOIN resources AS r ON r.name = :name
-"""
-_LEASE = (
-    f"SELECT epoch, holder, ttl, expires_at, value FROM resources WHERE name = :name AND {_LIVE}"
-)
-# A hand-off a datagram announced, confirmed: the live lease of this epoch in the waiter's name.
-_HANDED = (
-    "SELECT expires_at FROM resources "
-    f"WHERE name = :name AND epoch = :epoch AND owner = :owner AND {_LIVE}"
-)
-_HEAD = f"""
-SELECT id, addr, netns, expires_at FROM waiters
-WHERE name = :name AND {_LIVE_WAITER} AND id < :before ORDER BY id LIMIT 1
-"""
-# The first live waiter ahead of :ticket (of anyone, if :ticket has no row).
-_HEAD_AHEAD = f"""
-SELECT id, addr, netns, expires_at FROM waiters
-WHERE name = :name AND {_LIVE_WAITER} AND id < coalesce(
-    (SELECT id FROM waiters WHERE id = :ticket AND name = :name), {_NO_TICKET})
-ORDER BY id LIMIT 1
-"""
-_ENQUEUE = """
-INSERT INTO waiters (name, addr, netns, pid, holder, expires_at, boot_id, owner, ttl, value)
-VALUES (:name, :addr, :netns, :pid, :holder, :now + :keepalive, :boot, :owner, :ttl, :value)
-RETURNING id
-"""
-_KEEP_ALIVE = """
-UPDATE waiters SET expires_at = :now + :keepalive, boot_id = :boot
-WHERE id = :ticket AND name = :name RETURNING id
-"""
-_DROP_EXPIRED_WAITERS = f"DELETE FROM waiters WHERE name = :name AND NOT ({_LIVE_WAITER})"
-_RECORD = (
-    "INSERT INTO records (at, kind, resource, epoch, holder, detail) VALUES (?, ?, ?, ?, ?, ?)"
-)
-# Lease ends not recorded yet: unnoticed expiries, and releases (see the module doc).
-_ONE_OR_ALL = "(:name IS NULL OR name = :name)"
-_UNSETTLED = f"""
-SELECT name FROM resources
-WHERE {_ONE_OR_ALL} AND (NOT end_recorded OR (owner IS NOT NULL AND NOT ({_LIVE})))
-"""
-_END_EXPIRED = f"""
-UPDATE resources SET owner = NULL, ended = 'expired', end_recorded = 0,
-    ended_at = CASE WHEN boot_id = :boot THEN :wall - max(0.0, :now - expires_at) ELSE :wall END
-WHERE {_ONE_OR_ALL} AND owner IS NOT NULL AND NOT ({_LIVE})
-"""
-# The record_end trigger writes the records.
-_RECORD_ENDS = f"UPDATE resources SET end_recorded = 1 WHERE {_ONE_OR_ALL} AND NOT end_recorded"
-
-
-class SQLiteTicket:
-    """A place in one resource's queue: a ``waiters`` row and the waiter's wake-up socket.
-
-    Used by one thread at a time. It ends when granted or left; :meth:`SQLiteBackend.wait` on an
-    ended ticket returns at once. ``owner`` is the owner secret a release may grant the lease
-    to in this waiter's name (None for a request with a request_id: it grants itself).
-    """
-
-    __slots__ = (
-        "_backend",
-        "_handed",
-        "_notified",
-        "_pending",
-        "_prepared",
-        "_socket",
-        "owner",
-        "resource",
-        "waiter_id",
-    )
-
-    def __init__(
-        self, backend: SQLiteBackend, resource: str, socket: WakeSocket, owner: str | None
-    ) -> None:
-        self._backend = backend
-        self.resource = resource
-        self.owner = owner
-        self.waiter_id = 0
-        self._socket = socket
-        self._pending = False  # free and first in line at enqueue: the first wait returns
-        self._notified = False  # the last wait ended by a wake-up: likely first in line now
-        self._handed: int | None = None  # the epoch a datagram said a release handed us
-        self._prepared = False  # a release is committing a hand-off to us
-
-    @property
-    def ended(self) -> bool:
-        return self._socket.closed
-
-    def __repr__(self) -> str:
-        return f"SQLiteTicket({self.resource!r}, waiter_id={self.waiter_id})"
-
-
-@dataclass(frozen=True, slots=True)
-class _Peer:
-    """A waiter or watcher to wake: its row and its socket address."""
-
-    row_id: int
-    addr: str
-    netns: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Handed:
-    """A lease a release granted to the head waiter ``peer`` in its name (not yet told)."""
-
-    peer: _Peer
-    epoch: int
-
-    def message(self) -> bytes:
-        """The wake-up datagram that tells the waiter: a hint, which it confirms in the
-        database (it carries no secret)."""
-        return f"{_HANDED_PREFIX} {self.epoch}".encode()
-
-
-class SQLiteBackend:
+class SQLiteBackend(WaitingQueue):
     """The embedded coordinator backend on the SQLite file at ``path`` (see the module doc).
 
     Creates the parent directory (``0700``) and the database (``0600``, or ``0660`` in a
@@ -503,13 +269,6 @@ class SQLiteBackend:
     def __repr__(self) -> str:
         return f"SQLiteBackend({self.url!r})"
 
-    def _params(self, **fixed: object) -> tuple[float, dict[str, object]]:
-        """Statement parameters plus the host clock's ``now`` and ``boot``, read right now."""
-        now = self._clock.boottime()
-        fixed["now"] = now
-        fixed["boot"] = self._clock.boot_id()
-        return now, fixed
-
     # -- leases ---------------------------------------------------------------------------------
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
@@ -544,7 +303,7 @@ class SQLiteBackend:
         look_first = request.request_id is None and (
             (mine is not None and not notified) or (mine is None and name in self._contended)
         )
-        for _ in range(_MAX_ATTEMPTS):
+        for _ in range(MAX_ATTEMPTS):
             if look_first:
                 blocked, head = self._blocked(request, mine)
                 if isinstance(blocked, Granted):
@@ -565,7 +324,7 @@ class SQLiteBackend:
             self._contended.add(name)
             if head is None or self._wake_waiter(name, head) is not Delivery.DEAD:
                 return blocked
-        return blocked or Blocked(None, self.last_epoch(name), 0.0, _EPSILON)
+        return blocked or Blocked(None, self.last_epoch(name), 0.0, EXPIRY_MARGIN)
 
     def _take_handed(self, ticket: SQLiteTicket, request: GrantRequest) -> Granted | None:
         """The lease a datagram said a release handed to ``ticket``, once confirmed.
@@ -662,12 +421,12 @@ class SQLiteBackend:
         cap = _RETRY_CAP if ticket is not None else None
         if live:
             remaining = max(0.0, expires_at - now)
-            return Blocked(holder, epoch, remaining, _cap(remaining + _EPSILON, cap)), None
+            return Blocked(holder, epoch, remaining, _cap(remaining + EXPIRY_MARGIN, cap)), None
         heads = self._db.read(_HEAD_AHEAD, params, doing)
         if not heads:
             return None, None
         head_id, addr, netns, head_expires = heads[0]
-        retry_in = _cap(max(0.0, head_expires - now) + _EPSILON, cap)
+        retry_in = _cap(max(0.0, head_expires - now) + EXPIRY_MARGIN, cap)
         return Blocked(None, max(epoch, minimum), 0.0, retry_in), _Peer(head_id, addr, netns)
 
     def _replay(
@@ -792,13 +551,13 @@ class SQLiteBackend:
         return self._grant_head(conn, resource, head, durable=durable)
 
     def _prepare(self, conn: sqlite3.Connection, head: _Peer) -> bool:
-        """Send the head :data:`_PREPARE`: that both tells whether it is still there and wakes it
+        """Send the head :data:`PREPARE`: that both tells whether it is still there and wakes it
         while this transaction commits (a sleeping process takes a few hundred microseconds to
         run again), so that it is running when the grant's datagram arrives. False if it is gone
         (its socket is unbound): its row is dropped; the caller wakes the next one, who grants
         itself."""
         try:
-            delivery = self._waker.wake(head.addr, head.netns, _PREPARE)
+            delivery = self._waker.wake(head.addr, head.netns, PREPARE)
         except OSError:
             delivery = Delivery.UNREACHABLE
         if delivery is Delivery.DEAD:
@@ -1014,237 +773,6 @@ class SQLiteBackend:
             conn.execute(_RECORD, row)
         self._wake_watchers(resource)
 
-    def watch(self, resource: str, after: int, timeout: float) -> None:
-        """Block until ``resource`` has a record with ``seq > after``, or ``timeout`` passed.
-
-        Woken by a datagram after every change of ``resource``, and at the live lease's expiry
-        (which it then records). The caller re-reads :meth:`records`.
-        """
-        deadline = time.monotonic() + timeout
-        sock = WakeSocket()
-        try:
-            with self._db.transaction(f"watching {resource}", durable=False) as conn:
-                _, params = self._params(
-                    name=resource, addr=sock.address, netns=NETNS, until=timeout + QUEUE_KEEPALIVE
-                )
-                conn.execute(f"DELETE FROM watchers WHERE NOT ({_LIVE_WAITER})", params)
-                (row_id,) = conn.execute(
-                    "INSERT INTO watchers (name, addr, netns, expires_at, boot_id) "
-                    "VALUES (:name, :addr, :netns, :now + :until, :boot) RETURNING id",
-                    params,
-                ).fetchone()
-                conn.execute(_WATCHED_ON, params)
-            try:
-                while not self.records(resource, after, limit=1):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return
-                    lease = self.current(resource)
-                    if lease is not None:
-                        left = min(left, lease.expires_in + _EPSILON)
-                    sock.wait(left)
-            finally:
-                with suppress(FencedError), self._db.transaction("unwatching", durable=False) as c:
-                    c.execute("DELETE FROM watchers WHERE id = ?", (row_id,))
-                    c.execute(_WATCHED_OFF, {"name": resource})
-        finally:
-            sock.close()
-
-    # -- waiting --------------------------------------------------------------------------------
-
-    def enqueue(self, request: GrantRequest) -> SQLiteTicket:
-        """Take a place at the end of ``request.resource``'s queue.
-
-        If the resource is free and nobody is ahead, the first :meth:`wait` returns at once, so
-        a release between the caller's last ``try_grant`` and this call is not missed.
-        """
-        owner = request.owner if request.request_id is None else None
-        ticket = SQLiteTicket(self, request.resource, WakeSocket(), owner)
-        doing = f"queueing for {request.resource}"
-        try:
-            _, params = self._params(**self._queued(ticket, request))
-            ((ticket.waiter_id,),) = self._db.write(_ENQUEUE, params, doing, durable=False)
-            _, params = self._params(name=request.resource, before=ticket.waiter_id)
-            free = not self._db.read(_LEASE, params, doing)
-            ticket._pending = free and not self._db.read(_HEAD, params, doing)
-            if not ticket._pending and ticket.owner is not None:
-                self._reserve(request.resource)
-        except BaseException:
-            ticket._socket.close()
-            raise
-        self._open_tickets().add(ticket)
-        return ticket
-
-    def wait(self, ticket: Ticket, timeout: float) -> None:
-        """Block until woken for ``ticket`` or ``timeout`` seconds pass (no database access).
-
-        Returns at once for an ended ticket. Consumes every wake-up queued for it, and keeps
-        the epoch of a lease a datagram says was handed to it for the next :meth:`try_grant`,
-        which confirms it in the database before it returns it.
-        """
-        mine = self._own_ticket(ticket, ticket.resource)
-        assert mine is not None
-        if mine._pending:
-            mine._pending = False
-            mine._notified = True
-            return
-        started = time.monotonic()
-        mine._notified = mine._socket.wait(timeout)
-        self._read_messages(mine)
-        if mine._prepared and mine._handed is None:
-            # A release is committing a hand-off to us: its grant follows within an fsync.
-            left = timeout - (time.monotonic() - started)
-            mine._socket.wait(max(0.0, min(left, _HANDOVER_PATIENCE)))
-            self._read_messages(mine)
-        mine._prepared = False
-
-    @staticmethod
-    def _read_messages(ticket: SQLiteTicket) -> None:
-        """Take the datagrams that carry a message: a hand-off being prepared, or the epoch of
-        a lease handed over to this ticket (a hint, confirmed by :meth:`_take_handed`; fields
-        after the epoch, sent by older versions, are ignored; anything else is ignored)."""
-        messages = ticket._socket.messages
-        while messages:
-            message = messages.pop(0)
-            if message == _PREPARE:
-                ticket._prepared = True
-                continue
-            fields = message.decode("ascii", "replace").split(" ")
-            if len(fields) >= 2 and fields[0] == _HANDED_PREFIX and ticket.owner is not None:
-                with suppress(ValueError):
-                    ticket._handed = int(fields[1])
-
-    def leave(self, ticket: Ticket) -> None:
-        """Leave the queue (idempotent). If the caller was first in line and the resource is
-        free, the next waiter is woken."""
-        mine = self._own_ticket(ticket, ticket.resource)
-        assert mine is not None
-        if mine.ended:
-            return
-        head = None
-        handed = None
-        try:
-            with self._db.transaction(f"leaving the queue of {mine.resource}", durable=False) as c:
-                _, params = self._params(
-                    name=mine.resource, before=mine.waiter_id, owner=mine.owner
-                )
-                first = c.execute(_HEAD, params).fetchone() is None
-                deleted = c.execute("DELETE FROM waiters WHERE id = ?", (mine.waiter_id,)).rowcount
-                c.execute(_DROP_EXPIRED_WAITERS, params)
-                if mine.owner is not None:
-                    handed = c.execute(f"{_LEASE} AND owner = :owner", params).fetchone()
-                if deleted and first and c.execute(_LEASE, params).fetchone() is None:
-                    params["before"] = _NO_TICKET
-                    head = c.execute(_HEAD, params).fetchone()
-        finally:
-            self._forget_ticket(mine)
-        if handed is not None and mine.owner is not None:
-            # A release handed the lease to this ticket after the caller's last try_grant: the
-            # caller gives up, so the lease goes on to the next waiter.
-            self.release(mine.resource, handed[0], mine.owner)
-        if head is not None:
-            self._wake_first(mine.resource, _Peer(head[0], head[1], head[2]))
-
-    def _own_ticket(self, ticket: Ticket | None, resource: str) -> SQLiteTicket | None:
-        return owned_ticket(self, ticket, resource, SQLiteTicket)
-
-    def _forget_ticket(self, ticket: SQLiteTicket) -> None:
-        ticket._socket.close()
-        self._open_tickets().discard(ticket)
-
-    def _open_tickets(self) -> set[SQLiteTicket]:
-        """This process's open tickets (a forked child does not inherit its parent's)."""
-        if self._tickets_pid != os.getpid():
-            self._tickets_pid = os.getpid()
-            self._tickets = set()
-        return self._tickets
-
-    @staticmethod
-    def _queued(ticket: SQLiteTicket, request: GrantRequest) -> dict[str, object]:
-        """The parameters of ``ticket``'s ``waiters`` row (:data:`_ENQUEUE`)."""
-        return {
-            "name": request.resource,
-            "addr": ticket._socket.address,
-            "netns": NETNS,
-            "pid": os.getpid(),
-            "holder": request.holder,
-            "keepalive": QUEUE_KEEPALIVE,
-            "owner": ticket.owner,
-            "ttl": request.ttl,
-            "value": request.value,
-            "ticket": ticket.waiter_id,
-        }
-
-    def _keep_alive(self, ticket: SQLiteTicket, request: GrantRequest) -> None:
-        """Extend the ticket's row; re-insert it at the end of the line if it was dropped."""
-        doing = f"queueing for {ticket.resource}"
-        _, params = self._params(**self._queued(ticket, request))
-        if self._db.write(_KEEP_ALIVE, params, doing, durable=False):
-            return
-        with self._db.transaction(doing, durable=False) as conn:
-            conn.execute(_DROP_EXPIRED_WAITERS, params)
-            (ticket.waiter_id,) = conn.execute(_ENQUEUE, params).fetchone()
-
-    # -- wake-ups -------------------------------------------------------------------------------
-
-    def _wake_waiter(self, resource: str, head: _Peer) -> Delivery:
-        """Wake one waiter; a dead one's row is deleted (and DEAD returned)."""
-        try:
-            delivery = self._waker.wake(head.addr, head.netns)
-        except OSError:
-            return Delivery.UNREACHABLE
-        if delivery is Delivery.DEAD:
-            with self._db.transaction(f"dropping a dead waiter of {resource}", durable=False) as c:
-                c.execute("DELETE FROM waiters WHERE id = ? AND addr = ?", (head.row_id, head.addr))
-        return delivery
-
-    def _wake_first(self, resource: str, head: _Peer) -> None:
-        """After a commit that freed ``resource``: wake its first live waiter ``head``; if that
-        one is dead, the next, while the resource stays free. Best effort: on failure waiters
-        keep their retry timers."""
-        try:
-            for _ in range(_MAX_ATTEMPTS):
-                if self._wake_waiter(resource, head) is not Delivery.DEAD:
-                    return
-                _, params = self._params(name=resource, before=_NO_TICKET)
-                if self._db.read(_LEASE, params, f"waking waiters of {resource}"):
-                    return  # taken meanwhile: nobody to wake
-                heads = self._db.read(_HEAD, params, f"waking waiters of {resource}")
-                if not heads:
-                    return
-                head = _Peer(heads[0][0], heads[0][1], heads[0][2])
-        except FencedError:
-            return
-
-    def _wake_watchers(self, resource: str, *, flagged: bool = False) -> None:
-        """Wake every watcher of ``resource`` (best effort; dead ones are dropped). ``flagged``:
-        called because the resource's ``watched`` flag is set, which is cleared if none is left.
-        """
-        try:
-            rows = self._db.read(
-                "SELECT id, addr, netns FROM watchers WHERE name = ?", (resource,), "waking"
-            )
-            dead = [
-                (row_id,)
-                for row_id, addr, netns in rows
-                if self._waker.wake(addr, netns) is Delivery.DEAD
-            ]
-            if dead or (flagged and not rows):
-                with self._db.transaction("dropping dead watchers", durable=False) as conn:
-                    conn.executemany("DELETE FROM watchers WHERE id = ?", dead)
-                    conn.execute(_WATCHED_OFF, {"name": resource})
-        except (FencedError, OSError):
-            return
-
-    def _wake_all(self, resource: str) -> None:
-        """After ``resource`` was freed by an expiry or a restore: wake its head and watchers."""
-        with suppress(FencedError):
-            _, params = self._params(name=resource, before=_NO_TICKET)
-            heads = self._db.read(_HEAD, params, f"waking waiters of {resource}")
-            if heads:
-                self._wake_first(resource, _Peer(heads[0][0], heads[0][1], heads[0][2]))
-        self._wake_watchers(resource)
-
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -1267,15 +795,6 @@ class SQLiteBackend:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _head(first: str | None) -> tuple[_Peer | None, bool]:
-    """The head waiter a release returned (one JSON cell: one subquery instead of four), and
-    whether it can be handed the lease (it queued its request, not just a request_id)."""
-    if first is None:
-        return None, False
-    row_id, addr, netns, takes = json.loads(first)
-    return _Peer(int(row_id), str(addr), str(netns)), bool(takes)
 
 
 def _cap(value: float, cap: float | None) -> float:

@@ -14,20 +14,19 @@ fsynced. Durable steps come in two kinds:
 
 - :meth:`Database.write` with ``durable=True`` (the uncontended grant: one autocommit statement
   whose result only its caller receives) ``fdatasync``-s the WAL right after the commit, before
-  it returns: what ``synchronous=FULL`` does inside the commit, done just after it. Why: SQLite
-  refuses to change ``synchronous`` inside a transaction, so a connection at FULL had to run two
-  ``PRAGMA synchronous`` statements around every non-durable step (the first of them right after
-  an fsync, with cold caches); without them the uncontended acquire+release cycle measured
-  +5-6 % (same syscalls, one fsync per cycle). The commit is then visible to other connections a
-  few microseconds before it is durable. Nothing can act on it in between in a way that outlives
-  a power cut without it: only the caller gets the token, after the fsync; a release of that
-  lease (the only way to hand it on) comes after that; and any durable step of any process
-  fsyncs the same WAL, which holds this commit too (a checkpoint fsyncs the WAL before it copies
-  it, and the database file before the WAL is written from the start again). A reader may see
-  the grant in that window (``current()``, an observer); if the power fails before the fsync,
-  the grant is gone and its epoch may be granted after the reboot, to one caller only: the first
-  never received it. If the fsync fails the step raises :class:`~fenced.OutcomeUnknown` (the
-  commit is visible but may not survive a power cut); the next durable step fsyncs the WAL again.
+  it returns: what ``synchronous=FULL`` does inside the commit, done just after it (SQLite
+  refuses to change ``synchronous`` inside a transaction, so a connection at FULL would need two
+  ``PRAGMA synchronous`` statements around every non-durable step). The commit is then visible
+  to other connections a few microseconds before it is durable. Nothing can act on it in between
+  in a way that outlives a power cut without it: only the caller gets the token, after the
+  fsync; a release of that lease (the only way to hand it on) comes after that; and any durable
+  step of any process fsyncs the same WAL, which holds this commit too (a checkpoint fsyncs the
+  WAL before it copies it, and the database file before the WAL is written from the start
+  again). A reader may see the grant in that window (``current()``, an observer); if the power
+  fails before the fsync, the grant is gone and its epoch may be granted after the reboot, to
+  one caller only: the first never received it. If the fsync fails the step raises
+  :class:`~fenced.OutcomeUnknown` (the commit is visible but may not survive a power cut); the
+  next durable step fsyncs the WAL again.
 - :meth:`Database.transaction` with ``durable=True`` (grants to a waiter, epoch reservations on
   whose strength others hand out tokens without an fsync, restores) runs at ``synchronous=FULL``
   for that transaction: SQLite fsyncs the WAL before it publishes the commit, so nobody sees it
@@ -49,8 +48,8 @@ write) → :class:`~fenced.OutcomeUnknown`; an unusable file → :class:`~fenced
 
 The write-ahead log is kept allocated (:meth:`Database._preallocate_wal`): SQLite appends to the
 WAL until a checkpoint (every ~1000 pages), then writes it again from the start. While it grows,
-every fsync also commits the file's new size to the file system journal, which measured
-550-620 µs per commit instead of 200-330 µs for the same bytes written in place. SQLite deletes
+every fsync also commits the file's new size to the file system journal, which makes a commit
+slower than the same bytes written in place. SQLite deletes
 the WAL when the last connection closes, so every restart would pay that again for ~1000 pages;
 before its first durable commit each connection extends a short WAL with zeros instead (once,
 ~1 MiB). Zeros past the last frame are not a frame (their checksum and salt do not match) and
@@ -72,12 +71,11 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fenced._drivers.sqlite import retrying
+from fenced._drivers.sqlite import retrying, translate
 from fenced.coordinator.backends.sqlite.schema import (
     BUSY_TIMEOUT,
     connect,
     open_database,
-    translate,
 )
 from fenced.core.errors import ConfigurationError, OutcomeUnknown
 
@@ -146,7 +144,7 @@ class Database:
             try:
                 return self._connection().execute(sql, params).fetchall()
             except sqlite3.Error as error:
-                raise translate(error, self.path, doing) from error
+                raise translate(error, doing, where=str(self.path)) from error
 
     def write(self, sql: str, params: dict[str, object], doing: str, *, durable: bool) -> list[Any]:
         """Run one data-changing statement as its own transaction; return its RETURNING rows.
@@ -164,7 +162,7 @@ class Database:
                     self._preallocate_wal(conn)
                 rows = retrying(_run, conn, sql, params, timeout=BUSY_TIMEOUT)
             except sqlite3.Error as error:
-                raise translate(error, self.path, doing, committing=True) from error
+                raise translate(error, doing, where=str(self.path), committing=True) from error
             if durable:
                 self._sync_wal(doing)
             return rows
@@ -197,12 +195,14 @@ class Database:
                         conn.execute("COMMIT")
                     except sqlite3.Error as error:
                         _rollback_quietly(conn)
-                        raise translate(error, self.path, doing, committing=True) from error
+                        raise translate(
+                            error, doing, where=str(self.path), committing=True
+                        ) from error
                 finally:
                     if durable:
                         conn.execute("PRAGMA synchronous=NORMAL")
             except sqlite3.Error as error:
-                raise translate(error, self.path, doing) from error
+                raise translate(error, doing, where=str(self.path)) from error
 
     def _sync_wal(self, doing: str) -> None:
         """``fdatasync`` the WAL after a commit (call with the lock held): that commit, and every

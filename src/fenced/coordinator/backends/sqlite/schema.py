@@ -1,12 +1,13 @@
-"""The embedded coordinator's database file: opening, schema versions, migrations, errors.
+"""The embedded coordinator's database file: opening, its schema, and its version check.
 
-The schema is versioned from the first release. ``meta`` holds ``schema_version`` and the
-``coordinator_id`` (32 lowercase hex digits, created once when the file is initialised and kept
-forever); the SQLite header's ``application_id`` marks the file as fenced's. :data:`MIGRATIONS`
-lists every schema change in order; :func:`open_database` applies the missing ones in one write
-transaction, so a crash mid-upgrade leaves the previous version intact, and concurrent openers
-serialise on the write lock (exactly one of them initialises or upgrades). To change the schema,
-append a :class:`Migration`; never edit a released one.
+``meta`` holds ``schema_version`` and the ``coordinator_id`` (32 lowercase hex digits, created
+once when the file is initialised and kept forever); the SQLite header's ``application_id`` marks
+the file as fenced's. :data:`MIGRATIONS` lists the schema steps in order (one today: the initial
+format, version 1); :func:`open_database` applies the missing ones in one write transaction, so
+a crash mid-initialisation leaves the file empty and re-initialisable, and concurrent openers
+serialise on the write lock (exactly one of them initialises). A later format is a
+:class:`~fenced._drivers.migrations.Migration` appended to :data:`MIGRATIONS`; a released one is
+never edited.
 
 Where the file lives — directory and file modes, and the marker that stops a coordinator from
 being re-created silently where its database was — is :mod:`.files`.
@@ -23,12 +24,12 @@ import secrets
 import sqlite3
 import time
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 
-from fenced._drivers.sqlite import error_code, retrying
+from fenced._drivers.migrations import Migration, checked_version
+from fenced._drivers.sqlite import retrying, translate
 from fenced.coordinator.backends.sqlite import files as sqlite_files
-from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+from fenced.core.errors import ConfigurationError
 from fenced.core.token import validate_coordinator_id
 
 __all__ = [
@@ -38,10 +39,8 @@ __all__ = [
     "PAGE_SIZE",
     "RECOMPUTE_WATCHED",
     "SCHEMA_VERSION",
-    "Migration",
     "connect",
     "open_database",
-    "translate",
 ]
 
 APPLICATION_ID = 0x46454E43
@@ -50,15 +49,6 @@ BUSY_TIMEOUT = 5.0
 """Seconds a statement waits for another process's write lock before :class:`Unavailable`."""
 PAGE_SIZE = 1024
 """Page size of a new database (rows are small; smaller pages are fewer bytes per commit)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Migration:
-    """One schema step: the statements that take a database from ``version - 1`` to ``version``."""
-
-    version: int
-    summary: str
-    statements: tuple[str, ...]
 
 
 RECOMPUTE_WATCHED = (
@@ -70,7 +60,8 @@ RECOMPUTE_WATCHED = (
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
-        "resources with their lease, minimum epoch, request_id dedup, queue, watchers, records",
+        "resources with their lease, epoch reservation and watched flag; minimum epoch; "
+        "request_id dedup; the queue with each waiter's grant request; watchers; records",
         (
             "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
             # One row per resource ever granted (or given a floor by a restore). ``epoch`` is the
@@ -92,7 +83,15 @@ MIGRATIONS: tuple[Migration, ...] = (
                 granted_at REAL,
                 ended TEXT,
                 ended_at REAL,
-                end_recorded INTEGER NOT NULL DEFAULT 1
+                end_recorded INTEGER NOT NULL DEFAULT 1,
+                -- Epochs reserved durably for hand-offs: every epoch up to ``reserved`` may have
+                -- been granted by a commit without fsync during boot ``reserved_boot``. Another
+                -- boot (the only way such a commit can be lost) grants above ``reserved``.
+                reserved INTEGER NOT NULL DEFAULT 0,
+                reserved_boot TEXT,
+                -- Whether the resource has watchers (kept by the backend, see RECOMPUTE_WATCHED):
+                -- a grant and a release read this column, not the watchers table.
+                watched INTEGER NOT NULL DEFAULT 0
             ) WITHOUT ROWID""",
             # Coordinator-wide: every later grant of any resource gets an epoch above this
             # (raised by restores, never lowered).
@@ -121,7 +120,13 @@ MIGRATIONS: tuple[Migration, ...] = (
                 pid INTEGER NOT NULL,
                 holder TEXT NOT NULL,
                 expires_at REAL NOT NULL,
-                boot_id TEXT NOT NULL
+                boot_id TEXT NOT NULL,
+                -- The waiter's grant request, so that a release can hand it the lease. NULL
+                -- owner: a waiter that grants itself when woken (one with a request_id, whose
+                -- grant must also be remembered in ``requests``).
+                owner TEXT,
+                ttl REAL,
+                value TEXT
             )""",
             "CREATE INDEX waiters_by_name ON waiters (name, id)",
             # Processes blocked in watch(): woken after every record of their resource.
@@ -146,52 +151,9 @@ MIGRATIONS: tuple[Migration, ...] = (
                 detail TEXT NOT NULL
             )""",
             # No index on (resource, seq): it would add a b-tree insert and a WAL frame to every
-            # grant (measured: a fifth of the grant's database work). One resource's history is
-            # read by scanning from ``after``; add the index in a migration if that gets slow.
+            # grant. One resource's history is read by scanning from ``after``.
             # The records of grants and lease ends are written by the database itself, in the
             # statement that changes the lease: none can be forgotten by a code path.
-            """CREATE TRIGGER record_first_grant AFTER INSERT ON resources
-            WHEN NEW.owner IS NOT NULL
-            BEGIN
-                INSERT INTO records (at, kind, resource, epoch, holder, detail)
-                VALUES (NEW.granted_at, 'granted', NEW.name, NEW.epoch, NEW.holder,
-                        '{"after": "none"}');
-            END""",
-            # A grant over an existing row: first the end of the previous lease if it is not
-            # recorded yet (an unnoticed expiry, dated at the expiry instant: granted_at minus
-            # the boottime elapsed since expires_at; or a pending release), then the grant.
-            """CREATE TRIGGER record_grant AFTER UPDATE OF epoch ON resources
-            WHEN NEW.owner IS NOT NULL
-            BEGIN
-                INSERT INTO records (at, kind, resource, epoch, holder, detail)
-                SELECT CASE WHEN OLD.boot_id = NEW.boot_id
-                            THEN NEW.granted_at
-                                 - max(0.0, NEW.expires_at - NEW.ttl - OLD.expires_at)
-                            ELSE NEW.granted_at END,
-                       'expired', OLD.name, OLD.epoch, OLD.holder, '{}'
-                WHERE OLD.owner IS NOT NULL;
-                INSERT INTO records (at, kind, resource, epoch, holder, detail)
-                SELECT OLD.ended_at, OLD.ended, OLD.name, OLD.epoch, OLD.holder, '{}'
-                WHERE OLD.owner IS NULL AND NOT OLD.end_recorded;
-                INSERT INTO records (at, kind, resource, epoch, holder, detail)
-                VALUES (NEW.granted_at, 'granted', NEW.name, NEW.epoch, NEW.holder,
-                        json_object('after', CASE WHEN OLD.owner IS NOT NULL THEN 'expired'
-                                                  ELSE coalesce(OLD.ended, 'none') END));
-            END""",
-            # A pending lease end (release, detected expiry) being recorded.
-            """CREATE TRIGGER record_end AFTER UPDATE OF end_recorded ON resources
-            WHEN NEW.owner IS NULL AND NOT OLD.end_recorded AND NEW.end_recorded
-            BEGIN
-                INSERT INTO records (at, kind, resource, epoch, holder, detail)
-                VALUES (OLD.ended_at, OLD.ended, OLD.name, OLD.epoch, OLD.holder, '{}');
-            END""",
-        ),
-    ),
-    Migration(
-        2,
-        "grant records carry the candidate's advertised value (elections)",
-        (
-            "DROP TRIGGER record_first_grant",
             """CREATE TRIGGER record_first_grant AFTER INSERT ON resources
             WHEN NEW.owner IS NOT NULL
             BEGIN
@@ -200,7 +162,9 @@ MIGRATIONS: tuple[Migration, ...] = (
                         CASE WHEN NEW.value IS NULL THEN '{"after": "none"}'
                              ELSE json_object('after', 'none', 'value', NEW.value) END);
             END""",
-            "DROP TRIGGER record_grant",
+            # A grant over an existing row: first the end of the previous lease if it is not
+            # recorded yet (an unnoticed expiry, dated at the expiry instant: granted_at minus
+            # the boottime elapsed since expires_at; or a pending release), then the grant.
             """CREATE TRIGGER record_grant AFTER UPDATE OF epoch ON resources
             WHEN NEW.owner IS NOT NULL
             BEGIN
@@ -225,69 +189,19 @@ MIGRATIONS: tuple[Migration, ...] = (
                                                             ELSE coalesce(OLD.ended, 'none') END,
                                               'value', NEW.value) END);
             END""",
-        ),
-    ),
-    Migration(
-        3,
-        "waiters carry their grant request and epochs are reserved, so that a release can hand "
-        "the lease to the head without an fsync",
-        (
-            # NULL owner: a waiter that grants itself when woken (one with a request_id, whose
-            # grant must also be remembered in ``requests``).
-            "ALTER TABLE waiters ADD COLUMN owner TEXT",
-            "ALTER TABLE waiters ADD COLUMN ttl REAL",
-            "ALTER TABLE waiters ADD COLUMN value TEXT",
-            # Epochs reserved durably for hand-offs: every epoch up to ``reserved`` may have been
-            # granted by a commit without fsync during boot ``reserved_boot``. Another boot
-            # (the only way such a commit can be lost) grants above ``reserved``.
-            "ALTER TABLE resources ADD COLUMN reserved INTEGER NOT NULL DEFAULT 0",
-            "ALTER TABLE resources ADD COLUMN reserved_boot TEXT",
-        ),
-    ),
-    Migration(
-        4,
-        "a flag on each resource says whether it has watchers, so that a grant and a release "
-        "read a column instead of searching the watchers table",
-        (
-            "ALTER TABLE resources ADD COLUMN watched INTEGER NOT NULL DEFAULT 0",
-            RECOMPUTE_WATCHED,
+            # A pending lease end (release, detected expiry) being recorded.
+            """CREATE TRIGGER record_end AFTER UPDATE OF end_recorded ON resources
+            WHEN NEW.owner IS NULL AND NOT OLD.end_recorded AND NEW.end_recorded
+            BEGIN
+                INSERT INTO records (at, kind, resource, epoch, holder, detail)
+                VALUES (OLD.ended_at, OLD.ended, OLD.name, OLD.epoch, OLD.holder, '{}');
+            END""",
         ),
     ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
 """The newest schema this code knows."""
-
-# SQLite primary result codes (sqlite3.Error.sqlite_errorcode & 0xFF).
-_PERM, _BUSY, _LOCKED, _READONLY, _CORRUPT, _CANTOPEN, _AUTH, _NOTADB = 3, 5, 6, 8, 11, 14, 23, 26
-
-
-def translate(
-    error: sqlite3.Error, path: Path, doing: str, *, committing: bool = False
-) -> FencedError:
-    """Map a driver error to the fenced error a caller can act on (the caller chains it).
-
-    Busy or locked → :class:`Unavailable` (nothing happened). A corrupt, foreign or unwritable
-    file → :class:`ConfigurationError`. Any other failure while committing a write →
-    :class:`OutcomeUnknown` (the commit may have reached the disk); otherwise → ``Unavailable``.
-    """
-    code = error_code(error)
-    name = getattr(error, "sqlite_errorname", None) or type(error).__name__
-    if code in (_BUSY, _LOCKED):
-        return Unavailable(
-            f"{doing}: the database {path} stayed locked by another process for "
-            f"{BUSY_TIMEOUT:g}s ({name}); nothing was changed, retry"
-        )
-    if code in (_CORRUPT, _NOTADB):
-        return ConfigurationError(f"{path} is not a usable fenced database: {error} ({name})")
-    if code in (_READONLY, _CANTOPEN, _PERM, _AUTH):
-        return ConfigurationError(f"cannot write the fenced database {path}: {error} ({name})")
-    if committing:
-        return OutcomeUnknown(
-            f"{doing}: the commit to {path} failed ({error}, {name}); it may or may not have "
-            "taken effect"
-        )
-    return Unavailable(f"{doing}: {path}: {error} ({name}); nothing was changed")
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -304,7 +218,7 @@ def connect(path: Path) -> sqlite3.Connection:
         raise ConfigurationError(f"cannot open the fenced database {path}: {error}") from error
     try:
         # Only a new file takes it (before its first write): 1 KiB pages make each WAL frame a
-        # quarter of the default, and a grant writes three (measured +5-7 % cycles/s).
+        # quarter of the default, and a grant writes three.
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
         # Switching a new file to WAL needs its exclusive lock, and SQLite answers SQLITE_BUSY
         # at once, without its busy handler, while another process opens the same new file.
@@ -315,12 +229,12 @@ def connect(path: Path) -> sqlite3.Connection:
                 "file system"
             )
         conn.execute("PRAGMA synchronous=FULL")
-        # RETURNING and subqueries use ephemeral tables: in memory they cost ~1 µs instead of
-        # a temporary file each (measured +20 µs per statement).
+        # RETURNING and subqueries use ephemeral tables: kept in memory, never in a temporary
+        # file.
         conn.execute("PRAGMA temp_store=MEMORY")
     except sqlite3.Error as error:
         conn.close()
-        raise translate(error, path, "opening the database") from error
+        raise translate(error, "opening the database", where=str(path)) from error
     except BaseException:
         conn.close()
         raise
@@ -336,9 +250,10 @@ def open_database(
     :mod:`.files`). A new (or empty) file is initialised with a fresh random coordinator
     id, or ``coordinator_id_for_new`` if given (ignored for an existing database), unless the
     marker (or a ``-wal``/``-shm``/``-journal`` file beside a missing database) shows that a
-    database lived there: then ConfigurationError, and nothing is created. An older schema is
-    migrated in one transaction; a newer one is refused. ``marker``: keep the marker beside the
-    database (False only for a transient copy, such as a restore's staging file).
+    database lived there: then ConfigurationError, and nothing is created. A database of an
+    older format is migrated in one transaction; a newer one is refused. ``marker``: keep the
+    marker beside the database (False only for a transient copy, such as a restore's staging
+    file).
     """
     if coordinator_id_for_new is not None:
         validate_coordinator_id(coordinator_id_for_new)
@@ -351,7 +266,7 @@ def open_database(
     except sqlite3.Error as error:
         _rollback_quietly(conn)
         conn.close()
-        raise translate(error, path, "initialising the database") from error
+        raise translate(error, "initialising the database", where=str(path)) from error
     except BaseException:
         _rollback_quietly(conn)
         conn.close()
@@ -366,7 +281,7 @@ def _rollback_quietly(conn: sqlite3.Connection) -> None:
 
 
 def _prepare(conn: sqlite3.Connection, path: Path, new_id: str | None) -> str:
-    """Check identity and version; initialise or migrate, all in one write transaction."""
+    """Check identity and version; initialise (or migrate), all in one write transaction."""
     conn.execute("BEGIN IMMEDIATE")
     (app_id,) = conn.execute("PRAGMA application_id").fetchone()
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
@@ -378,11 +293,7 @@ def _prepare(conn: sqlite3.Connection, path: Path, new_id: str | None) -> str:
         version = _schema_version(conn, path)
     if version == 0:
         sqlite_files.refuse_if_marked(path)  # its content was lost: never start again silently
-    if version > SCHEMA_VERSION:
-        raise ConfigurationError(
-            f"{path} has schema version {version}: it was created by a newer fenced (this one "
-            f"knows versions up to {SCHEMA_VERSION}); upgrade fenced"
-        )
+    checked_version(version, SCHEMA_VERSION, str(path))
     for migration in MIGRATIONS:
         if migration.version > version:
             for statement in migration.statements:
