@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import hashlib
 import io
@@ -19,11 +18,15 @@ import pytest
 
 from fenced.core.clock import ManualClock
 from fenced.core.errors import ConfigurationError, IdempotencyConflict, StaleToken, Unavailable
-from fenced.fence import Store, open_store, ops
+from fenced.fence import Store, open_store
 from fenced.fence.background import drain, later
+from fenced.fence.file import gc as file_gc
+from fenced.fence.file import meta as file_meta
 from fenced.fence.file import store as file_store
+from fenced.fence.file.files import write_file
+from fenced.fence.file.layout import META
 from fenced.fence.file.store import CHECKPOINT_AT, JOURNAL, LOG, OPS, STATE
-from fenced.fence.values import Mode, Publication, Version
+from fenced.fence.values import Mode, Publication
 from fenced.testing.store_conformance import (
     MakeStore,
     R,
@@ -101,6 +104,9 @@ def test_a_directory_that_is_not_a_fenced_store_is_refused(tmp_path: Path) -> No
     ("meta", "message"),
     [
         ('{"format": "fenced.file-store", "version": 99, "mode": "strict"}', "newer than"),
+        ('{"format": "fenced.file-store", "version": 2, "mode": "strict"}', "upgrade fenced"),
+        ('{"format": "fenced.file-store", "version": 0, "mode": "strict"}', "corrupt"),
+        ('{"format": "fenced.file-store", "version": true, "mode": "strict"}', "corrupt"),
         ('{"format": "something-else", "version": 1, "mode": "strict"}', "not a fenced store"),
         ("{not json", "corrupt"),
         ('{"format": "fenced.file-store", "version": 1, "mode": "lenient"}', "unknown mode"),
@@ -119,7 +125,8 @@ def test_a_corrupt_state_file_is_a_configuration_error(
     store.put(token(1), "k", b"v")
     state = _resource_dir(root) / "state.json"
     good = state.read_bytes()
-    for bad in (b"{truncated", b'{"format": "fenced.file-state", "version": 1}', b"[]"):
+    newer = json.dumps({**json.loads(good), "version": 2}).encode()  # another format version
+    for bad in (b"{truncated", b'{"format": "fenced.file-state", "version": 1}', b"[]", newer):
         state.write_bytes(bad)
         with pytest.raises(ConfigurationError, match="corrupt state file"):
             store.get(R, "k")
@@ -152,15 +159,14 @@ def test_concurrent_creation_agrees_on_one_store(
     modes: list[Mode] = ["monotonic", "strict"] * 3
     all_creating = threading.Barrier(len(modes))
     creating: list[int] = []
-    write_file = file_store._write_file
 
     def gated_write_file(path: str | Path, data: bytes) -> None:
-        if Path(path).name.startswith(f".{file_store.META}."):  # the new store's metadata
+        if Path(path).name.startswith(f".{META}."):  # the new store's metadata
             creating.append(threading.get_ident())
             all_creating.wait(timeout=30)
         write_file(path, data)
 
-    monkeypatch.setattr(file_store, "_write_file", gated_write_file)
+    monkeypatch.setattr(file_meta, "write_file", gated_write_file)
     opened: list[tuple[Mode, str]] = []
     refused: list[tuple[Mode, BaseException]] = []
 
@@ -177,7 +183,7 @@ def test_concurrent_creation_agrees_on_one_store(
     for thread in threads:
         thread.join(timeout=60)
     assert len(set(creating)) == len(modes)  # every thread raced to create the store
-    stored = json.loads((root / file_store.META).read_bytes())["mode"]
+    stored = json.loads((root / META).read_bytes())["mode"]
     assert sorted(opened) == [(stored, stored)] * 3
     assert [mode for mode, _ in refused] == [next(m for m in modes if m != stored)] * 3
     for _, error in refused:
@@ -345,7 +351,7 @@ def _superseded(store: Store) -> list[str]:
     """The objects the current state of :data:`R` remembers as superseded (for gc)."""
     backend = store._backend
     assert isinstance(backend, file_store.FileBackend)
-    loaded = backend._load(backend._dir(R), R)
+    loaded = backend.load(backend._dir(R), R)
     assert loaded is not None
     return [old.object_id for old in loaded.current.superseded]
 
@@ -398,13 +404,13 @@ def test_a_gc_killed_part_way_on_a_full_disk_is_finished_by_the_next(
 
                     os.rename = killed_at_third  # type: ignore[assignment]
                 else:
-                    unlink_all = file_store._unlink_all
+                    unlink_all = file_gc._unlink_all
 
                     def killed_after(paths: list[str]) -> None:
                         unlink_all(paths)
                         os.kill(os.getpid(), signal.SIGKILL)
 
-                    file_store._unlink_all = killed_after
+                    file_gc._unlink_all = killed_after
                 store.gc(keep=1, grace=0)
             finally:
                 os._exit(3)
@@ -527,77 +533,6 @@ def test_the_state_the_log_and_the_journals_stay_bounded(
 
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
-
-
-def _format_1_store(root: Path) -> tuple[Publication, bytes]:
-    """A store as fenced wrote it before the commit log (format 1), with one of everything."""
-    rdir = root / "resources" / hashlib.sha256(R.encode()).hexdigest()
-    for path in (root / "locks", rdir / "objects", rdir / "staging"):
-        path.mkdir(parents=True)
-    (root / "fenced-store.json").write_text(
-        json.dumps({"format": "fenced.file-store", "version": 1, "mode": "strict"})
-    )
-    data = b"the export of epoch 3"
-    publication = Publication(
-        R, "", 3, f"{3:020d}-{'a' * 32}", hashlib.sha256(data).hexdigest(), len(data), 1000.0
-    )
-    (rdir / "objects" / publication.object_id).write_bytes(data)
-
-    def record(seq: int, kind: str, detail: dict[str, object]) -> dict[str, object]:
-        return {"seq": seq, "at": 1000.0 + seq, "kind": kind, "epoch": 3, "detail": detail}
-
-    journal = [record(1, "installed", {"op": "fence", "previous": None})]
-    (rdir / JOURNAL).write_text("".join(json.dumps(r) + "\n" for r in journal))
-    put = Version(R, "k", 3, 2)
-    state = {
-        "format": "fenced.file-state",
-        "version": 1,
-        "resource": R,
-        "coordinator_id": token(3).coordinator_id,
-        "floor": 3,
-        "items": {"k": [base64.b64encode(b"old").decode(), 3, 2]},
-        "pointers": {"": [3, publication.object_id, publication.sha256, len(data), 1000.0]},
-        "superseded": [],
-        "ops": {
-            "write-1": [ops.put_digest(token(3), "k", b"old", None), ops.encode_outcome(put), 1e3]
-        },
-        "seq": 3,
-        "records": [
-            record(2, "accepted", {"op": "put", "key": "k", "version": 2, "op_id": "write-1"}),
-            record(3, "accepted", {"op": "publish", "name": ""}),
-        ],
-        "compact_at": 262144,
-        "oldest": 1001.0,
-    }
-    (rdir / STATE).write_text(json.dumps(state))
-    return publication, data
-
-
-def test_a_format_1_store_opens_and_migrates_at_its_first_commit(root: Path) -> None:
-    publication, data = _format_1_store(root)
-    clock = ManualClock(wall=2000.0)
-    with open_store(f"file://{root}", clock=clock) as store:
-        meta = json.loads((root / "fenced-store.json").read_bytes())
-        assert meta == {"format": "fenced.file-store", "version": 2, "mode": "strict"}
-        assert store.mode == "strict" and store.floor(R) == 3
-        item = store.get(R, "k")
-        assert item is not None and (item.value, item.version) == (b"old", 2)
-        assert store.latest(R) == publication and store.read(R) == data
-        assert [r.seq for r in store.history(R)] == [1, 2, 3]
-        rdir = _resource_dir(root)
-        assert store.put(token(3), "k", b"old", op_id="write-1") == Version(R, "k", 3, 2)
-        assert json.loads((rdir / STATE).read_bytes())["version"] == 1  # a replay commits nothing
-        assert store.put(token(3), "k", b"new").version == 3  # the first commit migrates
-        state = json.loads((rdir / STATE).read_bytes())
-        assert state["version"] == 2 and "write-1" in state["ops"] and len(state["records"]) == 3
-        for _ in range(200):  # past a checkpoint: the format-1 entries reach the journals
-            store.put(token(3), "other", b"x" * 1000)
-        assert json.loads((rdir / STATE).read_bytes())["records"] == []
-        assert b'"write-1"' in (rdir / OPS).read_bytes()
-        assert store.put(token(3), "k", b"old", op_id="write-1") == Version(R, "k", 3, 2)
-        history = store.history(R)
-        assert [r.seq for r in history] == list(range(1, len(history) + 1))
-        assert [r.detail.get("version") for r in history[:4]] == [None, 2, None, 3]
 
 
 class _Gated(io.BytesIO):

@@ -25,6 +25,7 @@ import fenced.fence
 from fenced.core.clock import SystemClock
 from fenced.core.records import RecordKind
 from fenced.fence import Store, open_store
+from fenced.fence.file import journal as file_journal
 from fenced.fence.file import store as file_store
 from fenced.testing.conformance import wait_for
 from fenced.testing.store_conformance import R, token
@@ -61,9 +62,10 @@ def publish_loop(url: str, acks: str, checkpoint_at: str) -> None:
 def die_at(url: str, point: str, checkpoint_at: str) -> None:
     """Write until the store reaches ``point`` a few times, then be killed there (SIGKILL)."""
     file_store.CHECKPOINT_AT = int(checkpoint_at)
-    file_store._COMPACT_AT = 2048  # compactions too
+    vars(file_journal)["COMPACT_AT"] = 2048  # compactions too
     real_replace, real_truncate = os.replace, os.truncate
-    real_to_journal, real_write_all = file_store._to_journal, file_store._write_all
+    # The names the store's commit and checkpoint call (bound in its module at import).
+    real_to_journal, real_write_all = vars(file_store)["to_journal"], vars(file_store)["write_all"]
     reached = iter(range(4, 0, -1))
 
     def die() -> None:
@@ -97,7 +99,7 @@ def die_at(url: str, point: str, checkpoint_at: str) -> None:
         real_write_all(fd, data)
 
     os.replace, os.truncate = replace, truncate  # type: ignore[assignment]
-    file_store._to_journal, file_store._write_all = to_journal, write_all  # type: ignore[assignment]
+    vars(file_store).update(to_journal=to_journal, write_all=write_all)
     with open_store(url, record_limit=30) as store:
         for number in range(1, 10**9):
             epoch = (store.floor(R) or 0) + 1
