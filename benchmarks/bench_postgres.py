@@ -61,7 +61,8 @@ from _common import fmt_rate, fmt_ratio, fmt_time, median, percentile, print_tab
 import fenced
 from fenced.coordinator.connect import connect
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres.store import open_postgres_store
+from fenced.fence.postgres.store import open_postgres_backend
+from fenced.fence.store import Store
 from fenced.testing.postgres import PostgresServer
 
 TTL = 30.0
@@ -281,7 +282,7 @@ class FencedPut(Impl):
         from fenced.core.clock import SystemClock
 
         options = StoreOptions(7 * 24 * 3600.0, 3600.0, 5.0, SystemClock())
-        self.store = open_postgres_store(url, "strict", options)
+        self.store = Store(open_postgres_backend(url, "strict", options), options)
         self.token = fenced.FencingToken(coordinator_id, "bench/put", 1)
         self.store.fence(self.token)
 

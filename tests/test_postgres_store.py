@@ -34,7 +34,8 @@ from fenced.fence import Store
 from fenced.fence import open_store as fenced_open_store
 from fenced.fence.backend import StoreOptions
 from fenced.fence.postgres import store as postgres_store
-from fenced.fence.postgres.store import PostgresStore, open_postgres_store
+from fenced.fence.postgres import transaction as postgres_transaction
+from fenced.fence.postgres.store import PostgresBackend, open_postgres_backend
 from fenced.fence.values import Mode
 from fenced.testing.conformance import wait_for
 from fenced.testing.postgres import PostgresServer
@@ -48,6 +49,17 @@ from fenced.testing.store_conformance import (
     token,
 )
 from store_damage import DAMAGES, assert_no_read_returns_it, damage_postgres_object, original
+
+
+def open_postgres_store(url: str, mode: Mode | None, options: StoreOptions) -> Store:
+    """The store ``open_store`` opens for ``url``, with ``options`` as given."""
+    return Store(open_postgres_backend(url, mode, options), options)
+
+
+def _backend(store: Store) -> PostgresBackend:
+    backend = store._backend
+    assert isinstance(backend, PostgresBackend)
+    return backend
 
 
 def _options(busy_timeout: float = 5.0) -> StoreOptions:
@@ -101,13 +113,13 @@ class TestPostgresStore(
 
 
 @pytest.fixture
-def store(store_url: str) -> Iterator[PostgresStore]:
+def store(store_url: str) -> Iterator[Store]:
     opened = open_postgres_store(store_url, "strict", _options())
     yield opened
     opened.close()
 
 
-def test_a_large_publication_is_streamed_in_chunks(store: PostgresStore, tmp_path: Any) -> None:
+def test_a_large_publication_is_streamed_in_chunks(store: Store, tmp_path: Any) -> None:
     path = tmp_path / "big.bin"
     block = uuid.uuid4().bytes * 4096  # 64 KiB, not compressible as a whole
     with path.open("wb") as out:
@@ -188,7 +200,7 @@ def test_waiting_for_a_connection_comes_out_of_a_store_calls_timeout(
         )
         store = open_postgres_store(url, "monotonic", _options())
         store.put(token(1), "k", b"v")
-        pool = store._backend._pool
+        pool = _backend(store)._pool
         taken = threading.Event()
         failures: list[BaseException] = []
 
@@ -219,7 +231,7 @@ def test_waiting_for_a_connection_comes_out_of_a_store_calls_timeout(
     assert took < timeout + 0.3, (timeout, took)
 
 
-def test_concurrent_writers_of_one_domain_serialise(store: PostgresStore) -> None:
+def test_concurrent_writers_of_one_domain_serialise(store: Store) -> None:
     """Four threads increment one counter with compare-and-set. Their first attempts are
     forced to collide (none writes before all four have read "no counter yet"): exactly one
     wins, three get VersionConflict and retry, and no increment is lost."""
@@ -259,7 +271,7 @@ def test_concurrent_writers_of_one_domain_serialise(store: PostgresStore) -> Non
 
 
 def test_stale_writes_are_rejected_across_processes_of_the_same_database(
-    store: PostgresStore, store_url: str
+    store: Store, store_url: str
 ) -> None:
     other = open_postgres_store(store_url, None, _options())
     store.fence(token(41))
@@ -272,7 +284,7 @@ def test_stale_writes_are_rejected_across_processes_of_the_same_database(
     other.close()
 
 
-def test_a_newer_schema_version_is_refused(store: PostgresStore, store_url: str) -> None:
+def test_a_newer_schema_version_is_refused(store: Store, store_url: str) -> None:
     schema = store_url.split("schema=")[1]
     with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as conn:
         conn.execute(
@@ -332,7 +344,7 @@ def test_speculative_writes_never_trust_what_this_process_saw_last(store_url: st
 def _statements(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Every statement the store's mutations send from now on (ordinary ones, store_apply_all)."""
     sent: list[bytes] = []
-    run, apply = postgres_store._PgTransaction._run, postgres_conn.execute
+    run, apply = postgres_transaction.PostgresTransaction._run, postgres_conn.execute
     direct = postgres_conn.Statement.run
 
     def counting_run(tx: Any, statements: list[tuple[bytes, tuple[object, ...]]]) -> Any:
@@ -349,7 +361,7 @@ def _statements(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
         sent.append(statement.query)  # store_apply_all, through libpq directly
         return direct(statement, pool, conn, params)
 
-    monkeypatch.setattr(postgres_store._PgTransaction, "_run", counting_run)
+    monkeypatch.setattr(postgres_transaction.PostgresTransaction, "_run", counting_run)
     monkeypatch.setattr(postgres_store, "execute", counting_execute)
     monkeypatch.setattr(postgres_conn.Statement, "run", counting_direct)
     return sent
@@ -393,7 +405,7 @@ def test_the_speculative_write_is_prepared_once_and_survives_a_lost_prepared_sta
     store.fence(token(1))
     for _ in range(3):
         store.put(token(1), "k", b"v")
-    backend = store._backend
+    backend = _backend(store)
     with backend._pool.connection(1.0) as conn:
         row = conn.execute(
             b"SELECT count(*) FROM pg_prepared_statements WHERE name = %s",
@@ -415,7 +427,7 @@ def test_a_spare_connection_the_server_ended_is_replaced_before_it_is_lent(
     store = open_postgres_store(store_url, "strict", _options())
     store.fence(token(1))
     store.put(token(1), "k", b"v")
-    pool = store._backend._pool
+    pool = _backend(store)._pool
     assert len(pool._spare) == 1  # kept at hand, not returned to psycopg_pool
     pid = pool._spare[0].info.backend_pid
     with psycopg.connect(store_url.split("?", maxsplit=1)[0], autocommit=True) as admin:
@@ -444,7 +456,7 @@ def test_threads_waiting_for_a_pool_of_one_connection_are_served(
     monkeypatch.setattr(postgres_conn, "_PROBE_AFTER", 3600.0)
     store = open_postgres_store(store_url + "&pool_size=1", "strict", _options())
     store.fence(token(1))
-    pool = store._backend._pool
+    pool = _backend(store)._pool
     direct: list[int] = []
     connect = pool._connect
 
@@ -482,7 +494,7 @@ def test_speculative_writes_without_prepared_statements(store_url: str) -> None:
     for n in range(1, 4):
         assert store.put(token(1), "k", str(n).encode()).version == n
     assert [r.detail.get("version") for r in store.history(token(1).resource)] == [None, 1, 2, 3]
-    with store._backend._pool.connection(1.0) as conn:
+    with _backend(store)._pool.connection(1.0) as conn:
         row = conn.execute(b"SELECT count(*) FROM pg_prepared_statements").fetchone()
     assert row is not None and row[0] == 0
     store.close()
@@ -493,7 +505,7 @@ def test_a_version_2_database_is_upgraded_and_keeps_its_state(
 ) -> None:
     with monkeypatch.context() as patched:
         patched.setattr(postgres_store, "MIGRATIONS", postgres_store.MIGRATIONS[:2])
-        writes: list[Callable[[PostgresStore], object]] = [
+        writes: list[Callable[[Store], object]] = [
             lambda old: old.fence(token(1)),
             lambda old: old.put(token(1), "k", b"1"),
             lambda old: old.put(token(1), "k", b"2"),
@@ -543,7 +555,7 @@ def test_a_version_3_database_is_upgraded_and_keeps_its_state(
     processes still running older code): the state, the op ids and the records stay."""
     with monkeypatch.context() as patched:
         patched.setattr(postgres_store, "MIGRATIONS", postgres_store.MIGRATIONS[:3])
-        writes: list[Callable[[PostgresStore], object]] = [
+        writes: list[Callable[[Store], object]] = [
             lambda old: old.fence(token(2)),
             lambda old: old.put(token(2), "k", b"1"),
             lambda old: old.put(token(2), "k", b"2", op_id="op-2"),

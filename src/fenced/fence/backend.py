@@ -17,6 +17,18 @@ and the pointer rule live once, above the backends, in :class:`~fenced.fence.sto
   :meth:`Backend.open_current`) see committed state only.
 * Driver errors are translated at this boundary (``raise Unavailable(...) from error`` and so on).
 
+**Intent and fast paths.** :meth:`Backend.transaction` receives the mutation's
+:class:`Intent`: the key or pointer it will read (a backend may read them together with the
+head) and whether to *speculate*. A backend declares the optional paths it offers in
+:attr:`Backend.fast_paths` (:class:`FastPath`), and implements the matching protocol:
+
+* :attr:`FastPath.SPECULATION` (:class:`SpeculatingBackend`): a transaction opened with
+  ``Intent(speculate=True)`` may answer reads from the domain state this process saw last and
+  check that state under the lock at commit; if it changed, the transaction applies nothing
+  and raises :class:`SpeculationFailed`. The store then runs the mutation again the ordinary
+  way, and only that answer (a rejection, a conflict, a result) is reported and recorded.
+* :attr:`FastPath.CURRENT_PUT` (:class:`CurrentPutBackend`): the usual put in one call.
+
 A backend with :attr:`Capability.RECORDS` also implements :class:`RecordingBackend` (and its
 transactions :class:`RecordingTransaction`): the store's diagnostic records (DESIGN §7).
 Installs and accepted mutations are appended inside the mutation's own transaction (durable
@@ -35,18 +47,25 @@ from typing import BinaryIO, Protocol
 
 from fenced.core.clock import Clock
 from fenced.core.records import Record
+from fenced.core.token import FencingToken
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject
-from fenced.fence.values import Item, Mode, Publication
+from fenced.fence.values import Item, Mode, Publication, Version
 
 __all__ = [
     "DEFAULT_RECORD_LIMIT",
     "DEFAULT_RECORD_RETENTION",
+    "ORDINARY",
     "Backend",
     "Capability",
     "Chooser",
+    "CurrentPutBackend",
+    "FastPath",
+    "Intent",
     "RecordingBackend",
     "RecordingTransaction",
+    "SpeculatingBackend",
+    "SpeculationFailed",
     "StoreOptions",
     "Transaction",
 ]
@@ -88,6 +107,46 @@ class Capability(enum.StrEnum):
     """Records of installs, accepted and rejected mutations (``history``); ``floors``.
 
     The backend implements :class:`RecordingBackend`."""
+
+
+class FastPath(enum.StrEnum):
+    """An optional way a backend can run a mutation faster, with the same outcome.
+
+    Internal to the store (not a :class:`Capability`: a user sees no difference)."""
+
+    SPECULATION = "speculation"
+    """Mutations decided on remembered state, checked under the lock.
+
+    The backend implements :class:`SpeculatingBackend`."""
+    CURRENT_PUT = "current_put"
+    """An unconditional put by the installed holder in one call (:class:`CurrentPutBackend`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """What one mutation will do inside :meth:`Backend.transaction`, announced when it opens.
+
+    A backend may use it to read ahead; it never changes what the transaction's reads return.
+    """
+
+    key: str | None = None
+    """The key whose version the mutation reads (``put``)."""
+    pointer: str | None = None
+    """The publication name whose pointer the mutation reads (``publish``)."""
+    speculate: bool = False
+    """Run speculatively (only on a backend with :attr:`FastPath.SPECULATION`)."""
+
+
+ORDINARY = Intent()
+"""The intent of a mutation that announces nothing and does not speculate."""
+
+
+class SpeculationFailed(Exception):
+    """The state a speculative transaction was decided on has changed: nothing was applied.
+
+    Raised only by a transaction opened with ``Intent(speculate=True)``; the store runs the
+    mutation again the ordinary way.
+    """
 
 
 Chooser = Callable[[list[StoredObject], set[str]], list[str]]
@@ -144,9 +203,15 @@ class Backend(Protocol):
     url: str
     mode: Mode
     capabilities: frozenset[Capability]
+    fast_paths: frozenset[FastPath]
 
-    def transaction(self, resource: str) -> AbstractContextManager[Transaction]:
-        """The critical section of ``resource`` (see the module docstring)."""
+    def transaction(
+        self, resource: str, intent: Intent = ORDINARY
+    ) -> AbstractContextManager[Transaction]:
+        """The critical section of ``resource`` for a mutation with ``intent``.
+
+        See the module docstring; :class:`SpeculationFailed` only if ``intent.speculate``.
+        """
         ...
 
     def head(self, resource: str) -> Head:
@@ -212,7 +277,9 @@ class RecordingTransaction(Transaction, Protocol):
 class RecordingBackend(Backend, Protocol):
     """A store backend with :attr:`Capability.RECORDS` (see the module docstring)."""
 
-    def transaction(self, resource: str) -> AbstractContextManager[RecordingTransaction]:
+    def transaction(
+        self, resource: str, intent: Intent = ORDINARY
+    ) -> AbstractContextManager[RecordingTransaction]:
         """The critical section of ``resource``; its transaction can append records."""
         ...
 
@@ -238,4 +305,34 @@ class RecordingBackend(Backend, Protocol):
 
     def floors(self) -> dict[str, int]:
         """Every resource that has a floor, with its floor (committed state)."""
+        ...
+
+
+class SpeculatingBackend(Backend, Protocol):
+    """A store backend with :attr:`FastPath.SPECULATION` (see the module docstring)."""
+
+    def knows(self, resource: str, key: str | None) -> bool:
+        """Whether a speculative mutation of ``resource`` (reading ``key``) is worth trying.
+
+        A hint: a speculative transaction still checks what it assumed.
+        """
+        ...
+
+
+class CurrentPutBackend(Backend, Protocol):
+    """A store backend with :attr:`FastPath.CURRENT_PUT`."""
+
+    def put_current(
+        self, token: FencingToken, key: str, value: bytes, detail: dict[str, object], now: float
+    ) -> Version | None:
+        """An unconditional ``put`` whose token changes nothing but the item; else None.
+
+        The store calls it for a put without ``op_id`` or ``if_version`` (and not due to
+        prune) on a backend with :attr:`Capability.RECORDS`. It applies the same rule
+        (:func:`~fenced.fence.rules.admit_mutation`), writes the item and its ``accepted``
+        record (``detail`` plus the new ``version``) in one durable transaction. When the token
+        would change the head (an implicit install) or is refused, it writes nothing and
+        returns None: the store takes the general path, which installs or rejects and records
+        it.
+        """
         ...

@@ -23,9 +23,9 @@ from __future__ import annotations
 import functools
 import sqlite3
 
+from fenced._drivers.sqlite import translate
 from fenced.core.errors import ConfigurationError, ForeignToken, StaleToken
 from fenced.core.token import FencingToken
-from fenced.fence.sqlite.store import translate_error
 
 __all__ = ["FENCE_TABLE", "guard"]
 
@@ -96,7 +96,7 @@ def _guard_sqlite3(connection: sqlite3.Connection, token: FencingToken) -> int:
             ).fetchone()
     except sqlite3.Error as error:
         connection.rollback()
-        raise translate_error(error, f"guard({token.resource!r})") from error
+        raise translate(error, f"guard({token.resource!r})") from error
     if accepted:
         return token.epoch
     connection.rollback()

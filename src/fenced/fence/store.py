@@ -11,8 +11,11 @@ own lease check is always too early)::
     worker B (82):                          │ fence(82) ── put(82) ok
     store floor:    81 ─────────────────────────── 82 ──────────────────────────────
 
-Backends (chosen by URL scheme) only store; this module validates, applies op ids and asks
-:mod:`fenced.fence.rules` for every decision, so all backends behave the same.
+Backends (chosen by URL scheme in :mod:`fenced.fence.registry`) only store; this module
+validates, applies op ids and asks :mod:`fenced.fence.rules` for every decision, so all backends
+behave the same. A backend's fast paths (:class:`~fenced.fence.backend.FastPath`) change how
+many round trips a mutation takes, never its outcome: a speculative attempt that fails, or whose
+answer is a refusal, is run again the ordinary way, and only that answer is reported.
 
 **Records** (DESIGN §7; backends with :attr:`Capability.RECORDS`): every install (``fence``, or a
 monotonic store's implicit install), accepted mutation and rejected mutation (stale, not
@@ -28,7 +31,6 @@ DEBUG, rejections at WARNING.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import itertools
 import logging
@@ -45,7 +47,6 @@ from fenced.core import mutants
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
-    CorruptData,
     ForeignToken,
     IdempotencyConflict,
     NotFound,
@@ -53,29 +54,34 @@ from fenced.core.errors import (
     Rejected,
     StaleToken,
     Unavailable,
+    VersionConflict,
 )
 from fenced.core.names import validate_key, validate_publication_name, validate_resource
 from fenced.core.records import Record, RecordKind
 from fenced.core.token import FencingToken
-from fenced.core.urls import path_from_url, scheme_of
-from fenced.fence import ops, rules
+from fenced.fence import ops, registry, rules
 from fenced.fence.backend import (
     DEFAULT_RECORD_LIMIT,
     DEFAULT_RECORD_RETENTION,
+    ORDINARY,
     Backend,
     Capability,
+    CurrentPutBackend,
+    FastPath,
+    Intent,
     RecordingBackend,
     RecordingTransaction,
+    SpeculatingBackend,
+    SpeculationFailed,
     StoreOptions,
     Transaction,
 )
-from fenced.fence.file.store import open_file_backend
+from fenced.fence.checked import CheckedStream, shown_publication
 from fenced.fence.source import PublishData, Source
-from fenced.fence.sqlite.store import open_sqlite_backend
 from fenced.fence.values import Item, Mode, Publication, Version
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+    pass
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT",
@@ -100,12 +106,11 @@ _PRUNE_EVERY = 64
 
 log = logging.getLogger("fenced.store")
 
-Opener = Callable[[str, Mode | None, StoreOptions], Backend]
 _Outcome = TypeVar("_Outcome", Version, Publication)
-_OPENERS: dict[str, Opener] = {"sqlite": open_sqlite_backend, "file": open_file_backend}
 
-
-_POSTGRES_SCHEMES = ("postgresql", "postgres")
+# What a speculative attempt may end with that the ordinary attempt decides again (nothing
+# was applied): its answer came from remembered state, so only the ordinary one is reported.
+_REDECIDED = (SpeculationFailed, Rejected, VersionConflict, IdempotencyConflict)
 
 
 def open_store(
@@ -134,11 +139,7 @@ def open_store(
     Raises :class:`ConfigurationError` for a bad URL or option, a path that is not a fenced store,
     a store of a newer format, a corrupt or unwritable store.
     """
-    scheme = scheme_of(url)
-    opener = _OPENERS.get(scheme)
-    if opener is None and scheme not in _POSTGRES_SCHEMES:
-        known = ", ".join(f"{name}://" for name in [*sorted(_OPENERS), "postgresql"])
-        raise ConfigurationError(f"no store for {scheme}: URLs (available: {known})")
+    registry.kind_of(url)  # an unknown scheme is refused before the options are checked
     options = StoreOptions(
         op_retention=_positive("op_retention", op_retention, allow_zero=False),
         gc_grace=_positive("gc_grace", gc_grace),
@@ -148,11 +149,7 @@ def open_store(
         record_limit=_count("record_limit", record_limit),
     )
     rules.resolve_mode(None, mode, "open_store")  # reject an unknown mode before any I/O
-    if opener is None:  # postgresql:// and postgres:// (the postgres extra)
-        from fenced.fence.postgres.store import open_postgres_store  # noqa: PLC0415
-
-        return open_postgres_store(url, mode, options)
-    return Store(opener(path_from_url(url, scheme), mode, options), options)
+    return Store(registry.open_backend(url, mode, options), options)
 
 
 class Store:
@@ -203,9 +200,17 @@ class Store:
         Binds an unbound resource to the token's coordinator.
         """
         token = _check_token(token)
+        if self._speculates(token.resource, None):
+            try:
+                return self._fence(token, Intent(speculate=True))
+            except _REDECIDED:
+                pass
+        return self._fence(token, ORDINARY)
+
+    def _fence(self, token: FencingToken, intent: Intent) -> int:
         now = self._clock.wall()
         try:
-            with self._write(token.resource) as tx:
+            with self._write(token.resource, intent) as tx:
                 head = tx.head()
                 new = rules.admit_fence(head, token)
                 if new != head:
@@ -213,7 +218,8 @@ class Store:
                     detail: dict[str, object] = {"op": "fence", "previous": head.floor}
                     self._append(tx, RecordKind.INSTALLED, token, detail, now)
         except Rejected as error:
-            self._rejected(token, _Mutation("fence", {}), error)
+            if not intent.speculate:
+                self._rejected(token, _Mutation("fence", {}), error)
             raise
         if new != head:
             log.info(
@@ -246,23 +252,43 @@ class Store:
         if_version = _check_if_version(if_version)
         op_id = None if op_id is None else ops.validate_op_id(op_id)
         digest = ops.put_digest(token, key, data, if_version) if op_id is not None else ""
+        if self._speculates(token.resource, key):
+            try:
+                intent = Intent(key=key, speculate=True)
+                return self._put(token, key, data, op_id, if_version, digest, intent)
+            except _REDECIDED:
+                pass
+        return self._put(token, key, data, op_id, if_version, digest, Intent(key=key))
+
+    def _put(
+        self,
+        token: FencingToken,
+        key: str,
+        data: bytes,
+        op_id: str | None,
+        if_version: int | None,
+        digest: str,
+        intent: Intent,
+    ) -> Version:
         now = self._clock.wall()
         what = _Mutation("put", {"key": key})
         due = self._prune_due()
-        if op_id is None and if_version is None and not due:
-            backend = self._open_backend()
-            current = getattr(backend, "put_current", None)
-            if current is not None and Capability.RECORDS in backend.capabilities:
-                # the usual put in one backend call (SQLite), its accepted record included
-                written = current(token, key, data, {"op": what.op, **what.target}, now)
-                if written is not None:
-                    what.log(token)
-                    return cast(Version, written)
+        backend = self._open_backend()
+        if (
+            op_id is None
+            and if_version is None
+            and not due
+            and FastPath.CURRENT_PUT in backend.fast_paths
+            and Capability.RECORDS in backend.capabilities
+        ):
+            # the usual put in one backend call, its accepted record included
+            detail: dict[str, object] = {"op": what.op, **what.target}
+            written = cast(CurrentPutBackend, backend).put_current(token, key, data, detail, now)
+            if written is not None:
+                what.log(token)
+                return written
         try:
-            with self._write(token.resource, due=due) as tx:
-                prefetch = getattr(tx, "prefetch", None)
-                if prefetch is not None:  # the head and the key's version in one read (SQLite)
-                    prefetch(key)
+            with self._write(token.resource, intent, due=due) as tx:
 
                 def change() -> Version:
                     number = rules.next_version(token.resource, key, tx.version_of(key), if_version)
@@ -273,7 +299,8 @@ class Store:
                     tx, token, op_id, digest, now, ops.decode_version, change, what
                 )
         except Rejected as error:
-            self._rejected(token, what, error)
+            if not intent.speculate:
+                self._rejected(token, what, error)
             raise
         what.log(token)
         return result
@@ -317,7 +344,7 @@ class Store:
         digest = ops.publish_digest(token, name, sha256, size) if op_id else ""
         now = self._clock.wall()
         try:
-            with self._write(resource) as tx:
+            with self._write(resource, Intent(pointer=name)) as tx:
 
                 def change() -> Publication:
                     current = tx.pointer(name)
@@ -397,7 +424,7 @@ class Store:
         bytes; what an earlier read returned is not to be used once a later one raised.
         """
         publication, stream = self._current(resource, name)
-        return io.BufferedReader(_Checked(stream, publication))
+        return io.BufferedReader(CheckedStream(stream, publication))
 
     def read(self, resource: str, name: str = "") -> bytes:
         """All bytes of the current publication, checked against its size and SHA-256.
@@ -407,7 +434,7 @@ class Store:
         match their publication (a damaged store).
         """
         publication, stream = self._current(resource, name)
-        with _Checked(stream, publication) as checked:
+        with CheckedStream(stream, publication) as checked:
             return checked.readall()
 
     def floor(self, resource: str) -> int | None:
@@ -476,7 +503,7 @@ class Store:
         validate_publication_name(name)
         found = self._open_backend().open_current(resource, name)
         if found is None:
-            raise NotFound(f"nothing is published as {_shown(resource, name)}")
+            raise NotFound(f"nothing is published as {shown_publication(resource, name)}")
         return found
 
     def _recording(self) -> RecordingBackend:
@@ -485,16 +512,23 @@ class Store:
             raise ConfigurationError(f"the store {self.url} does not keep records")
         return cast(RecordingBackend, backend)
 
-    def _write(self, resource: str, *, due: bool | None = None) -> _Writing:
-        """The backend's critical section; every :data:`_PRUNE_EVERY` th write also prunes
-        expired op records and records in it.
+    def _speculates(self, resource: str, key: str | None) -> bool:
+        """Whether to try a mutation of ``resource`` (reading ``key``) speculatively first."""
+        backend = self._open_backend()
+        return FastPath.SPECULATION in backend.fast_paths and cast(
+            SpeculatingBackend, backend
+        ).knows(resource, key)
+
+    def _write(self, resource: str, intent: Intent, *, due: bool | None = None) -> _Writing:
+        """The backend's critical section for a mutation with ``intent``; every
+        :data:`_PRUNE_EVERY` th write also prunes expired op records and records in it.
 
         ``due``: whether this write prunes, if the caller already counted it
         (:meth:`_prune_due`); None counts it here.
         """
         if due is None:
             due = self._prune_due()
-        return _Writing(self, self._open_backend().transaction(resource), due)
+        return _Writing(self, self._open_backend().transaction(resource, intent), due)
 
     def _prune_due(self) -> bool:
         """Count one write; True for every :data:`_PRUNE_EVERY` th (it prunes)."""
@@ -603,8 +637,7 @@ class Store:
 
 class _Writing:
     """``Store._write``: the backend's transaction, then (if the block did not raise and this
-    write is ``due``) the prune, inside it. A class rather than a generator: it runs on every
-    mutation, and a ``contextlib.contextmanager`` costs a few µs more per use."""
+    write is ``due``) the prune, inside it. A prune that raises rolls the transaction back."""
 
     __slots__ = ("_due", "_inner", "_store", "_tx")
 
@@ -631,68 +664,6 @@ class _Writing:
                     raise
                 return None
         return self._inner.__exit__(kind, error, tb)
-
-
-class _Checked(io.RawIOBase):
-    """The bytes of one publication as its backend streams them, counted and hashed on the way.
-
-    Raises :class:`CorruptData` instead of returning bytes past the recorded size, the bytes
-    that reach that size with another SHA-256, or an end of stream short of it: a read that
-    returns normally never returned damaged bytes, and a clean end (``b""``) means they were all
-    there. Closing it closes the backend's stream.
-    """
-
-    def __init__(self, stream: BinaryIO, publication: Publication) -> None:
-        super().__init__()
-        self._stream = stream
-        self._publication = publication
-        self._hash = hashlib.sha256()
-        self._seen = 0
-        self._whole = False  # the recorded size was reached with the recorded SHA-256
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        target = memoryview(buffer).cast("B")
-        if not target:
-            return 0
-        data = self._stream.read(len(target))
-        self._check(data)
-        target[: len(data)] = data
-        return len(data)
-
-    def readall(self) -> bytes:
-        data = self._stream.read()
-        self._check(data)
-        if data:
-            self._check(b"")  # read() stops only at the end of the stream
-        return data
-
-    def close(self) -> None:
-        if not self.closed:
-            self._stream.close()
-        super().close()
-
-    def _check(self, data: bytes) -> None:
-        size = self._publication.size
-        if data:
-            self._seen += len(data)
-            if self._seen > size:
-                raise self._corrupt(f"it has more than its recorded {size} bytes")
-            self._hash.update(data)
-        elif self._seen < size:
-            raise self._corrupt(f"it ends after {self._seen} of its recorded {size} bytes")
-        if self._seen == size and not self._whole:
-            if self._hash.hexdigest() != self._publication.sha256:
-                raise self._corrupt(f"its {size} bytes do not have the recorded SHA-256")
-            self._whole = True
-
-    def _corrupt(self, what: str) -> CorruptData:
-        p = self._publication
-        return CorruptData(
-            f"object {p.object_id} of {_shown(p.resource, p.name)} is damaged: {what}"
-        )
 
 
 @dataclass(slots=True)
@@ -736,10 +707,6 @@ def _outcome_detail(outcome: Version | Publication) -> dict[str, object]:
     if isinstance(outcome, Version):
         return {"version": outcome.version}
     return {"object_id": outcome.object_id, "size": outcome.size}
-
-
-def _shown(resource: str, name: str) -> str:
-    return f"{resource!r}" + (f" name {name!r}" if name else "")
 
 
 def _check_token(token: object) -> FencingToken:

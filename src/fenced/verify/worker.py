@@ -64,7 +64,7 @@ from fenced.core.errors import (
     Rejected,
     Unavailable,
 )
-from fenced.fence.backend import Backend, Transaction
+from fenced.fence.backend import ORDINARY, Backend, Intent, Transaction
 from fenced.fence.store import Store, open_store
 from fenced.runtime.keeper import HeldLease
 from fenced.verify.faults import FaultPlan, RecordingBackend, RecordingStore, error_fields
@@ -170,8 +170,8 @@ class StopInCommit:
         self._armed = armed
 
     @contextlib.contextmanager
-    def transaction(self, resource: str) -> Iterator[Transaction]:
-        with self._inner.transaction(resource) as tx:
+    def transaction(self, resource: str, intent: Intent = ORDINARY) -> Iterator[Transaction]:
+        with self._inner.transaction(resource, intent) as tx:
             yield tx
             if self._armed:
                 self._armed = False

@@ -37,25 +37,24 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import BinaryIO, cast
 
-from fenced._drivers.sqlite import error_code, is_busy, retrying
+from fenced._drivers.sqlite import is_busy, retrying, translate
 from fenced.core.errors import (
     ConfigurationError,
     CorruptData,
-    FencedError,
     OutcomeUnknown,
     Rejected,
     Unavailable,
 )
 from fenced.core.records import Record, RecordKind, detail_json
 from fenced.core.token import FencingToken
-from fenced.fence.backend import Capability, Chooser, StoreOptions
+from fenced.fence.backend import ORDINARY, Capability, Chooser, FastPath, Intent, StoreOptions
 from fenced.fence.chunks import ChunkReader
 from fenced.fence.ops import OpRecord
 from fenced.fence.rules import Head, StoredObject, admit_mutation, next_version, resolve_mode
 from fenced.fence.translated import Translated
 from fenced.fence.values import Item, Mode, Publication, Version
 
-__all__ = ["SCHEMA_VERSION", "SqliteBackend", "open_sqlite_backend", "translate_error"]
+__all__ = ["SCHEMA_VERSION", "SqliteBackend", "open_sqlite_backend"]
 
 FORMAT = "fenced.sqlite-store"
 
@@ -127,8 +126,6 @@ _PRUNE_BY_AGE = (
     " WHERE resource = :r AND at >= :before ORDER BY seq LIMIT 1), 9223372036854775807)"
     " AND seq < (SELECT max(seq) FROM records)"
 )
-_CORRUPT = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
-_UNUSABLE = {sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM}
 
 
 _forks = 0
@@ -144,49 +141,43 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-def translate_error(error: sqlite3.Error, what: str) -> FencedError:
-    """The fenced error for a sqlite3 error that happened while doing ``what``."""
-    code = error_code(error)
-    if is_busy(error):
-        return Unavailable(f"{what}: the database is busy ({error}); nothing changed, retry")
-    if code in _CORRUPT:
-        return ConfigurationError(f"{what}: not a usable SQLite database ({error})")
-    if code in _UNUSABLE:
-        return ConfigurationError(f"{what}: cannot open or write the database ({error})")
-    if isinstance(error, sqlite3.ProgrammingError | sqlite3.InterfaceError):
-        return ConfigurationError(f"{what}: {error}")
-    return Unavailable(f"{what}: {error}")
-
-
 class _translated(Translated):
     """``with _translated(what):`` turns a sqlite3 error into the fenced error for ``what``."""
 
     __slots__ = ()
     catches = sqlite3.Error
-    translate = staticmethod(translate_error)
+    translate = staticmethod(translate)
 
 
 class _Writing:
     """The context manager of one ``BEGIN IMMEDIATE`` transaction (see ``transaction``)."""
 
-    __slots__ = ("_conn", "_resource")
+    __slots__ = ("_conn", "_key", "_resource")
 
-    def __init__(self, conn: sqlite3.Connection, resource: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, resource: str, key: str | None) -> None:
         self._conn = conn
         self._resource = resource
+        self._key = key
 
     def __enter__(self) -> _SqliteTransaction:
         try:
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as error:
-            raise translate_error(error, f"writing {self._resource!r}") from error
-        return _SqliteTransaction(self._conn, self._resource)
+            raise translate(error, f"writing {self._resource!r}") from error
+        tx = _SqliteTransaction(self._conn, self._resource)
+        if self._key is not None:  # the announced key: its version and the head in one read
+            try:
+                tx.prefetch(self._key)
+            except BaseException as failure:
+                self.__exit__(type(failure), failure, failure.__traceback__)
+                raise
+        return tx
 
     def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
         if error is not None:
             _rollback(self._conn)
             if isinstance(error, sqlite3.Error):
-                raise translate_error(error, f"writing {self._resource!r}") from error
+                raise translate(error, f"writing {self._resource!r}") from error
             return
         _commit(self._conn, f"committing a write to {self._resource!r}")
 
@@ -215,6 +206,7 @@ class SqliteBackend:
     """See the module docstring. Created by :func:`open_sqlite_backend`."""
 
     capabilities = frozenset(Capability)
+    fast_paths = frozenset({FastPath.CURRENT_PUT})
 
     def __init__(self, path: str, options: StoreOptions) -> None:
         self.path = path
@@ -315,17 +307,22 @@ class SqliteBackend:
 
     # -- the critical section --------------------------------------------------------------
 
-    def transaction(self, resource: str) -> AbstractContextManager[_SqliteTransaction]:
-        """``BEGIN IMMEDIATE``; commits when the block ends, rolls back if it raises."""
-        return _Writing(self._conn(), resource)
+    def transaction(
+        self, resource: str, intent: Intent = ORDINARY
+    ) -> AbstractContextManager[_SqliteTransaction]:
+        """``BEGIN IMMEDIATE``; commits when the block ends, rolls back if it raises.
+
+        ``intent.key``: read the head and that key's version at once (see ``prefetch``).
+        """
+        return _Writing(self._conn(), resource, intent.key)
 
     def put_current(
         self, token: FencingToken, key: str, value: bytes, detail: dict[str, object], now: float
     ) -> Version | None:
         """An unconditional ``put`` whose token changes nothing but the item; else None.
 
-        An optional method (``Store.put`` calls it when a backend has it, for a put without
-        ``op_id`` or ``if_version``): the usual put, by the holder whose epoch is installed,
+        :attr:`~fenced.fence.backend.FastPath.CURRENT_PUT` (``Store.put`` calls it for a put
+        without ``op_id`` or ``if_version``): the usual put, by the holder whose epoch is installed,
         in one transaction with no step the general path would skip: the head and the key's
         version in one read, :func:`~fenced.fence.rules.admit_mutation` (the same rule), the
         item and its ``accepted`` record (``detail`` plus the new ``version``), committed with
@@ -335,8 +332,7 @@ class SqliteBackend:
         :class:`OutcomeUnknown` for a commit that may have happened).
         """
         resource = token.resource
-        with self.transaction(resource) as tx:
-            tx.prefetch(key)
+        with self.transaction(resource, Intent(key=key)) as tx:
             head = tx.head()
             try:
                 if admit_mutation(self.mode, head, token) != head:
@@ -604,7 +600,7 @@ class _SqliteTransaction:
     def prefetch(self, key: str) -> None:
         """Read the head and ``key``'s version in one statement (a put needs both).
 
-        An optional method: ``Store.put`` calls it when a transaction has it. What it read is
+        Called when the transaction opens for a mutation that announced ``key``. What it read is
         answered by :meth:`head` and :meth:`version_of`, and kept current by this
         transaction's own writes (nobody else can write: it holds the write lock).
         """
