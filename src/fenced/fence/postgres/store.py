@@ -37,8 +37,14 @@ guarantees:
   (no wait for the WAL flush). ``seq`` is one sequence for the whole store. Pruning (inside
   one write in 64) first looks at the oldest and newest record of the resource and deletes
   only when some are due.
-* **Schema**: tables ``store_*`` in the URL's schema (default ``fenced``, ``?schema=``), versioned
-  in ``store_meta`` (``format``, ``schema_version``, ``mode``) and migrated automatically.
+* **Schema**: tables ``store_*`` and the functions ``store_apply_all`` and
+  ``store_apply_records`` in the URL's schema (default ``fenced``, ``?schema=``), versioned in
+  ``store_meta`` (``format``, ``schema_version``, ``mode``). :data:`MIGRATIONS` lists the
+  versions (today one: the initial format), created or applied automatically by
+  :func:`fenced._drivers.postgres.migrate`; a later change appends a
+  :class:`~fenced._drivers.migrations.Migration`, a released one is never edited. A store of a
+  newer version, or tables of another format, are refused with
+  :class:`~fenced.ConfigurationError` and left untouched.
 
 URL query parameters: ``schema``, ``pool_size``, ``timeout`` (seconds an operation may take, its
 wait for a connection included: its statements get only the time left once it is connected;
@@ -57,10 +63,10 @@ from typing import Any, BinaryIO, cast
 import psycopg
 from psycopg import sql
 
+from fenced._drivers.migrations import Migration
 from fenced._drivers.postgres import (
     DEFAULT_OP_TIMEOUT,
     DEFAULT_POOL_SIZE,
-    Migration,
     Pool,
     Statement,
     deadlines,
@@ -114,278 +120,181 @@ __all__ = [
 FORMAT = "fenced.store"
 _URL_KEYS = ("pool_size", "timeout", "prepare")
 
+_TABLES = (
+    "CREATE TABLE {s}.store_meta (key text PRIMARY KEY, value text NOT NULL)",
+    "CREATE TABLE {s}.store_domains (resource text PRIMARY KEY,"
+    " coordinator_id text NOT NULL, floor bigint NOT NULL)",
+    "CREATE TABLE {s}.store_items (resource text NOT NULL, key text NOT NULL,"
+    " value bytea NOT NULL, epoch bigint NOT NULL, version bigint NOT NULL,"
+    " PRIMARY KEY (resource, key))",
+    "CREATE TABLE {s}.store_pointers (resource text NOT NULL, name text NOT NULL,"
+    " object_id text NOT NULL, epoch bigint NOT NULL, sha256 text NOT NULL,"
+    " size bigint NOT NULL, published_at double precision NOT NULL,"
+    " PRIMARY KEY (resource, name))",
+    "CREATE TABLE {s}.store_objects (object_id text PRIMARY KEY, resource text NOT NULL,"
+    " chunks integer NOT NULL, size bigint NOT NULL,"
+    " staged_at double precision NOT NULL, name text, epoch bigint,"
+    " published_at double precision, superseded_at double precision)",
+    "CREATE INDEX store_objects_by_resource ON {s}.store_objects (resource)",
+    "CREATE TABLE {s}.store_chunks (object_id text NOT NULL, seq integer NOT NULL,"
+    " data bytea NOT NULL, PRIMARY KEY (object_id, seq))",
+    "ALTER TABLE {s}.store_chunks ALTER COLUMN data SET STORAGE EXTERNAL",
+    "CREATE TABLE {s}.store_ops (resource text NOT NULL, op_id text NOT NULL,"
+    " digest text NOT NULL, outcome text NOT NULL,"
+    " recorded_at double precision NOT NULL, PRIMARY KEY (resource, op_id))",
+    "CREATE INDEX store_ops_by_age ON {s}.store_ops (resource, recorded_at)",
+    "CREATE TABLE {s}.store_records (seq bigserial PRIMARY KEY, resource text NOT NULL,"
+    " at double precision NOT NULL, kind text NOT NULL, epoch bigint NOT NULL,"
+    " detail text NOT NULL)",
+    "CREATE INDEX store_records_by_resource ON {s}.store_records (resource, seq)",
+)
+
+# The records of one call, a JSON array of [at, kind, epoch, detail], inserted in order (the
+# body of both functions below).
+_INSERT_RECORDS = """\
+            INSERT INTO {s}.store_records (resource, at, kind, epoch, detail)
+            SELECT p_resource, (e.value->>0)::double precision, e.value->>1,
+                (e.value->>2)::bigint, e.value->>3
+            FROM json_array_elements(p_records::json) WITH ORDINALITY AS e (value, n)
+            ORDER BY e.n;
+"""
+
+_FUNCTIONS = (
+    # A speculative write and its records in one statement (see PostgresTransaction._apply):
+    # take the domain lock, raise FN100 unless the state the write was decided on (the head,
+    # the key's version, the op id's absence) still holds, then apply the writes, insert the
+    # records (a JSON array of [at, kind, epoch, detail], in order) and now and then prune. No
+    # decision is taken here: the rules ran in Python. The op id check is a statement of its
+    # own so that its plan is made once per session; an existing item is UPDATEd (no
+    # speculative insertion).
+    """CREATE FUNCTION {s}.store_apply_all(
+        p_resource text, p_lock_key text, p_lock_timeout text,
+        p_coordinator text, p_floor bigint,
+        p_key text, p_version bigint, p_op text,
+        p_head_coordinator text, p_head_floor bigint,
+        p_item_key text, p_item_value bytea, p_item_epoch bigint, p_item_version bigint,
+        p_op_id text, p_op_digest text, p_op_outcome text,
+        p_op_recorded_at double precision, p_prune_before double precision,
+        p_records text, p_records_before double precision, p_records_keep bigint)
+    RETURNS void
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        v_coordinator text;
+        v_floor bigint;
+        v_version bigint;
+        v_ignored text;
+    BEGIN
+        v_ignored := set_config('lock_timeout', p_lock_timeout, true);
+        IF current_setting('synchronous_commit') = 'off' THEN
+            v_ignored := set_config('synchronous_commit', 'on', true);
+        END IF;
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_lock_key, 0));
+        SELECT d.coordinator_id, d.floor INTO v_coordinator, v_floor
+        FROM {s}.store_domains d WHERE d.resource = p_resource;
+        IF p_key IS NOT NULL THEN
+            SELECT i.version INTO v_version FROM {s}.store_items i
+            WHERE i.resource = p_resource AND i.key = p_key;
+        END IF;
+        IF v_coordinator IS DISTINCT FROM p_coordinator
+                OR v_floor IS DISTINCT FROM p_floor
+                OR v_version IS DISTINCT FROM p_version THEN
+            RAISE EXCEPTION 'fenced: the domain changed' USING ERRCODE = 'FN100';
+        END IF;
+        IF p_op IS NOT NULL THEN
+            IF EXISTS (SELECT 1 FROM {s}.store_ops o
+                    WHERE o.resource = p_resource AND o.op_id = p_op) THEN
+                RAISE EXCEPTION 'fenced: the domain changed' USING ERRCODE = 'FN100';
+            END IF;
+        END IF;
+        IF p_head_floor IS NOT NULL THEN
+            INSERT INTO {s}.store_domains (resource, coordinator_id, floor)
+            VALUES (p_resource, p_head_coordinator, p_head_floor)
+            ON CONFLICT (resource) DO UPDATE SET
+                coordinator_id = excluded.coordinator_id, floor = excluded.floor;
+        END IF;
+        IF p_item_key IS NOT NULL THEN
+            UPDATE {s}.store_items i SET value = p_item_value, epoch = p_item_epoch,
+                version = p_item_version
+            WHERE i.resource = p_resource AND i.key = p_item_key;
+            IF NOT FOUND THEN
+                INSERT INTO {s}.store_items (resource, key, value, epoch, version)
+                VALUES (p_resource, p_item_key, p_item_value, p_item_epoch,
+                    p_item_version)
+                ON CONFLICT (resource, key) DO UPDATE SET value = excluded.value,
+                    epoch = excluded.epoch, version = excluded.version;
+            END IF;
+        END IF;
+        IF p_op_id IS NOT NULL THEN
+            INSERT INTO {s}.store_ops (resource, op_id, digest, outcome, recorded_at)
+            VALUES (p_resource, p_op_id, p_op_digest, p_op_outcome, p_op_recorded_at)
+            ON CONFLICT (resource, op_id) DO UPDATE SET digest = excluded.digest,
+                outcome = excluded.outcome, recorded_at = excluded.recorded_at;
+        END IF;
+        IF p_prune_before IS NOT NULL THEN
+            DELETE FROM {s}.store_ops o
+            WHERE o.resource = p_resource AND o.recorded_at < p_prune_before;
+        END IF;
+        IF p_records IS NOT NULL THEN
+"""
+    + _INSERT_RECORDS
+    + """        END IF;
+        IF p_records_before IS NOT NULL THEN
+            PERFORM {s}.store_apply_records(p_resource, NULL, p_records_before,
+                p_records_keep);
+        END IF;
+    END $$""",
+    # Insert records (as store_apply_all does) and, if p_prune_before is given, delete what is
+    # due: the records older than p_prune_before, and those beyond the newest p_prune_keep. It
+    # first looks at the oldest and the newest record of the resource (two index probes) and
+    # deletes only when some are due: past the retention when the oldest is, beyond the limit
+    # only when the records span more than p_prune_keep sequence numbers (seq is unique: fewer
+    # records cannot exceed the limit then). A record older than the retention behind a newer
+    # oldest one (the clock stepped back) waits for a later prune; history() never returns it.
+    """CREATE FUNCTION {s}.store_apply_records(p_resource text,
+        p_records text, p_prune_before double precision, p_prune_keep bigint)
+    RETURNS void
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        v_oldest bigint;
+        v_oldest_at double precision;
+        v_cut bigint;
+    BEGIN
+        IF p_records IS NOT NULL THEN
+"""
+    + _INSERT_RECORDS
+    + """        END IF;
+        IF p_prune_before IS NOT NULL THEN
+            SELECT r.seq, r.at INTO v_oldest, v_oldest_at FROM {s}.store_records r
+            WHERE r.resource = p_resource ORDER BY r.resource, r.seq LIMIT 1;
+            IF v_oldest_at < p_prune_before THEN
+                DELETE FROM {s}.store_records r
+                WHERE r.resource = p_resource AND r.at < p_prune_before;
+            END IF;
+            IF (SELECT r.seq FROM {s}.store_records r WHERE r.resource = p_resource
+                    ORDER BY r.resource DESC, r.seq DESC LIMIT 1) - v_oldest
+                    >= p_prune_keep THEN
+                v_cut := (SELECT k.seq FROM {s}.store_records k
+                    WHERE k.resource = p_resource
+                    ORDER BY k.resource DESC, k.seq DESC LIMIT 1 OFFSET p_prune_keep);
+                IF v_cut IS NOT NULL THEN
+                    DELETE FROM {s}.store_records r
+                    WHERE r.resource = p_resource AND r.seq <= v_cut;
+                END IF;
+            END IF;
+        END IF;
+    END $$""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
-        "domains, items, pointers, objects as bytea chunks, op ids",
-        (
-            "CREATE TABLE {s}.store_meta (key text PRIMARY KEY, value text NOT NULL)",
-            "CREATE TABLE {s}.store_domains (resource text PRIMARY KEY,"
-            " coordinator_id text NOT NULL, floor bigint NOT NULL)",
-            "CREATE TABLE {s}.store_items (resource text NOT NULL, key text NOT NULL,"
-            " value bytea NOT NULL, epoch bigint NOT NULL, version bigint NOT NULL,"
-            " PRIMARY KEY (resource, key))",
-            "CREATE TABLE {s}.store_pointers (resource text NOT NULL, name text NOT NULL,"
-            " object_id text NOT NULL, epoch bigint NOT NULL, sha256 text NOT NULL,"
-            " size bigint NOT NULL, published_at double precision NOT NULL,"
-            " PRIMARY KEY (resource, name))",
-            "CREATE TABLE {s}.store_objects (object_id text PRIMARY KEY, resource text NOT NULL,"
-            " chunks integer NOT NULL, size bigint NOT NULL,"
-            " staged_at double precision NOT NULL, name text, epoch bigint,"
-            " published_at double precision, superseded_at double precision)",
-            "CREATE INDEX store_objects_by_resource ON {s}.store_objects (resource)",
-            "CREATE TABLE {s}.store_chunks (object_id text NOT NULL, seq integer NOT NULL,"
-            " data bytea NOT NULL, PRIMARY KEY (object_id, seq))",
-            "ALTER TABLE {s}.store_chunks ALTER COLUMN data SET STORAGE EXTERNAL",
-            "CREATE TABLE {s}.store_ops (resource text NOT NULL, op_id text NOT NULL,"
-            " digest text NOT NULL, outcome text NOT NULL,"
-            " recorded_at double precision NOT NULL, PRIMARY KEY (resource, op_id))",
-            "CREATE INDEX store_ops_by_age ON {s}.store_ops (resource, recorded_at)",
-            # A speculative write in one statement (see PostgresTransaction): take the domain lock,
-            # raise FN100 unless the state the write was decided on is still the state, then
-            # apply the given writes. No decision is taken here; the rules ran in Python.
-            """CREATE FUNCTION {s}.store_apply(
-                p_resource text, p_lock_key text, p_lock_timeout text,
-                p_coordinator text, p_floor bigint,
-                p_key text, p_version bigint, p_op text,
-                p_head_coordinator text, p_head_floor bigint,
-                p_item_key text, p_item_value bytea, p_item_epoch bigint, p_item_version bigint,
-                p_op_id text, p_op_digest text, p_op_outcome text,
-                p_op_recorded_at double precision, p_prune_before double precision)
-            RETURNS void
-            LANGUAGE plpgsql AS $$
-            DECLARE
-                v_coordinator text;
-                v_floor bigint;
-                v_version bigint;
-                v_ignored text;
-            BEGIN
-                v_ignored := set_config('lock_timeout', p_lock_timeout, true);
-                IF current_setting('synchronous_commit') = 'off' THEN
-                    v_ignored := set_config('synchronous_commit', 'on', true);
-                END IF;
-                PERFORM pg_advisory_xact_lock(hashtextextended(p_lock_key, 0));
-                SELECT d.coordinator_id, d.floor INTO v_coordinator, v_floor
-                FROM {s}.store_domains d WHERE d.resource = p_resource;
-                IF p_key IS NOT NULL THEN
-                    SELECT i.version INTO v_version FROM {s}.store_items i
-                    WHERE i.resource = p_resource AND i.key = p_key;
-                END IF;
-                IF v_coordinator IS DISTINCT FROM p_coordinator
-                        OR v_floor IS DISTINCT FROM p_floor
-                        OR v_version IS DISTINCT FROM p_version
-                        OR (p_op IS NOT NULL AND EXISTS (
-                            SELECT 1 FROM {s}.store_ops o
-                            WHERE o.resource = p_resource AND o.op_id = p_op)) THEN
-                    RAISE EXCEPTION 'fenced: the domain changed' USING ERRCODE = 'FN100';
-                END IF;
-                IF p_head_floor IS NOT NULL THEN
-                    INSERT INTO {s}.store_domains (resource, coordinator_id, floor)
-                    VALUES (p_resource, p_head_coordinator, p_head_floor)
-                    ON CONFLICT (resource) DO UPDATE SET
-                        coordinator_id = excluded.coordinator_id, floor = excluded.floor;
-                END IF;
-                IF p_item_key IS NOT NULL THEN
-                    INSERT INTO {s}.store_items (resource, key, value, epoch, version)
-                    VALUES (p_resource, p_item_key, p_item_value, p_item_epoch, p_item_version)
-                    ON CONFLICT (resource, key) DO UPDATE SET value = excluded.value,
-                        epoch = excluded.epoch, version = excluded.version;
-                END IF;
-                IF p_op_id IS NOT NULL THEN
-                    INSERT INTO {s}.store_ops (resource, op_id, digest, outcome, recorded_at)
-                    VALUES (p_resource, p_op_id, p_op_digest, p_op_outcome, p_op_recorded_at)
-                    ON CONFLICT (resource, op_id) DO UPDATE SET digest = excluded.digest,
-                        outcome = excluded.outcome, recorded_at = excluded.recorded_at;
-                END IF;
-                IF p_prune_before IS NOT NULL THEN
-                    DELETE FROM {s}.store_ops o
-                    WHERE o.resource = p_resource AND o.recorded_at < p_prune_before;
-                END IF;
-            END $$""",
-        ),
-    ),
-    Migration(
-        2,
-        "records of installs, accepted and rejected mutations",
-        (
-            "CREATE TABLE {s}.store_records (seq bigserial PRIMARY KEY, resource text NOT NULL,"
-            " at double precision NOT NULL, kind text NOT NULL, epoch bigint NOT NULL,"
-            " detail text NOT NULL)",
-            "CREATE INDEX store_records_by_resource ON {s}.store_records (resource, seq)",
-        ),
-    ),
-    Migration(
-        3,
-        "a speculative write and its records in one statement",
-        (
-            # The records of a speculative write (see PostgresTransaction._apply): a JSON array of
-            # [at, kind, epoch, detail], inserted in order, and now and then the pruning of old
-            # ones. Called as ``SELECT store_apply_records(…) FROM store_apply(…)``: store_apply
-            # has taken the domain lock and checked the state first, all in one transaction.
-            """CREATE FUNCTION {s}.store_apply_records(p_resource text, p_records text,
-                p_prune_before double precision, p_prune_keep bigint)
-            RETURNS void
-            LANGUAGE plpgsql AS $$
-            DECLARE
-                v_record json;
-            BEGIN
-                FOR v_record IN SELECT e.value FROM json_array_elements(p_records::json)
-                        WITH ORDINALITY AS e (value, n) ORDER BY e.n LOOP
-                    INSERT INTO {s}.store_records (resource, at, kind, epoch, detail)
-                    VALUES (p_resource, (v_record->>0)::double precision, v_record->>1,
-                        (v_record->>2)::bigint, v_record->>3);
-                END LOOP;
-                IF p_prune_before IS NOT NULL THEN
-                    DELETE FROM {s}.store_records r WHERE r.resource = p_resource
-                        AND (r.at < p_prune_before OR r.seq <= coalesce((
-                            SELECT k.seq FROM {s}.store_records k WHERE k.resource = p_resource
-                            ORDER BY k.seq DESC LIMIT 1 OFFSET p_prune_keep), 0));
-                END IF;
-            END $$""",
-        ),
-    ),
-    Migration(
-        4,
-        "cheaper speculative writes: nothing planned per call, pruning only when due",
-        (
-            # A speculative write and its records in one function (store_apply and
-            # store_apply_records of versions 1 and 3, which stay for processes still running
-            # older code): the lock, the check of the state the write was decided on (FN100
-            # unless it still holds), then the writes, the records and now and then the
-            # pruning. Cheaper than the pair by one PL/pgSQL call, an op id check planned once
-            # per session (in one condition with ``p_op IS NOT NULL`` its custom plan always
-            # won, so it was planned again on every call, about 20 µs), an UPDATE of an
-            # existing item (no speculative insertion) and one INSERT for all the records.
-            """CREATE FUNCTION {s}.store_apply_all(
-                p_resource text, p_lock_key text, p_lock_timeout text,
-                p_coordinator text, p_floor bigint,
-                p_key text, p_version bigint, p_op text,
-                p_head_coordinator text, p_head_floor bigint,
-                p_item_key text, p_item_value bytea, p_item_epoch bigint, p_item_version bigint,
-                p_op_id text, p_op_digest text, p_op_outcome text,
-                p_op_recorded_at double precision, p_prune_before double precision,
-                p_records text, p_records_before double precision, p_records_keep bigint)
-            RETURNS void
-            LANGUAGE plpgsql AS $$
-            DECLARE
-                v_coordinator text;
-                v_floor bigint;
-                v_version bigint;
-                v_ignored text;
-            BEGIN
-                v_ignored := set_config('lock_timeout', p_lock_timeout, true);
-                IF current_setting('synchronous_commit') = 'off' THEN
-                    v_ignored := set_config('synchronous_commit', 'on', true);
-                END IF;
-                PERFORM pg_advisory_xact_lock(hashtextextended(p_lock_key, 0));
-                SELECT d.coordinator_id, d.floor INTO v_coordinator, v_floor
-                FROM {s}.store_domains d WHERE d.resource = p_resource;
-                IF p_key IS NOT NULL THEN
-                    SELECT i.version INTO v_version FROM {s}.store_items i
-                    WHERE i.resource = p_resource AND i.key = p_key;
-                END IF;
-                IF v_coordinator IS DISTINCT FROM p_coordinator
-                        OR v_floor IS DISTINCT FROM p_floor
-                        OR v_version IS DISTINCT FROM p_version THEN
-                    RAISE EXCEPTION 'fenced: the domain changed' USING ERRCODE = 'FN100';
-                END IF;
-                IF p_op IS NOT NULL THEN
-                    IF EXISTS (SELECT 1 FROM {s}.store_ops o
-                            WHERE o.resource = p_resource AND o.op_id = p_op) THEN
-                        RAISE EXCEPTION 'fenced: the domain changed' USING ERRCODE = 'FN100';
-                    END IF;
-                END IF;
-                IF p_head_floor IS NOT NULL THEN
-                    INSERT INTO {s}.store_domains (resource, coordinator_id, floor)
-                    VALUES (p_resource, p_head_coordinator, p_head_floor)
-                    ON CONFLICT (resource) DO UPDATE SET
-                        coordinator_id = excluded.coordinator_id, floor = excluded.floor;
-                END IF;
-                IF p_item_key IS NOT NULL THEN
-                    UPDATE {s}.store_items i SET value = p_item_value, epoch = p_item_epoch,
-                        version = p_item_version
-                    WHERE i.resource = p_resource AND i.key = p_item_key;
-                    IF NOT FOUND THEN
-                        INSERT INTO {s}.store_items (resource, key, value, epoch, version)
-                        VALUES (p_resource, p_item_key, p_item_value, p_item_epoch,
-                            p_item_version)
-                        ON CONFLICT (resource, key) DO UPDATE SET value = excluded.value,
-                            epoch = excluded.epoch, version = excluded.version;
-                    END IF;
-                END IF;
-                IF p_op_id IS NOT NULL THEN
-                    INSERT INTO {s}.store_ops (resource, op_id, digest, outcome, recorded_at)
-                    VALUES (p_resource, p_op_id, p_op_digest, p_op_outcome, p_op_recorded_at)
-                    ON CONFLICT (resource, op_id) DO UPDATE SET digest = excluded.digest,
-                        outcome = excluded.outcome, recorded_at = excluded.recorded_at;
-                END IF;
-                IF p_prune_before IS NOT NULL THEN
-                    DELETE FROM {s}.store_ops o
-                    WHERE o.resource = p_resource AND o.recorded_at < p_prune_before;
-                END IF;
-                IF p_records IS NOT NULL THEN
-                    INSERT INTO {s}.store_records (resource, at, kind, epoch, detail)
-                    SELECT p_resource, (e.value->>0)::double precision, e.value->>1,
-                        (e.value->>2)::bigint, e.value->>3
-                    FROM json_array_elements(p_records::json) WITH ORDINALITY AS e (value, n)
-                    ORDER BY e.n;
-                END IF;
-                IF p_records_before IS NOT NULL THEN
-                    PERFORM {s}.store_apply_records(p_resource, NULL, p_records_before,
-                        p_records_keep);
-                END IF;
-            END $$""",
-            # As version 3's (and still called so by older processes, and by store_apply_all
-            # and ordinary writes to prune), but the records go in with one INSERT (not one per
-            # record from a loop over a cursor), and the pruning first looks at the oldest and
-            # the newest record (two index probes) and deletes only what is due: past the
-            # retention when the oldest is, beyond the limit only when the resource's records
-            # span more than ``p_prune_keep`` sequence numbers (seq is unique: fewer records
-            # cannot exceed the limit then).
-            # Version 3's prune read every record of the resource each time (about 1.2 ms on
-            # 10,000 records, on 1 write in 64). A record older than the retention behind a
-            # newer oldest one (the clock stepped back) waits for a later prune; history()
-            # never returns it anyway.
-            """CREATE OR REPLACE FUNCTION {s}.store_apply_records(p_resource text,
-                p_records text, p_prune_before double precision, p_prune_keep bigint)
-            RETURNS void
-            LANGUAGE plpgsql AS $$
-            DECLARE
-                v_oldest bigint;
-                v_oldest_at double precision;
-                v_cut bigint;
-            BEGIN
-                IF p_records IS NOT NULL THEN
-                    INSERT INTO {s}.store_records (resource, at, kind, epoch, detail)
-                    SELECT p_resource, (e.value->>0)::double precision, e.value->>1,
-                        (e.value->>2)::bigint, e.value->>3
-                    FROM json_array_elements(p_records::json) WITH ORDINALITY AS e (value, n)
-                    ORDER BY e.n;
-                END IF;
-                IF p_prune_before IS NOT NULL THEN
-                    SELECT r.seq, r.at INTO v_oldest, v_oldest_at FROM {s}.store_records r
-                    WHERE r.resource = p_resource ORDER BY r.resource, r.seq LIMIT 1;
-                    IF v_oldest_at < p_prune_before THEN
-                        DELETE FROM {s}.store_records r
-                        WHERE r.resource = p_resource AND r.at < p_prune_before;
-                    END IF;
-                    IF (SELECT r.seq FROM {s}.store_records r WHERE r.resource = p_resource
-                            ORDER BY r.resource DESC, r.seq DESC LIMIT 1) - v_oldest
-                            >= p_prune_keep THEN
-                        v_cut := (SELECT k.seq FROM {s}.store_records k
-                            WHERE k.resource = p_resource
-                            ORDER BY k.resource DESC, k.seq DESC LIMIT 1 OFFSET p_prune_keep);
-                        IF v_cut IS NOT NULL THEN
-                            DELETE FROM {s}.store_records r
-                            WHERE r.resource = p_resource AND r.seq <= v_cut;
-                        END IF;
-                    END IF;
-                END IF;
-            END $$""",
-        ),
+        "domains, items, pointers, objects as bytea chunks, op ids, records; a speculative "
+        "write and its records in one statement",
+        _TABLES + _FUNCTIONS,
     ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
+"""The newest schema this code knows; a store of a newer version is refused."""
 
 
 def open_postgres_backend(url: str, mode: Mode | None, options: StoreOptions) -> PostgresBackend:
