@@ -10,7 +10,8 @@ docs/verify.md). Its parts:
 * :mod:`.worker`, :mod:`.faults`, :mod:`.processes` — the worker processes, the in-process wire
   faults and the recording of every call, the signals;
 * :mod:`.recorder` — one history file per run, CLOCK_MONOTONIC timestamps;
-* :mod:`.checker` — the invariants, verified on a recorded history;
+* :mod:`.history`, :mod:`.checker`, :mod:`.report` — a recorded history read into calls and
+  leases, the invariants verified on it, and the verdict;
 * :mod:`.mutants` — seeded defects the checker must catch (detection power);
 * :mod:`.table` — rich, plain-text and JSON rendering; :mod:`.target` — what runs where;
   :mod:`.restoring` — backup and restore as verification uses them.

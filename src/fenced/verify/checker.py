@@ -1,45 +1,16 @@
 """The history checker: verifies a recorded run against the invariants of fenced.
 
 Input: the events of one history file (:func:`fenced.verify.recorder.read_history`) of one
-resource. Output: a :class:`Report` with every :class:`Violation` (each names its invariant;
-a single one fails the run) and the run's figures (operations, faults, stale writes rejected).
-
-Vocabulary of the events (written by :mod:`.worker`, :mod:`.faults`, :mod:`.processes` and the
-drivers; ``t`` is the deadline clock, CLOCK_BOOTTIME on Linux, in the emitting process)::
-
-    meta       resource, ttl, stores {name: {mode, url}}, overrun      (first event of a run)
-    c.send     call, op (try_grant|renew|release|report|enqueue|leave), res, epoch, ttl, rid,
-               ticket (try_grant: made with a place in the queue)
-    c.reply    call, ok, applied (true/false/null), granted, error, fault, delay, applied_at
-    s.send     call, store, op (fence|put|publish), epoch, op_id, key, base_len, sha, retry
-    s.reply    call, ok, applied, version, object_id, pub_epoch, error, presented, floor, fault
-    s.read     store, op (get|latest|read), t0, version, pointer, sha, error
-    lease      epoch, deadline, ttl        check  epoch, state, deadline
-    pause      target                      resume target          kill  target
-    suspend    t0, seconds: the host slept between t0 and t (seen by the recorder of one process)
-    wire       target, mode (a proxy cut)  crash  error (a worker died of an exception)
-    backup     t0 (start): the coordinator was backed up; a later restore puts this state back
-    restore    t0 (start) … the event's t is its end, available, epochs
-    final      store, chain, version, pointer, read_sha             (after every worker ended)
-    records    source (coordinator | store:NAME), records [...]     (diagnostics, when they exist)
+resource, read by :class:`~fenced.verify.history.History` (which documents the events and the
+clock their times are read on). Output: a :class:`~fenced.verify.report.Report` with every
+violation (each names one of :data:`INVARIANTS`; a single one fails the run) and the run's figures
+(operations, faults, stale writes rejected).
 
 Reasoning about time is conservative in both directions, so that a correct system never fails:
 a call took effect somewhere between its ``send`` (written when the request is forwarded) and
 its reply; a call whose outcome the wrapper could not know (``applied`` null, or no reply because
 the worker was killed) may or may not have taken effect, and the checker assumes whichever is
 more lenient for the rule at hand.
-
-Clocks: every ``t`` (and ``t0``, ``issued``, ``applied_at``, and the holders' deadlines) is read
-on one clock of one host, the clock of the holders' deadlines, which counts a suspend of the host
-(CLOCK_BOOTTIME on Linux; see :mod:`fenced.core.clock`). The embedded coordinator expires leases
-on that same clock; the servers of the other backends on their own clocks, which the checker
-assumes run no faster than it (a PostgreSQL server's clock counts a suspend of its host too, an
-etcd server's lease timers do not: its leases then only end later, which no rule minds). A host
-suspend stops every process at once: the recorder sees the deadline clock gain on CLOCK_MONOTONIC
-and records a ``suspend`` span, which the checker treats as a pause of every worker. What it
-still assumes: all the processes of a run are on one host, on a platform whose deadline clock
-counts suspend (``SystemClock.counts_suspend``); elsewhere a suspend looks like time that never
-passed.
 """
 
 from __future__ import annotations
@@ -48,10 +19,11 @@ import bisect
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
+from fenced.verify.history import Call, Grant, History, granted_for
 from fenced.verify.recorder import Event
+from fenced.verify.report import INVARIANTS, Report, Violation
 
 __all__ = [
     "INVARIANTS",
@@ -62,30 +34,6 @@ __all__ = [
     "check_history",
 ]
 
-INVARIANTS: dict[str, str] = {
-    "token-unique": "each (resource, epoch) is granted at most once",
-    "token-monotonic": "a grant that starts after another one ended has a larger epoch",
-    "exclusive-grant": "no grant before the previous lease's TTL ran out, unless it was released",
-    "holder-deadline": "the holder's local deadline is never later than the send time of an "
-    "applied acquire/renew + TTL",
-    "stop-at-deadline": "no protected mutation is sent after the holder's local deadline, "
-    "except across an injected pause or a host suspend",
-    "largest-seen": "a store never accepts an epoch below one it has acknowledged; the epochs of "
-    "accepted writes never decrease",
-    "install-then-equal": "a strict store accepts a mutation only with the installed epoch",
-    "chain-integrity": "every accepted write extends exactly the previously accepted state "
-    "(no lost update, no acknowledged write missing)",
-    "compare-owner": "release and renew take effect only on the live lease of that owner and epoch",
-    "op-exactly-once": "an operation id takes effect at most once",
-    "outcome-honesty": "an operation reported as failed never took effect",
-    "pointer-monotonic": "the publication pointer never moves backwards",
-    "pointer-sealed": "the pointer only shows complete objects of accepted publications",
-    "restore-monotonic": "after a restore every grant is above every epoch issued or seen before",
-    "diagnostics-match": "recorded grants, releases, renewal failures and rejected writes match "
-    "the history exactly",
-}
-"""Every invariant the checker verifies, by name (the names appear in reports)."""
-
 SCHEDULING_TOLERANCE = 0.05
 """Seconds between a worker's lease check and its send that the OS scheduler may add without an
 injected pause (the send-after-deadline rule allows this much; a longer gap needs a pause)."""
@@ -93,13 +41,8 @@ REJECTIONS = frozenset({"StaleToken", "NotInstalled", "ForeignToken"})
 """Errors that say a store rejected stale (or foreign) authority."""
 _DEFINITE = REJECTIONS | {"Unavailable", "VersionConflict", "IdempotencyConflict", "Busy"}
 _EPS = 0.002
-
-
-def _granted_for(reply: Event | None, ttl: float) -> float:
-    """How long the coordinator said a grant or renewal lasts: ``ttl``, or less if its reply's
-    ``expires_in`` / ``remaining`` says so."""
-    told = None if reply is None else reply.get("expires_in", reply.get("remaining"))
-    return ttl if told is None else min(ttl, float(told))
+"""Seconds of slack in each comparison of a recorded time with a deadline or an expiry: a
+violation is reported only when the gap is larger."""
 
 
 def _first_try(send: Event) -> bool:
@@ -107,228 +50,29 @@ def _first_try(send: Event) -> bool:
     return not send.get("retry") and not send.get("unchecked")
 
 
-@dataclass(frozen=True, slots=True)
-class Violation:
-    """One broken invariant, with a sentence saying where (epochs, workers, times)."""
-
-    invariant: str
-    message: str
-    t: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"invariant": self.invariant, "message": self.message, "t": self.t}
-
-
-@dataclass
-class Report:
-    """The checker's verdict on one history."""
-
-    violations: list[Violation] = field(default_factory=list)
-    stats: Counter[str] = field(default_factory=Counter)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def invariants(self) -> list[str]:
-        """The names of the broken invariants, in catalogue order."""
-        broken = {v.invariant for v in self.violations}
-        return [name for name in INVARIANTS if name in broken]
-
-    def add(self, invariant: str, message: str, t: float | None = None) -> None:
-        assert invariant in INVARIANTS, invariant
-        self.violations.append(Violation(invariant, message, t))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "violations": [v.to_json() for v in self.violations],
-            "stats": dict(sorted(self.stats.items())),
-            "notes": self.notes,
-        }
-
-
-@dataclass
-class _Call:
-    """A recorded call: its send and (unless the worker died first) its reply."""
-
-    send: Event
-    reply: Event | None = None
-
-    @property
-    def w(self) -> str:
-        return str(self.send["w"])
-
-    @property
-    def op(self) -> str:
-        return str(self.send["op"])
-
-    @property
-    def sent(self) -> float:
-        return float(self.send["t"])
-
-    @property
-    def replied(self) -> float | None:
-        return None if self.reply is None else float(self.reply["t"])
-
-    @property
-    def learned(self) -> float | None:
-        """When the wrapper learned the outcome (before an injected reply delay)."""
-        if self.reply is None:
-            return None
-        return float(self.reply.get("applied_at") or self.reply["t"])
-
-    @property
-    def applied(self) -> bool | None:
-        """True: took effect; False: certainly did not; None: unknown."""
-        if self.reply is None:
-            return None
-        value = self.reply.get("applied")
-        return None if value is None else bool(value)
-
-    @property
-    def told(self) -> str | None:
-        """The error the caller was told (None: a normal reply)."""
-        if self.reply is None or self.reply.get("ok"):
-            return None
-        return str(self.reply.get("error"))
-
-    @property
-    def epoch(self) -> int | None:
-        value = self.send.get("epoch")
-        return None if value is None else int(value)
-
-
-@dataclass
-class _Grant:
-    epoch: int
-    call: _Call
-    ttl: float
-
-
-@dataclass
-class _Lease:
-    """What the history says about one epoch's lease."""
-
-    epoch: int
-    grant: _Grant
-    definite: list[float] = field(default_factory=list)
-    """The earliest expiry each call that certainly extended it promised (the grant, applied
-    renewals): its send time + the time the coordinator granted (the ttl, or less when the
-    reply said so: a lease handed over by a release was running before its holder asked)."""
-    maybe: list[_Call] = field(default_factory=list)
-    """Calls that may have extended it (certainly or possibly applied)."""
-    releases: list[_Call] = field(default_factory=list)
-    """Release calls that took or may have taken effect."""
-
-
 class _Checker:
-    def __init__(self, events: list[Event]) -> None:
-        self.events = sorted(events, key=lambda e: float(e["t"]))
+    """Checks every invariant on one :class:`History` and collects the verdict in a report."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
         self.report = Report()
-        self.meta: Event = next((e for e in events if e["ev"] == "meta"), {})
-        self.ttl = float(self.meta.get("ttl", 0) or 0)
-        # How much longer than its ttl the coordinator may keep a lease live after the send time
-        # of its grant or last renewal (etcd rounds TTLs up to whole seconds, at least its
-        # minimum, and expires leases on a 500 ms tick): 0 for backends that expire exactly.
-        self.overrun = float(self.meta.get("overrun", 0) or 0)
-        self.calls: list[_Call] = []
-        by_id: dict[str, _Call] = {}
-        for event in self.events:
-            if event["ev"] in ("c.send", "s.send"):
-                call = _Call(event)
-                by_id[str(event["call"])] = call
-                self.calls.append(call)
-            elif event["ev"] in ("c.reply", "s.reply"):
-                found = by_id.get(str(event["call"]))
-                if found is not None:
-                    found.reply = event
-        self.killed = {str(e["target"]) for e in self.events if e["ev"] == "kill"}
-        self.pauses = self._pauses()
-        self.suspends = [
-            (float(e.get("t0") or e["t"]), float(e["t"]))
-            for e in self.events
-            if e["ev"] == "suspend"
-        ]
-        self.restores = [
-            e
-            for e in self.events
-            if e["ev"] == "restore" and e.get("available") and not e.get("error")
-        ]
-        self.grants: list[_Grant] = []
-        self.unknown_grants = 0
-        self.leases: dict[int, _Lease] = {}
-
-    def _pauses(self) -> dict[str, list[tuple[float, float]]]:
-        """Per worker: the intervals it was (or may have been) stopped by an injected pause."""
-        spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        started: dict[str, float] = {}
-        for event in self.events:
-            if event["ev"] == "pause":
-                started.setdefault(str(event["target"]), float(event["t"]))
-            elif event["ev"] in ("resume", "kill"):
-                target = str(event["target"])
-                if target in started:
-                    spans[target].append((started.pop(target), float(event["t"])))
-        for target, begin in started.items():
-            spans[target].append((begin, float("inf")))
-        return spans
-
-    def paused_between(self, worker: str, begin: float, end: float) -> bool:
-        """True if ``worker`` was (or may have been) stopped between ``begin`` and ``end``: an
-        injected pause, or a suspend of the host, which stops every process."""
-        spans = [*self.pauses.get(worker, []), *self.suspends]
-        return any(a <= end and b >= begin for a, b in spans)
 
     # -- the coordinator ------------------------------------------------------------------------
 
-    def collect_leases(self) -> None:
-        for call in self.calls:
-            if call.op != "try_grant":
-                continue
-            if call.reply is None:
-                self.unknown_grants += 1
-                continue
-            granted = call.reply.get("granted")
-            if granted is None:
-                continue
-            ttl = float(call.reply.get("ttl") or call.send.get("ttl") or self.ttl)
-            grant = _Grant(int(granted), call, ttl)
-            self.grants.append(grant)
-            if call.reply.get("replayed"):
-                continue
-            lease = self.leases.get(grant.epoch)
-            if lease is None:
-                lease = self.leases[grant.epoch] = _Lease(grant.epoch, grant)
-                lease.definite.append(call.sent + _granted_for(call.reply, ttl))
-                lease.maybe.append(call)
-        for call in self.calls:
-            epoch = call.epoch
-            if call.op not in ("renew", "release") or epoch is None or epoch not in self.leases:
-                continue
-            lease = self.leases[epoch]
-            if call.applied is False:
-                continue
-            if call.op == "renew":
-                lease.maybe.append(call)
-                if call.applied:
-                    lease.definite.append(call.sent + _granted_for(call.reply, lease.grant.ttl))
-            else:
-                lease.releases.append(call)
-
     def check_grants(self) -> None:
-        firsts = [g for g in self.grants if not g.call.reply or not g.call.reply.get("replayed")]
-        by_epoch: dict[int, list[_Grant]] = defaultdict(list)
+        firsts = [
+            g for g in self.history.grants if not g.call.reply or not g.call.reply.get("replayed")
+        ]
+        by_epoch: dict[int, list[Grant]] = defaultdict(list)
         for grant in firsts:
             by_epoch[grant.epoch].append(grant)
         for epoch, grants in sorted(by_epoch.items()):
             if len(grants) > 1:
-                who = ", ".join(f"{g.call.w} at {g.call.sent:.3f}" for g in grants)
+                who = ", ".join(f"{g.call.worker} at {g.call.sent:.3f}" for g in grants)
                 self.report.add("token-unique", f"epoch {epoch} was granted {len(grants)} times: "
                                 f"to {who}", grants[1].call.sent)  # fmt: skip
         # Real-time order: a grant sent after another one's reply must have a larger epoch.
-        done = sorted((g.call.replied or 0.0, g.epoch, g.call.w) for g in firsts)
+        done = sorted((g.call.replied or 0.0, g.epoch, g.call.worker) for g in firsts)
         ends = [d[0] for d in done]
         best: list[tuple[int, str]] = []
         for _, epoch, worker in done:
@@ -339,34 +83,34 @@ class _Checker:
                 earlier, worker = best[index]
                 self.report.add(
                     "token-monotonic",
-                    f"{grant.call.w} was granted epoch {grant.epoch} after {worker}'s grant of "
-                    f"epoch {earlier} had completed",
+                    f"{grant.call.worker} was granted epoch {grant.epoch} after {worker}'s grant "
+                    f"of epoch {earlier} had completed",
                     grant.call.sent,
                 )
         self._check_exclusive(firsts)
 
-    def _check_exclusive(self, firsts: list[_Grant]) -> None:
-        epochs = sorted(self.leases)
+    def _check_exclusive(self, firsts: list[Grant]) -> None:
+        epochs = sorted(self.history.leases)
         for grant in firsts:
             index = bisect.bisect_left(epochs, grant.epoch) - 1
             if index < 0:
                 continue
-            previous = self.leases[epochs[index]]
-            if previous.epoch != grant.epoch - 1 and self.unknown_grants:
+            previous = self.history.leases[epochs[index]]
+            if previous.epoch != grant.epoch - 1 and self.history.unknown_grants:
                 continue  # an epoch in between may have been granted to a killed worker
             granted_by = grant.call.replied
             assert granted_by is not None
             if any(r.sent <= granted_by for r in previous.releases):
                 continue
-            if any(previous.grant.call.sent <= e["t"] <= granted_by for e in self.restores):
+            if any(previous.grant.call.sent <= e["t"] <= granted_by for e in self.history.restores):
                 continue
             expiry = max(previous.definite)
             if granted_by < expiry - _EPS:
                 self.report.add(
                     "exclusive-grant",
-                    f"epoch {grant.epoch} was granted to {grant.call.w} "
+                    f"epoch {grant.epoch} was granted to {grant.call.worker} "
                     f"{expiry - granted_by:.3f}s before epoch {previous.epoch} "
-                    f"({previous.grant.call.w}) could have expired, and it was not released",
+                    f"({previous.grant.call.worker}) could have expired, and it was not released",
                     granted_by,
                 )
 
@@ -375,19 +119,19 @@ class _Checker:
         # Per (worker, epoch): (send time, send time + the time granted) of each possibly
         # applied acquire/renew, by send time.
         bases: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
-        for grant in self.grants:
-            end = grant.call.sent + _granted_for(grant.call.reply, grant.ttl)
-            bases[(grant.call.w, grant.epoch)].append((grant.call.sent, end))
-        ttls = {lease.epoch: lease.grant.ttl for lease in self.leases.values()}
-        for call in self.calls:
+        for grant in self.history.grants:
+            end = grant.call.sent + granted_for(grant.call.reply, grant.ttl)
+            bases[(grant.call.worker, grant.epoch)].append((grant.call.sent, end))
+        ttls = {lease.epoch: lease.grant.ttl for lease in self.history.leases.values()}
+        for call in self.history.calls:
             if call.op == "renew" and call.applied is not False and call.epoch is not None:
-                ttl = ttls.get(call.epoch, float(call.send.get("ttl") or self.ttl))
-                end = call.sent + _granted_for(call.reply, ttl)
-                bases[(call.w, call.epoch)].append((call.sent, end))
+                ttl = ttls.get(call.epoch, float(call.send.get("ttl") or self.history.ttl))
+                end = call.sent + granted_for(call.reply, ttl)
+                bases[(call.worker, call.epoch)].append((call.sent, end))
         for times in bases.values():
             times.sort()
         last_check: dict[str, Event] = {}
-        for event in self.events:
+        for event in self.history.events:
             kind = event["ev"]
             if kind in ("lease", "check") and event.get("deadline") is not None:
                 worker, epoch = str(event["w"]), int(event["epoch"])
@@ -427,7 +171,7 @@ class _Checker:
         deadline, checked = float(check["deadline"]), float(check["t"])
         if t <= deadline + _EPS or t - checked <= SCHEDULING_TOLERANCE:
             return
-        if self.paused_between(worker, checked, t):
+        if self.history.paused_between(worker, checked, t):
             self.report.stats["mutations sent after a pause"] += 1
             return
         self.report.add(
@@ -439,34 +183,34 @@ class _Checker:
 
     def check_owner_ops(self) -> None:
         """compare-owner: releases and renewals only of the live lease."""
-        granted_at = sorted((g.call.replied or 0.0, g.epoch) for g in self.grants)
+        granted_at = sorted((g.call.replied or 0.0, g.epoch) for g in self.history.grants)
         ends = [g[0] for g in granted_at]
         newest: list[int] = []
         for _, epoch in granted_at:
             newest.append(max(newest[-1], epoch) if newest else epoch)
-        for call in self.calls:
+        for call in self.history.calls:
             if call.op not in ("renew", "release") or not call.applied or call.epoch is None:
                 continue
             index = bisect.bisect_left(ends, call.sent) - 1
             if index >= 0 and newest[index] > call.epoch:
                 self.report.add(
                     "compare-owner",
-                    f"{call.w}'s {call.op} of epoch {call.epoch} took effect after epoch "
+                    f"{call.worker}'s {call.op} of epoch {call.epoch} took effect after epoch "
                     f"{newest[index]} had been granted",
                     call.sent,
                 )
                 continue
-            lease = self.leases.get(call.epoch)
+            lease = self.history.leases.get(call.epoch)
             if lease is None:
                 continue
             before = [c for c in lease.maybe if c is not call and c.sent < call.sent]
             if not before or any(c.replied is None for c in before):
                 continue
-            latest = max(c.replied or 0.0 for c in before) + lease.grant.ttl + self.overrun
+            latest = max(c.replied or 0.0 for c in before) + lease.grant.ttl + self.history.overrun
             if call.sent > latest + _EPS:
                 self.report.add(
                     "compare-owner",
-                    f"{call.w}'s {call.op} of epoch {call.epoch} took effect "
+                    f"{call.worker}'s {call.op} of epoch {call.epoch} took effect "
                     f"{call.sent - latest:.3f}s after that lease had certainly expired",
                     call.sent,
                 )
@@ -474,29 +218,29 @@ class _Checker:
     # -- the stores -----------------------------------------------------------------------------
 
     def check_stores(self) -> None:
-        stores: dict[str, dict[str, Any]] = dict(self.meta.get("stores") or {})
+        stores: dict[str, dict[str, Any]] = dict(self.history.meta.get("stores") or {})
         for name in sorted(stores):
             self._check_store(name, str(stores[name].get("mode", "strict")))
 
     def _check_store(self, name: str, mode: str) -> None:
-        calls = [c for c in self.calls if c.send.get("store") == name]
+        calls = [c for c in self.history.calls if c.send.get("store") == name]
         acks: list[tuple[float, int, str]] = []
-        by_op: dict[str, list[_Call]] = defaultdict(list)
-        fences: list[_Call] = []
+        by_op: dict[str, list[Call]] = defaultdict(list)
+        fences: list[Call] = []
         for call in calls:
             if call.op == "fence":
                 fences.append(call)
             else:
                 by_op[str(call.send["op_id"])].append(call)
             if call.applied and call.learned is not None and call.epoch is not None:
-                acks.append((call.learned, call.epoch, f"{call.w}'s {call.op}"))
+                acks.append((call.learned, call.epoch, f"{call.worker}'s {call.op}"))
         acks.sort()
         ack_times = [a[0] for a in acks]
-        finals = [e for e in self.events if e["ev"] == "final" and e.get("store") == name]
+        finals = [e for e in self.history.events if e["ev"] == "final" and e.get("store") == name]
         highest: list[tuple[int, str]] = []
         for _, epoch, what in acks:
             highest.append(max(highest[-1], (epoch, what)) if highest else (epoch, what))
-        floors = [e for e in self.events if e["ev"] == "s.read" and e.get("store") == name]
+        floors = [e for e in self.history.events if e["ev"] == "s.read" and e.get("store") == name]
         for event in floors + finals:
             if event.get("op", "floor") != "floor" or event.get("floor") is None:
                 continue
@@ -519,8 +263,8 @@ class _Checker:
                 seen, what = highest[index]
                 self.report.add(
                     "largest-seen",
-                    f"store {name} rejected {call.w}'s {call.op} with floor {floor} after it had "
-                    f"acknowledged epoch {seen} ({what}): its floor went backwards",
+                    f"store {name} rejected {call.worker}'s {call.op} with floor {floor} after it "
+                    f"had acknowledged epoch {seen} ({what}): its floor went backwards",
                     call.sent,
                 )
         final = finals[-1] if finals else None
@@ -537,9 +281,9 @@ class _Checker:
                 seen, what = highest[index]
                 self.report.add(
                     "largest-seen",
-                    f"store {name} ({mode}) accepted {first.w}'s {first.op} {op_id} with epoch "
-                    f"{epoch} although it had acknowledged epoch {seen} ({what}) before it was "
-                    "sent",
+                    f"store {name} ({mode}) accepted {first.worker}'s {first.op} {op_id} with "
+                    f"epoch {epoch} although it had acknowledged epoch {seen} ({what}) before it "
+                    "was sent",
                     first.sent,
                 )
             if mode == "strict":
@@ -562,7 +306,7 @@ class _Checker:
         self._check_pointer(name, by_op, final)
 
     def _check_fences(
-        self, name: str, fences: list[_Call], acks: list[tuple[float, int, str]]
+        self, name: str, fences: list[Call], acks: list[tuple[float, int, str]]
     ) -> None:
         for fence in fences:
             if not fence.applied or fence.epoch is None:
@@ -571,12 +315,12 @@ class _Checker:
             if higher:
                 self.report.add(
                     "largest-seen",
-                    f"store {name} installed epoch {fence.epoch} for {fence.w} after it had "
+                    f"store {name} installed epoch {fence.epoch} for {fence.worker} after it had "
                     f"acknowledged epoch {higher[0][1]} ({higher[0][2]})",
                     fence.sent,
                 )
 
-    def _check_outcomes(self, name: str, by_op: dict[str, list[_Call]], in_chain: set[str]) -> None:
+    def _check_outcomes(self, name: str, by_op: dict[str, list[Call]], in_chain: set[str]) -> None:
         """outcome-honesty and op-exactly-once (publications) for one store."""
         for op_id, attempts in by_op.items():
             took_effect = op_id in in_chain or any(c.applied for c in attempts)
@@ -589,7 +333,7 @@ class _Checker:
                         continue  # "this attempt did nothing": true of a retry
                     self.report.add(
                         "outcome-honesty",
-                        f"store {name} told {call.w} that {call.op} {op_id} failed ({told}), "
+                        f"store {name} told {call.worker} that {call.op} {op_id} failed ({told}), "
                         "but it took effect",
                         call.replied,
                     )
@@ -604,7 +348,7 @@ class _Checker:
                     f"publication {op_id} took effect {len(objects)} times on store {name}",
                 )
 
-    def _check_chain(self, name: str, final: Event, by_op: dict[str, list[_Call]]) -> None:
+    def _check_chain(self, name: str, final: Event, by_op: dict[str, list[Call]]) -> None:
         chain: list[list[Any]] = list(final.get("chain") or [])
         version = int(final.get("version") or 0)
         seen: Counter[str] = Counter(str(entry[0]) for entry in chain)
@@ -638,7 +382,7 @@ class _Checker:
             if int(send.get("base_len", -1)) != index - 1:
                 self.report.add(
                     "chain-integrity",
-                    f"write {op_id} ({sends[0].w}, epoch {epoch}) read a state of "
+                    f"write {op_id} ({sends[0].worker}, epoch {epoch}) read a state of "
                     f"{send.get('base_len')} writes but was accepted as write {index} of store "
                     f"{name}: it did not extend the previously accepted state (lost update)",
                     sends[0].sent,
@@ -661,16 +405,16 @@ class _Checker:
                     where = "is missing" if position is None else f"is write {position}"
                     self.report.add(
                         "chain-integrity",
-                        f"{call.w}'s write {op_id} was acknowledged as version "
+                        f"{call.worker}'s write {op_id} was acknowledged as version "
                         f"{call.reply['version']} of store {name}, but {where} in its final "
                         "state (lost update)",
                         call.replied,
                     )
 
-    def _check_pointer(self, name: str, by_op: dict[str, list[_Call]], final: Event | None) -> None:
+    def _check_pointer(self, name: str, by_op: dict[str, list[Call]], final: Event | None) -> None:
         publishes = [c for calls in by_op.values() for c in calls if c.op == "publish"]
-        by_object: dict[str, _Call] = {}
-        by_sha: dict[str, list[_Call]] = defaultdict(list)
+        by_object: dict[str, Call] = {}
+        by_sha: dict[str, list[Call]] = defaultdict(list)
         for call in publishes:
             by_sha[str(call.send.get("sha"))].append(call)
             if call.reply is not None and call.reply.get("object_id"):
@@ -678,9 +422,11 @@ class _Checker:
         floors: list[tuple[float, int, str]] = []
         for call in publishes:
             if call.reply is not None and call.reply.get("ok") and call.applied:
-                floors.append((float(call.reply["t"]), int(call.send["epoch"]), f"{call.w}'s ack"))
+                floors.append(
+                    (float(call.reply["t"]), int(call.send["epoch"]), f"{call.worker}'s ack")
+                )
         observations: list[tuple[float, float, int | None, str]] = []
-        reads = [e for e in self.events if e["ev"] == "s.read" and e.get("store") == name]
+        reads = [e for e in self.history.events if e["ev"] == "s.read" and e.get("store") == name]
         if final is not None and "pointer" in final:
             reads.append({**final, "op": "latest", "t0": final["t"]})
         for event in reads:
@@ -744,22 +490,22 @@ class _Checker:
     # -- restores and diagnostics ---------------------------------------------------------------
 
     def check_restores(self) -> None:
-        for restore in self.restores:
+        for restore in self.history.restores:
             t0 = float(restore.get("t0") or restore["t"])
-            before = [g.epoch for g in self.grants if (g.call.replied or 0.0) < t0]
-            seen = [c.epoch for c in self.calls if c.epoch is not None and c.sent < t0]
+            before = [g.epoch for g in self.history.grants if (g.call.replied or 0.0) < t0]
+            seen = [c.epoch for c in self.history.calls if c.epoch is not None and c.sent < t0]
             known = max(before + seen + [int(x) for x in restore.get("epochs", [])], default=0)
-            for grant in self.grants:
+            for grant in self.history.grants:
                 if grant.call.sent > float(restore["t"]) and grant.epoch <= known:
                     self.report.add(
                         "restore-monotonic",
-                        f"after the restore, {grant.call.w} was granted epoch {grant.epoch}, not "
-                        f"above epoch {known} known before it",
+                        f"after the restore, {grant.call.worker} was granted epoch {grant.epoch}, "
+                        f"not above epoch {known} known before it",
                         grant.call.sent,
                     )
 
     def check_diagnostics(self) -> None:
-        records = [e for e in self.events if e["ev"] == "records"]
+        records = [e for e in self.history.events if e["ev"] == "records"]
         if not records:
             self.report.notes.append("no diagnostic records in this history: not compared")
         for event in records:
@@ -772,31 +518,6 @@ class _Checker:
                 self._match_coordinator(listed)
             elif source.startswith("store:"):
                 self._match_store(source[len("store:") :], listed)
-
-    def _restored_away(self, call: _Call) -> bool | None:
-        """Was ``call``'s effect lost by a restore (made after the backup that was restored)?
-
-        False: it is in the coordinator's state; True: a restore replaced it; None: unknown
-        (the call straddles a backup or a restore).
-        """
-        backups = [
-            (float(e.get("t0") or e["t"]), float(e["t"]))
-            for e in self.events
-            if e["ev"] == "backup"
-        ]
-        end = call.replied if call.replied is not None else float("inf")
-        for restore in self.restores:
-            restored_at = float(restore["t"])
-            taken = [b for b in backups if b[1] < restored_at]
-            if not taken:
-                continue
-            snapshot_from, snapshot_to = taken[-1]  # the snapshot was taken in between
-            if end < snapshot_from or call.sent > restored_at:
-                continue
-            if call.sent >= snapshot_to and end <= float(restore.get("t0") or restored_at):
-                return True
-            return None
-        return False
 
     def _match_coordinator(self, records: list[dict[str, Any]]) -> None:
         def mismatch(what: str, recorded: Counter[int], history: Counter[int], slack: int) -> None:
@@ -816,41 +537,41 @@ class _Checker:
         # that gives up before it sees that grant releases it when it leaves the queue. So each
         # place in the queue that no seen grant consumed may account for one grant, and each
         # leave for one release, that the history shows no call for.
-        queued = sum(1 for call in self.calls if call.op == "enqueue")
+        queued = sum(1 for call in self.history.calls if call.op == "enqueue")
         consumed = sum(
             1
-            for grant in self.grants
+            for grant in self.history.grants
             if grant.call.send.get("ticket") and not (grant.call.reply or {}).get("replayed")
         )
-        leaves = sum(1 for call in self.calls if call.op == "leave")
+        leaves = sum(1 for call in self.history.calls if call.op == "leave")
         grants: Counter[int] = Counter()
-        slack = self.unknown_grants + max(0, queued - consumed)
-        for lease in self.leases.values():
-            fate = self._restored_away(lease.grant.call)
+        slack = self.history.unknown_grants + max(0, queued - consumed)
+        for lease in self.history.leases.values():
+            fate = self.history.restored_away(lease.grant.call)
             grants[lease.epoch] += fate is False
             slack += fate is None
         mismatch("granted", kinds["granted"], grants, slack)
         releases: Counter[int] = Counter()
         slack = leaves
-        for lease in self.leases.values():
+        for lease in self.history.leases.values():
             for release in lease.releases:
-                fate = self._restored_away(release)
+                fate = self.history.restored_away(release)
                 releases[lease.epoch] += bool(release.applied) and fate is False
                 slack += not release.applied or fate is None
         mismatch("released", kinds["released"], releases, slack)
         reports: Counter[int] = Counter()
         failures: Counter[int] = Counter()
         slack = 0
-        for call in self.calls:
+        for call in self.history.calls:
             if call.op == "report" and call.send.get("kind") == "renewal-failed":
-                fate = self._restored_away(call)
+                fate = self.history.restored_away(call)
                 reports[int(call.send["epoch"])] += fate is False
                 slack += call.applied is None or fate is None
             elif call.op == "renew" and call.told not in (None, "LeaseLost") and call.epoch:
                 failures[call.epoch] += 1
         mismatch("renewal-failed", kinds["renewal-failed"], reports, slack)
         short = failures - reports
-        if short and not self.killed:
+        if short and not self.history.killed:
             self.report.add(
                 "diagnostics-match",
                 f"renewal failures seen by holders were not all reported (epochs "
@@ -864,14 +585,14 @@ class _Checker:
                 detail = record.get("detail") or {}
                 recorded[int(detail.get("presented", record.get("epoch", 0)))] += 1
         history: Counter[int] = Counter()
-        for call in self.calls:
+        for call in self.history.calls:
             if call.send.get("store") != name or call.reply is None or call.epoch is None:
                 continue
             error = call.reply.get("true_error") or call.reply.get("error")
             if call.applied is False and error in REJECTIONS:
                 history[call.epoch] += 1
         missing, extra = history - recorded, recorded - history
-        if extra or (missing and not self.killed):
+        if extra or (missing and not self.history.killed):
             self.report.add(
                 "diagnostics-match",
                 f"store {name}'s rejected-write records (presented epochs "
@@ -883,7 +604,7 @@ class _Checker:
 
     def count(self) -> None:
         stats = self.report.stats
-        for call in self.calls:
+        for call in self.history.calls:
             stats[f"{call.op} calls"] += 1
             stats["operations"] += 1
             if call.reply is None:
@@ -895,7 +616,7 @@ class _Checker:
             error = call.reply.get("true_error") or call.reply.get("error")
             if call.op in ("put", "publish") and call.applied is False and error in REJECTIONS:
                 stats["stale writes rejected"] += 1
-        for event in self.events:
+        for event in self.history.events:
             if event["ev"] == "crash":
                 stats["worker crashes"] += 1
                 self.report.notes.append(f"worker {event['w']} crashed: {event.get('error')}")
@@ -907,10 +628,9 @@ class _Checker:
             ):
                 stats[f"fault {event['ev']}"] += 1
                 stats["faults"] += 1
-        stats["grants"] = len(self.leases)
+        stats["grants"] = len(self.history.leases)
 
     def run(self) -> Report:
-        self.collect_leases()
         self.check_grants()
         self.check_holders()
         self.check_owner_ops()
@@ -918,10 +638,10 @@ class _Checker:
         self.check_restores()
         self.check_diagnostics()
         self.count()
-        self.report.violations.sort(key=lambda v: (v.t is None, v.t or 0.0))
+        self.report.violations.sort(key=lambda v: (v.at is None, v.at or 0.0))
         return self.report
 
 
 def check_history(events: Iterable[Event]) -> Report:
     """Check one history (the events of one run on one resource); see the module docstring."""
-    return _Checker(list(events)).run()
+    return _Checker(History(list(events))).run()

@@ -11,7 +11,7 @@ the emitting process* at the moment of the event — the clock of the holders' l
 the two compare directly. On Linux that is CLOCK_BOOTTIME, one clock for every process of the
 host, so times of different processes compare directly too (the checker relies on it; it is why
 verification runs its workers on one host). Also ``pid``, ``w`` (the emitter: a worker name, or
-``verify``) and ``ev`` (the kind of event; see :mod:`fenced.verify.checker` for the vocabulary).
+``verify``) and ``ev`` (the kind of event; see :mod:`fenced.verify.history` for the vocabulary).
 
 A suspend of the host stops every process at once; the deadline clock counts it, CLOCK_MONOTONIC
 does not. The recorder reads both around each event, and when the gap between them has grown
