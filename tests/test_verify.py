@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from fenced.core import mutants as switches
+from fenced.core import _mutants as switches
 from fenced.core.clock import ManualClock
 from fenced.fence import open_store
 from fenced.verify.cases import CASES, run_cases

@@ -33,7 +33,7 @@ from fenced.coordinator.backends.memory.backend import MemoryBackend
 from fenced.coordinator.backends.sqlite import statements as sqlite_statements
 from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
 from fenced.coordinator.client import Coordinator
-from fenced.core import mutants as switches
+from fenced.core import _mutants as switches
 from fenced.core.clock import ManualClock
 from fenced.core.errors import StaleToken, Unavailable
 from fenced.fence import open_store
@@ -294,7 +294,7 @@ def test_an_environment_variable_changes_nothing_in_a_normal_process(tmp_path: P
         import json, sys
         from fenced.coordinator.backend import GrantRequest
         from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
-        from fenced.core import mutants
+        from fenced.core import _mutants as mutants
 
         with SQLiteBackend(sys.argv[1]) as backend:
             first = backend.try_grant(GrantRequest("r", 30.0, "{OWNER_A}", "a"), None)

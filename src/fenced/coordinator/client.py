@@ -25,7 +25,7 @@ from fenced.coordinator.backend import (
     GrantRequest,
     Ticket,
 )
-from fenced.core import mutants
+from fenced.core import _mutants as mutants
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import Busy, ConfigurationError, LeaseLost, LossReason
 from fenced.core.lease import Lease, LeaseInfo

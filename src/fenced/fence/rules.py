@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from fenced.core import mutants
+from fenced.core import _mutants as mutants
 from fenced.core.errors import (
     ConfigurationError,
     ForeignToken,

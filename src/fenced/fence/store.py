@@ -43,7 +43,7 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO, TypeVar, cast
 
-from fenced.core import mutants
+from fenced.core import _mutants as mutants
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,

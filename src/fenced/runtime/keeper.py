@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from fenced.core import mutants
+from fenced.core import _mutants as mutants
 from fenced.core.clock import Clock
 from fenced.core.errors import LeaseLost, LossReason
 from fenced.core.lease import Lease, LeaseState, LeaseTracker

@@ -2,7 +2,7 @@
 
 Each :class:`Mutant` is a deliberately broken variant of fenced, switched on only inside verify's
 own worker processes (named in the worker's configuration, switched on by the worker with
-:func:`fenced.core.mutants.activate`; the switches are not reachable from the public API). The
+:func:`fenced.core._mutants.activate`; the switches are not reachable from the public API). The
 driver runs randomized schedules with the defect active — under a fault profile designed to
 expose it (a profile changes what happens, never what the checker verifies) — until the
 checker reports a violation, and tells which invariants caught it after how many schedules. A
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from fenced.core import mutants as switches
+from fenced.core import _mutants as switches
 from fenced.core.errors import ConfigurationError
 from fenced.core.urls import scheme_of
 from fenced.verify.recorder import read_history
@@ -183,7 +183,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "publications",
     ),
 )
-"""Every seeded defect, in table order (the names are the switches of fenced.core.mutants)."""
+"""Every seeded defect, in table order (the names are the switches of fenced.core._mutants)."""
 
 assert {m.name for m in CATALOGUE} == switches.KNOWN
 

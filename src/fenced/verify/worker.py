@@ -32,7 +32,7 @@ list of ``[op_id, epoch]``: each accepted put appends exactly its own entry to t
 so the final value lists every accepted write in order and the checker can prove there was no
 lost update.
 
-Seeded defects (:mod:`fenced.core.mutants`) are switched on from the configuration's
+Seeded defects (:mod:`fenced.core._mutants`) are switched on from the configuration's
 ``mutants`` only, by an explicit call at start-up: ``fenced verify --mutants`` names them for its
 own workers; no environment variable switches one on.
 """
@@ -55,7 +55,7 @@ from typing import Any, cast
 
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import open_backend
-from fenced.core import mutants
+from fenced.core import _mutants as mutants
 from fenced.core.errors import (
     Busy,
     FencedError,
@@ -119,7 +119,8 @@ class WorkerConfig:
     go: str = ""
     """Random mode: wait for this file, then read ``end`` from it (a start barrier)."""
     mutants: list[str] = field(default_factory=list)
-    """Seeded defects this worker switches on at start-up (:func:`fenced.core.mutants.activate`)."""
+    """Seeded defects this worker switches on at start-up
+    (:func:`fenced.core._mutants.activate`)."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)

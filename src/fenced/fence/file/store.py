@@ -97,7 +97,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from fenced.core import mutants
+from fenced.core import _mutants as mutants
 from fenced.core.errors import ConfigurationError, CorruptData, OutcomeUnknown
 from fenced.core.records import Record
 from fenced.fence.backend import ORDINARY, Capability, Chooser, FastPath, Intent, StoreOptions

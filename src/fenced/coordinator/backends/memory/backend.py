@@ -54,7 +54,7 @@ from fenced.coordinator.backend import (
     Ticket,
 )
 from fenced.coordinator.hostclock import SystemHostClock
-from fenced.core import mutants
+from fenced.core import _mutants as mutants
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, LeaseLost, LossReason
 from fenced.core.lease import LeaseInfo

@@ -194,7 +194,7 @@ from fenced.coordinator.backends.sqlite.waiting import (
 )
 from fenced.coordinator.backends.sqlite.wakeup import NETNS, Delivery, Waker
 from fenced.coordinator.hostclock import SystemHostClock
-from fenced.core import mutants
+from fenced.core import _mutants as mutants
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, FencedError, LeaseLost, LossReason
 from fenced.core.lease import LeaseInfo

@@ -5,7 +5,7 @@ against the schema of :mod:`.schema`; :mod:`.backend` and :mod:`.waiting` run th
 are named: ``:now`` and ``:boot`` are the host clock's boot time and boot id, read by the caller
 right before the statement (``SQLiteBackend._params``); a lease is live iff :data:`_LIVE`.
 The seeded-defect statements (``_GRANT_REUSING_EPOCH``, ``_GRANT_KNOWN_REUSING_EPOCH``,
-``_RELEASE_ANY_OWNER``) are used only when :func:`fenced.core.mutants.active` says so.
+``_RELEASE_ANY_OWNER``) are used only when :func:`fenced.core._mutants.active` says so.
 """
 
 from __future__ import annotations
