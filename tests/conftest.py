@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 # The conformance suites live in the public package fenced.testing: rewrite their asserts too.
-pytest.register_assert_rewrite("fenced.testing", "verify_networked")
-from etcd_fixtures import etcd_cluster  # noqa: E402, F401
-from postgres_fixtures import postgres_server  # noqa: E402, F401
+pytest.register_assert_rewrite("fenced.testing", "support.verify_networked")
+from support.etcd_fixtures import etcd_cluster  # noqa: E402, F401
+from support.local_users import public_dir, umask  # noqa: E402, F401
+from support.postgres_fixtures import postgres_server  # noqa: E402, F401

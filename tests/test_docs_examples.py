@@ -42,3 +42,17 @@ def test_example_runs(name: str, code: str, tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
+
+
+def test_the_choosing_guide_shows_its_advice_in_code_that_runs() -> None:
+    """docs/choosing.md's advice is made practical by examples, each run by the test above."""
+    code = "\n".join(code for name, code in EXAMPLES if name.startswith("docs/choosing.md#"))
+    for advice in (
+        "PRIMARY KEY",
+        "fenced.guard(",
+        "if_version=",
+        "monotonic",
+        "op_id=",
+        "verify.run(",
+    ):
+        assert advice in code, advice

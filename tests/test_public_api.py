@@ -11,6 +11,7 @@ PUBLIC = {
     "ConfigurationError",
     "Coordinator",
     "CorruptData",
+    "Elector",
     "FencedError",
     "FencingToken",
     "ForeignToken",
