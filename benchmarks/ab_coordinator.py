@@ -53,7 +53,7 @@ def _worker(kind: str) -> None:
 def _fenced_cycle(directory: Path) -> Callable[[], None]:
     import fenced  # the version under test (PYTHONPATH)
 
-    coord = fenced.connect(f"sqlite://{directory / 'fenced.db'}")
+    coord = fenced.connect(f"sqlite:///{directory / 'fenced.db'}")
 
     def cycle() -> None:
         coord.release(coord.acquire("bench/ab", ttl=30, wait=0))

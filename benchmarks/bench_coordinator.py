@@ -751,7 +751,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix=".bench-", dir=args.dir) as tmp:
         directory = Path(tmp)
         describe_environment(directory)
-        url = f"sqlite://{directory}/fenced.db"
+        url = f"sqlite:///{directory}/fenced.db"
         with RedisServer(directory / "redis") as server:
             cycles = handoff = fairness = None
             if "cycles" in sections:

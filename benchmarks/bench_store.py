@@ -6,7 +6,7 @@ Two measurements, each side by side with its baseline *in the same run*, interle
 round (A, B, then B, A, …) after one discarded warm-up round (see ../shared/anchors/README.md for
 why only same-run ratios mean anything on a shared machine):
 
-1. ``put`` with a token on ``sqlite:///`` (strict mode, epoch installed once) vs a raw SQLite
+1. ``put`` with a token on ``sqlite:`` (strict mode, epoch installed once) vs a raw SQLite
    upsert of the same 256 bytes (``BEGIN IMMEDIATE; INSERT … ON CONFLICT DO UPDATE; COMMIT``),
    both in WAL mode with ``synchronous=FULL`` in the same directory — target ≥ 0.7×. Both
    alternate between two values: SQLite skips an overwrite with identical bytes, which would
@@ -68,7 +68,7 @@ def raw_sqlite(path: Path) -> sqlite3.Connection:
 
 
 def put_impls(directory: Path) -> list[Impl]:
-    store = open_store(f"sqlite://{directory}/fenced.db")
+    store = open_store(f"sqlite:///{directory}/fenced.db")
     store.fence(TOKEN)
     conn = raw_sqlite(directory / "raw.db")
     turns = itertools.count()
@@ -86,7 +86,7 @@ def put_impls(directory: Path) -> list[Impl]:
         conn.execute("COMMIT")
 
     return [
-        Impl("fenced put", "store.put(token, key, 256 B), sqlite:///, strict", put),
+        Impl("fenced put", "store.put(token, key, 256 B), sqlite:, strict", put),
         Impl("raw SQLite upsert", "BEGIN IMMEDIATE; INSERT…ON CONFLICT; COMMIT", upsert),
     ]
 
@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         (directory / "put").mkdir()
         (directory / "publish").mkdir()
-        bench("1. put, sqlite:///", put_impls(directory / "put"), args.rounds, args.seconds)
+        bench("1. put, sqlite:", put_impls(directory / "put"), args.rounds, args.seconds)
         bench(
             "2. publish 1 MiB, file:///",
             publish_impls(directory / "publish"),

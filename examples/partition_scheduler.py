@@ -13,11 +13,11 @@ Run the story (a few seconds, temporary files only; exit status 0 when it came o
 
 or run schedulers yourself, each in its own terminal (stop one with Ctrl-C or SIGSTOP)::
 
-    python examples/partition_scheduler.py --name A --url sqlite:///tmp/s/coord.db \
-        --store sqlite:///tmp/s/assignments.db
-    python examples/partition_scheduler.py --name B --url sqlite:///tmp/s/coord.db \
-        --store sqlite:///tmp/s/assignments.db
-    fenced leader scheduler/partitions --watch --url sqlite:///tmp/s/coord.db
+    python examples/partition_scheduler.py --name A --url sqlite:////tmp/s/coord.db \
+        --store sqlite:////tmp/s/assignments.db
+    python examples/partition_scheduler.py --name B --url sqlite:////tmp/s/coord.db \
+        --store sqlite:////tmp/s/assignments.db
+    fenced leader scheduler/partitions --watch --url sqlite:////tmp/s/coord.db
 
 Only the public API of ``fenced`` is used.
 """
@@ -113,7 +113,7 @@ class Scheduler:
         self.seen: list[dict[str, Any]] = []
         argv = [sys.executable, __file__, "--name", name, "--url", coordinator, "--store", store]
         argv += ["--ttl", str(ttl), "--think", "0.1", "--interval", "0.1", *options]
-        self.log = Path(coordinator.removeprefix("sqlite://")).with_name(f"{name}.log")
+        self.log = Path(coordinator.removeprefix("sqlite:///")).with_name(f"{name}.log")
         with self.log.open("w") as log:  # the library's warnings (lost, rejected) go here
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
         threading.Thread(target=self._read, daemon=True).start()
@@ -157,8 +157,8 @@ def demo(ttl: float) -> int:
         print(f"[{time.monotonic() - started:5.2f}s] {text}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="partition-scheduler-") as tmp:
-        coordinator = f"sqlite://{Path(tmp) / 'coordinator.db'}"
-        store_url = f"sqlite://{Path(tmp) / 'assignments.db'}"
+        coordinator = f"sqlite:///{Path(tmp) / 'coordinator.db'}"
+        store_url = f"sqlite:///{Path(tmp) / 'assignments.db'}"
         coord = fenced.connect(coordinator)
         terms: list[fenced.LeaderChange] = []
         observer = coord.observe(ELECTION)
@@ -228,8 +228,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo", action="store_true", help="tell the whole story and check it")
     parser.add_argument("--name", help="this scheduler's name (advertised as its value)")
-    parser.add_argument("--url", help="coordinator URL, e.g. sqlite:///tmp/s/coord.db")
-    parser.add_argument("--store", help="strict store URL, e.g. sqlite:///tmp/s/assignments.db")
+    parser.add_argument("--url", help="coordinator URL, e.g. sqlite:////tmp/s/coord.db")
+    parser.add_argument("--store", help="strict store URL, e.g. sqlite:////tmp/s/assignments.db")
     parser.add_argument("--ttl", type=float, default=1.0, help="term lifetime in seconds")
     parser.add_argument("--think", type=float, default=0.4, help="seconds spent planning")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between rounds")

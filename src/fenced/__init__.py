@@ -5,9 +5,13 @@ leases whose :class:`FencingToken` carries an epoch larger than any granted befo
 resource. The protected resource decides which effects *may take place*: a store from
 :func:`open_store` (or :func:`guard` inside your own SQL transaction) checks the token atomically
 with each change and rejects a paused or partitioned worker whose lease has expired. Leader
-election (``coord.campaign``, ``coord.leader``, ``coord.observe``, :func:`run_as_leader`) is built
-on the same leases: a term is a lease, so every :class:`Leadership` carries a fencing token.
+election (``coord.campaign``, ``coord.leader``, ``coord.observe``, :func:`run_as_leader`,
+:class:`Elector`) is built on the same leases: a term is a lease, so every :class:`Leadership`
+carries a fencing token.
 """
+
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect
@@ -31,7 +35,14 @@ from fenced.core.errors import (
 )
 from fenced.core.lease import Lease, LeaseInfo, LeaseState
 from fenced.core.token import FencingToken
-from fenced.election import LeaderChange, LeaderChangeKind, LeaderInfo, Leadership, run_as_leader
+from fenced.election import (
+    Elector,
+    LeaderChange,
+    LeaderChangeKind,
+    LeaderInfo,
+    Leadership,
+    run_as_leader,
+)
 from fenced.fence import Item, Publication, Store, Version, guard, open_store
 from fenced.runtime.keeper import HeldLease
 
@@ -40,6 +51,7 @@ __all__ = [
     "ConfigurationError",
     "Coordinator",
     "CorruptData",
+    "Elector",
     "FencedError",
     "FencingToken",
     "ForeignToken",
@@ -72,4 +84,7 @@ __all__ = [
     "run_as_leader",
 ]
 
-__version__ = "0.1.0"
+try:  # the one version, in the package metadata (pyproject.toml)
+    __version__ = _version("fenced")
+except _PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

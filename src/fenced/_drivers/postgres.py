@@ -13,6 +13,9 @@
   then fails instead of hanging forever.
 * :func:`execute` and :class:`Statement` — one statement on a lent connection, sent again
   unprepared if a pooler lost its prepared form.
+* :class:`Lender` — what the backends need of a source of connections: :class:`Pool` for a URL,
+  or :class:`~fenced._drivers.postgres_borrowed.Borrowed` for a user's pool or engine (chosen by
+  :func:`~fenced._drivers.postgres_borrowed.lender`).
 
 This module is also the import point of the rest of the PostgreSQL plumbing: URLs
 (:mod:`.postgres_url`), error translation (:mod:`.postgres_errors`) and migrations
@@ -33,7 +36,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors, pq
@@ -60,15 +64,20 @@ __all__ = [
     "DEFAULT_POOL_SIZE",
     "DEFAULT_SCHEMA",
     "Deadlines",
+    "Lender",
     "Migration",
     "ParsedURL",
     "Pool",
+    "PreparedSwitch",
     "Statement",
     "checked",
+    "connect_listening",
     "deadlines",
+    "dedicated",
     "execute",
     "migrate",
     "parse_url",
+    "server_error",
     "statement_name",
     "translate",
 ]
@@ -280,7 +289,108 @@ class _Attempt:
             return conn
 
 
-class Pool:
+class PreparedSwitch:
+    """Whether a lender's connections run hot statements as named prepared statements; turned
+    off for good when a pooler is seen to lose one (shared by :class:`Pool` and the lender of a
+    user's pool, :class:`~fenced._drivers.postgres_borrowed.Borrowed`)."""
+
+    display: str
+
+    def __init__(self, prepare: bool) -> None:
+        self._prepare = prepare
+
+    @property
+    def prepare(self) -> bool:
+        return self._prepare
+
+    def lost_prepared_statement(
+        self, error: psycopg.Error, conn: psycopg.Connection[tuple[Any, ...]]
+    ) -> bool:
+        """True (and prepared statements off from now on) if ``error`` says a pooler lost one.
+
+        Such an error happens at Parse/Bind, before anything executed: re-sending is safe. The
+        lender's other connections stop using prepared statements too (:attr:`prepare` is read
+        before each hot statement).
+        """
+        if getattr(error, "sqlstate", None) not in ("26000", "42P05") or conn.broken:
+            return False
+        if self._prepare:
+            log.warning(
+                "%s: prepared statements do not survive between transactions here (a "
+                "transaction-pooling PgBouncer?); not using them any more (?prepare=off)",
+                self.display,
+            )
+        self._prepare = False
+        return True
+
+
+class Lender(Protocol):
+    """Where the coordinator backend and the store get their connections: fenced's
+    own :class:`Pool` (a URL) or a user's pool or engine
+    (:class:`~fenced._drivers.postgres_borrowed.Borrowed`). Every connection lent is in
+    autocommit mode, prepares nothing by itself and returns tuples."""
+
+    display: str
+
+    @property
+    def prepare(self) -> bool: ...
+
+    @property
+    def may_keep(self) -> bool:
+        """Whether a user of the lender may keep one connection lent between operations."""
+        ...
+
+    def connection(
+        self, budget: float
+    ) -> contextlib.AbstractContextManager[psycopg.Connection[tuple[Any, ...]]]: ...
+
+    def lend_dedicated(
+        self, budget: float
+    ) -> tuple[psycopg.Connection[tuple[Any, ...]], Callable[[], None]]:
+        """A connection for a longer use (set-up, a snapshot read) and the function that gives
+        it back (closes or returns it)."""
+        ...
+
+    def listen_connection(self) -> tuple[psycopg.Connection[tuple[Any, ...]], Callable[[], None]]:
+        """A connection for LISTEN, held while it works, and the function that gives it back."""
+        ...
+
+    def check_listen(self) -> None:
+        """Raise :class:`ConfigurationError` if the lender cannot spare a listening session."""
+        ...
+
+    def lost_prepared_statement(
+        self, error: psycopg.Error, conn: psycopg.Connection[tuple[Any, ...]]
+    ) -> bool: ...
+
+    def discard_idle(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def dedicated(lender: Lender, budget: float) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    """:meth:`Lender.lend_dedicated` as a context manager: given back at exit."""
+    conn, give_back = lender.lend_dedicated(budget)
+    try:
+        yield conn
+    finally:
+        give_back()
+
+
+def connect_listening(
+    conninfo: str,
+) -> tuple[psycopg.Connection[tuple[Any, ...]], Callable[[], None]]:
+    """A new autocommit connection to ``conninfo`` for LISTEN (``application_name`` gets
+    ``-listen``) and the function that closes it."""
+    name = psycopg.conninfo.conninfo_to_dict(conninfo).get("application_name")
+    conn: psycopg.Connection[tuple[Any, ...]] = psycopg.Connection.connect(
+        conninfo, autocommit=True, application_name=f"{name or 'fenced'}-listen"
+    )
+    return conn, partial(_close_quietly, conn)
+
+
+class Pool(PreparedSwitch):
     """Autocommit connections to one server, at most ``size`` lent at once; thread-safe;
     fork-aware. A :class:`psycopg_pool.ConnectionPool` plus fenced's errors.
 
@@ -331,7 +441,7 @@ class Pool:
         self.display = display
         self.size = size
         self.connect_timeout = connect_timeout
-        self._prepare = prepare
+        super().__init__(prepare)
         self._lock = threading.Lock()
         self._inner: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._lent = 0
@@ -536,28 +646,22 @@ class Pool:
             wait = min(remaining, wait * 2, 0.5)
 
     @property
-    def prepare(self) -> bool:
-        return self._prepare
+    def may_keep(self) -> bool:
+        return self.size > 1
 
-    def lost_prepared_statement(
-        self, error: psycopg.Error, conn: psycopg.Connection[tuple[Any, ...]]
-    ) -> bool:
-        """True (and prepared statements off from now on) if ``error`` says a pooler lost one.
+    def lend_dedicated(
+        self, budget: float
+    ) -> tuple[psycopg.Connection[tuple[Any, ...]], Callable[[], None]]:
+        """A new connection outside the pool (:meth:`open_connection`) and its ``close``."""
+        conn = self.open_connection(budget)
+        return conn, partial(_close_quietly, conn)
 
-        Such an error happens at Parse/Bind, before anything executed: re-sending is safe. The
-        pool's other connections stop using prepared statements too (:attr:`prepare` is read
-        before each hot statement).
-        """
-        if getattr(error, "sqlstate", None) not in ("26000", "42P05") or conn.broken:
-            return False
-        if self._prepare:
-            log.warning(
-                "%s: prepared statements do not survive between transactions here (a "
-                "transaction-pooling PgBouncer?); not using them any more (?prepare=off)",
-                self.display,
-            )
-        self._prepare = False
-        return True
+    def listen_connection(self) -> tuple[psycopg.Connection[tuple[Any, ...]], Callable[[], None]]:
+        """A new connection of its own for LISTEN (see :func:`connect_listening`)."""
+        return connect_listening(self.conninfo)
+
+    def check_listen(self) -> None:
+        """Nothing to check: LISTEN uses a connection of its own, outside the pool."""
 
     def discard_idle(self) -> None:
         """Close every idle connection (after a failure suggests they are all stale); lent ones
@@ -594,7 +698,7 @@ def _close_quietly(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
 
 
 def execute(
-    pool: Pool,
+    pool: Lender,
     conn: psycopg.Connection[tuple[Any, ...]],
     query: bytes,
     params: Sequence[object],
@@ -620,9 +724,26 @@ def checked(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> pq.abc.PG
     if result.status in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
         return result
     if conn.pgconn.status == pq.ConnStatus.BAD:
-        message = conn.pgconn.error_message.decode(errors="replace").strip()
+        message = pq.error_message(conn.pgconn).strip()
         raise psycopg.OperationalError(message or "the connection was lost")
-    raise errors.error_from_result(result, encoding=conn.info.encoding)
+    raise server_error(result, conn.info.encoding)
+
+
+def server_error(result: pq.abc.PGresult, encoding: str) -> psycopg.Error:
+    """The psycopg exception of a failed ``result``, built with documented API only: the class
+    :func:`psycopg.errors.lookup` gives for its SQLSTATE (:class:`psycopg.DatabaseError` for a
+    code psycopg does not know, such as fenced's own ``FN…``), with the message of
+    :func:`psycopg.pq.error_message` and ``sqlstate`` set."""
+    state = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode("ascii", "replace")
+    message = pq.error_message(result, encoding).strip()
+    try:
+        kind: type[psycopg.Error] = errors.lookup(state)
+    except KeyError:
+        kind = psycopg.DatabaseError
+    error = kind(message or f"the server reported an error (SQLSTATE {state or 'none'})")
+    if state and error.sqlstate != state:
+        error.sqlstate = state
+    return error
 
 
 class Statement:
@@ -647,7 +768,7 @@ class Statement:
         )  # connection -> its client encoding, for those where it is prepared
 
     def run(
-        self, pool: Pool, conn: psycopg.Connection[tuple[Any, ...]], params: Sequence[object]
+        self, pool: Lender, conn: psycopg.Connection[tuple[Any, ...]], params: Sequence[object]
     ) -> None:
         encoding = self._on.get(conn)
         prepared = encoding is not None

@@ -1,21 +1,26 @@
 """``postgresql://`` / ``postgres://`` URLs and the defaults of their fenced options.
 
 :func:`parse_url` takes fenced's own query parameters out of a URL; everything else goes to
-libpq unchanged (and is validated by it). A malformed URL, an unknown scheme, a bad schema name
-or an out-of-range option is a :class:`~fenced.core.errors.ConfigurationError`; passwords never
-appear in the URL shown in messages (:attr:`ParsedURL.display`).
+libpq unchanged (and is validated by it). SQLAlchemy's driver suffix ``+psycopg``
+(``postgresql+psycopg://``) is accepted; another driver is refused (see
+:func:`fenced.core.urls.scheme_of`). :func:`parse_options` reads the same fenced parameters
+from a mapping, for a user's pool or engine handed in instead of a URL. A malformed URL, an
+unknown scheme, a bad schema name or an out-of-range option is a
+:class:`~fenced.core.errors.ConfigurationError`; passwords never appear in the URL shown in
+messages (:attr:`ParsedURL.display`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit
 
 import psycopg
 
 from fenced.core.errors import ConfigurationError
+from fenced.core.urls import scheme_of
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -23,6 +28,7 @@ __all__ = [
     "DEFAULT_POOL_SIZE",
     "DEFAULT_SCHEMA",
     "ParsedURL",
+    "parse_options",
     "parse_url",
 ]
 
@@ -101,7 +107,7 @@ def parse_url(url: str, fenced_keys: Sequence[str]) -> ParsedURL:
         parts = urlsplit(url.strip())
     except ValueError as error:
         raise ConfigurationError(f"malformed PostgreSQL URL: {error}") from None
-    if parts.scheme.lower() not in _SCHEMES:
+    if scheme_of(url.strip()) not in _SCHEMES:
         raise ConfigurationError(f"expected a postgresql:// URL, got scheme {parts.scheme!r}")
     display = _masked(parts)
     if parts.fragment:
@@ -121,12 +127,7 @@ def parse_url(url: str, fenced_keys: Sequence[str]) -> ParsedURL:
             ours[key] = value
         else:
             libpq.append((key, value))
-    schema = ours.pop("schema", DEFAULT_SCHEMA)
-    if not _SCHEMA.fullmatch(schema):
-        raise ConfigurationError(
-            f"{display}: schema={schema!r} must be 1-48 characters of [a-z0-9_], not starting "
-            "with a digit"
-        )
+    schema = _schema(ours, display)
     keys = {key for key, _ in libpq}
     connect_timeout = DEFAULT_CONNECT_TIMEOUT
     if "connect_timeout" in keys:
@@ -141,12 +142,50 @@ def parse_url(url: str, fenced_keys: Sequence[str]) -> ParsedURL:
     # libpq percent-decodes a URI's query but does not read "+" as a space (as HTML forms do):
     # quote_via=quote keeps a space in ``options=-c name=value`` a space.
     query = urlencode(libpq, quote_via=quote)
-    conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, query, ""))
+    conninfo = _unsplit("postgresql", parts.netloc, parts.path, query)
     try:
         psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.Error as error:
         raise ConfigurationError(f"{display}: {error}") from None
     return ParsedURL(conninfo, display, schema, connect_timeout, ours)
+
+
+def parse_options(
+    options: Mapping[str, object] | None, fenced_keys: Sequence[str], display: str
+) -> ParsedURL:
+    """fenced's parameters (``schema`` + ``fenced_keys``) given as a mapping, for a user's pool
+    or engine (no conninfo: the pool connects). Values may be strings, numbers or booleans
+    (``True`` is ``on``). Raises :class:`ConfigurationError` for another key (``pool_size``
+    among them: the pool is the user's) or a bad schema name; the other values are checked by
+    their users, as those of a URL."""
+    ours: dict[str, str] = {}
+    for key, value in (options or {}).items():
+        if key not in fenced_keys and key != "schema":
+            allowed = ", ".join(["schema", *fenced_keys])
+            raise ConfigurationError(
+                f"{display}: unknown option {key!r} (with a pool or an engine: {allowed})"
+            )
+        if isinstance(value, bool):
+            ours[key] = "on" if value else "off"
+        elif isinstance(value, str | int | float):
+            ours[key] = str(value)
+        else:
+            raise ConfigurationError(
+                f"{display}: option {key}={value!r} must be a string, a number or a boolean"
+            )
+    schema = _schema(ours, display)
+    return ParsedURL("", display, schema, DEFAULT_CONNECT_TIMEOUT, ours)
+
+
+def _schema(ours: dict[str, str], display: str) -> str:
+    """Take ``schema`` out of ``ours`` (default :data:`DEFAULT_SCHEMA`) and check it."""
+    schema = ours.pop("schema", DEFAULT_SCHEMA)
+    if not _SCHEMA.fullmatch(schema):
+        raise ConfigurationError(
+            f"{display}: schema={schema!r} must be 1-48 characters of [a-z0-9_], not starting "
+            "with a digit"
+        )
+    return schema
 
 
 def _masked(parts: SplitResult) -> str:
@@ -160,7 +199,13 @@ def _masked(parts: SplitResult) -> str:
     query = "&".join(
         f"{key}={_mask_nested(key, value)}" for key, value in parse_qsl(parts.query, True)
     )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return _unsplit(parts.scheme, netloc, parts.path, query)
+
+
+def _unsplit(scheme: str, netloc: str, path: str, query: str) -> str:
+    """``scheme://netloc/path?query``, with ``//`` also when there is no host (``postgresql://``:
+    libpq's defaults): ``urlunsplit`` drops it, and libpq reads ``postgresql:?…`` as no URI."""
+    return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "")
 
 
 def _mask_nested(key: str, value: str) -> str:

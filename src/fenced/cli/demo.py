@@ -53,7 +53,7 @@ from fenced.cli.run_cmd import parse_seconds
 from fenced.coordinator.connect import connect, resolve_url
 from fenced.core.errors import ConfigurationError, LeaseLost, Rejected, StaleToken
 from fenced.core.policy import validate_ttl
-from fenced.core.urls import scheme_of
+from fenced.core.urls import scheme_of, url_of_path
 from fenced.fence import open_store
 
 __all__ = [
@@ -475,8 +475,8 @@ def demo_command(ctx: click.Context, url: str | None, ttl: str, keep: bool) -> N
         connect(url).close()  # a bad or unusable URL fails here, before the story starts
     workdir = Path(tempfile.mkdtemp(prefix="fenced-demo-"))
     try:
-        coordinator_url = url or f"sqlite://{workdir / 'fenced.db'}"
-        store_url = f"file://{workdir / 'store'}"
+        coordinator_url = url or url_of_path("sqlite", str(workdir / "fenced.db"))
+        store_url = url_of_path("file", str(workdir / "store"))
         resource = RESOURCE if url is None else f"demo/export-{secrets.token_hex(4)}"
         open_store(store_url, mode="strict").close()
         ok = _tell(coordinator_url, store_url, resource, ttl_value, workdir, temporary=url is None)

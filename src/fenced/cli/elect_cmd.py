@@ -24,10 +24,16 @@ import sys
 
 import click
 
-from fenced.cli.app import OneLineUsageCommand, cli
+from fenced.cli.app import OneLineUsageCommand, cli, url_option
 from fenced.cli.exitcodes import LEASE_LOST, NOT_FOUND
-from fenced.cli.run_cmd import DEFAULT_TTL, open_fence_stores, parse_seconds, report_loss
-from fenced.coordinator.connect import connect, resolve_url
+from fenced.cli.run_cmd import (
+    DEFAULT_TTL,
+    check_store_urls,
+    open_fence_stores,
+    parse_seconds,
+    report_loss,
+)
+from fenced.coordinator.connect import absolute_url, connect, resolve_url
 from fenced.core.errors import ConfigurationError
 from fenced.core.names import validate_resource
 from fenced.core.policy import validate_holder, validate_ttl, validate_wait
@@ -84,11 +90,7 @@ JSON_FORMAT = 1
     metavar="STORE_URL",
     help="Install the new term at this store before the command starts (repeatable).",
 )
-@click.option(
-    "--url",
-    metavar="URL",
-    help="Coordinator URL [default: $FENCED_URL, else sqlite:.fenced/fenced.db].",
-)
+@url_option()
 @click.pass_context
 def elect_command(
     ctx: click.Context,
@@ -124,11 +126,12 @@ def elect_command(
     wait_value = validate_wait(parse_seconds("--wait", wait, forever=True))
     grace_value = validate_grace(parse_seconds("--grace", grace))
     label = None if holder is None else validate_holder(holder)
-    coordinator_url = resolve_url(url)
+    coordinator_url = absolute_url(resolve_url(url))  # checked before anything is created
+    check_store_urls(fence_urls)
     terms: list[int] = []
     with contextlib.ExitStack() as stack:
+        stores = open_fence_stores(fence_urls, stack)  # before the coordinator, as fenced run
         coord = stack.enter_context(connect(coordinator_url))
-        stores = open_fence_stores(fence_urls, stack)
         try:
             result = run_command_as_leader(
                 coord,
@@ -204,11 +207,7 @@ def _emit(line: str) -> None:
 @click.argument("name")
 @click.option("--watch", is_flag=True, help="Stream every change of leadership until interrupted.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output (format 1).")
-@click.option(
-    "--url",
-    metavar="URL",
-    help="Coordinator URL [default: $FENCED_URL, else sqlite:.fenced/fenced.db].",
-)
+@url_option()
 @click.pass_context
 def leader_command(
     ctx: click.Context, name: str, watch: bool, as_json: bool, url: str | None

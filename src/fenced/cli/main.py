@@ -1,7 +1,9 @@
-"""Entry point of the ``fenced`` command: imports every command module, then runs the group.
+"""The ``fenced`` command: imports every command module, then runs the group.
 
 Each command module registers its commands on :data:`fenced.cli.app.cli` when imported; add one
-import line here per module.
+import line here per module. The console script and ``python -m fenced`` enter through
+:func:`fenced.__main__.main`, which first checks that the ``cli`` extra (click, rich) is
+installed: this package imports them freely, the rest of fenced never does.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ def _log_to_stderr() -> None:
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     root.propagate = False
-    # A command reports a store's rejection as its own one-line error: do not say it twice.
+    # A command reports a store's rejection as its own one-line error, and fenced run / elect
+    # report a loss in their own line (with what happened to the command): do not say it twice.
     logging.getLogger("fenced.store").setLevel(logging.ERROR)
+    logging.getLogger("fenced.runtime.loss").setLevel(logging.ERROR)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,10 +12,8 @@ import math
 import re
 import time
 from datetime import datetime
-from pathlib import Path
 
 from fenced.core.errors import ConfigurationError
-from fenced.core.urls import path_from_url, scheme_of
 from fenced.fence import Store, open_store
 
 __all__ = [
@@ -72,20 +70,15 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def open_existing_stores(urls: tuple[str, ...] | list[str]) -> list[Store]:
-    """Open every store URL, refusing a local store that does not exist (never create one).
+    """Open every store URL, refusing a local store that does not exist (never create one:
+    ``open_store(create=False)``).
 
     The caller closes them. On an error, the stores opened so far are closed.
     """
     stores: list[Store] = []
     try:
         for url in urls:
-            scheme = scheme_of(url)
-            if scheme in ("sqlite", "file"):
-                location = Path(path_from_url(url, scheme))
-                marker = location if scheme == "sqlite" else location / "fenced-store.json"
-                if not marker.exists():
-                    raise ConfigurationError(f"no fenced store at {url}")
-            stores.append(open_store(url))
+            stores.append(open_store(url, create=False))
     except BaseException:
         for store in stores:
             store.close()

@@ -1,4 +1,4 @@
-"""Operations commands: ``fenced timeline``, ``metrics``, ``backup`` and ``restore``.
+"""Operations commands: ``fenced timeline``, ``metrics``, ``backup``, ``restore`` and ``rebind``.
 
 Thin faces over :mod:`fenced.observe` and :mod:`fenced.coordinator.restore`: they parse, call the
 library and render (a rich table on a terminal, plain aligned text otherwise, ``--json`` for one
@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from fenced.cli.app import OneLineUsageCommand, cli
+from fenced.cli.app import OneLineUsageCommand, cli, stores_option, url_option
 from fenced.cli.ops_args import (
     format_instant,
     format_seconds,
@@ -29,6 +29,7 @@ from fenced.cli.ops_args import (
     parse_since,
 )
 from fenced.cli.status_cmd import display_url
+from fenced.coordinator import rebind as rebinding
 from fenced.coordinator import restore as restoring
 from fenced.coordinator.connect import connect
 from fenced.core.errors import ConfigurationError
@@ -39,12 +40,11 @@ from fenced.observe.timeline import Timeline, read_timeline
 __all__ = [
     "backup_command",
     "metrics_command",
+    "rebind_command",
     "render_timeline",
     "restore_command",
     "timeline_command",
 ]
-
-_URL_HELP = "Coordinator URL [default: $FENCED_URL, else sqlite:.fenced/fenced.db]."
 
 
 @contextmanager
@@ -219,15 +219,9 @@ def _rich_timeline(view: Timeline, url: str) -> None:
 @cli.command("timeline", cls=OneLineUsageCommand, short_help="Show who owned a resource when.")
 @click.argument("resource")
 @click.option("--since", metavar="WHEN", help="Start: a duration ago (2h, 30m) or a time.")
-@click.option(
-    "--store",
-    "store_urls",
-    multiple=True,
-    metavar="STORE",
-    help="Merge the records of this store (accepted and rejected writes); repeatable.",
-)
+@stores_option("Merge the records of this store (accepted and rejected writes); repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (format 1).")
-@click.option("--url", metavar="URL", help=_URL_HELP)
+@url_option()
 def timeline_command(
     resource: str, since: str | None, store_urls: tuple[str, ...], as_json: bool, url: str | None
 ) -> None:
@@ -239,7 +233,7 @@ def timeline_command(
     name = validate_resource(resource)
     now = time.time()
     start = None if since is None else parse_since("--since", since, now)
-    with connect(url) as coord, _stores(store_urls) as stores:
+    with _stores(store_urls) as stores, connect(url, create=False) as coord:
         view = read_timeline(coord, name, stores, since=start, now=now)
         shown_url = display_url(coord.url)
         coordinator_id = coord.coordinator_id
@@ -256,13 +250,7 @@ def timeline_command(
 
 
 @cli.command("metrics", cls=OneLineUsageCommand, short_help="Print or serve Prometheus metrics.")
-@click.option(
-    "--store",
-    "store_urls",
-    multiple=True,
-    metavar="STORE",
-    help="Count the writes this store rejected; repeatable.",
-)
+@stores_option("Count the writes this store rejected; repeatable.")
 @click.option("--listen", metavar="ADDR", help="Serve /metrics on HOST:PORT, :PORT or PORT.")
 @click.option(
     "--flap-threshold",
@@ -271,7 +259,7 @@ def timeline_command(
     help="fenced_flapping is 1 above this many ownership changes in the window [default: 10].",
 )
 @click.option("--flap-window", metavar="DURATION", help="The flap window [default: 5m].")
-@click.option("--url", metavar="URL", help=_URL_HELP)
+@url_option()
 def metrics_command(
     store_urls: tuple[str, ...],
     listen: str | None,
@@ -298,7 +286,7 @@ def metrics_command(
         options["flap_threshold"] = flap_threshold
     if flap_window is not None:
         options["flap_window"] = parse_duration("--flap-window", flap_window)
-    with connect(url) as coord, _stores(store_urls) as stores:
+    with _stores(store_urls) as stores, connect(url, create=False) as coord:
         registry = CollectorRegistry()
         metrics.register(registry, coord, stores=stores, **options)
         if address is None:
@@ -347,7 +335,7 @@ def _serve(registry: Any, address: tuple[str, int]) -> None:
 @cli.command("backup", cls=OneLineUsageCommand, short_help="Copy the coordinator's state.")
 @click.argument("dest", metavar="DEST")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--url", metavar="URL", help=_URL_HELP)
+@url_option()
 def backup_command(dest: str, as_json: bool, url: str | None) -> None:
     """Write a consistent online copy of the embedded (sqlite:) coordinator to DEST.
 
@@ -382,7 +370,7 @@ def backup_command(dest: str, as_json: bool, url: str | None) -> None:
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--url", metavar="URL", help=_URL_HELP)
+@url_option()
 def restore_command(
     src: str | None,
     advance_only: bool,
@@ -418,4 +406,66 @@ def restore_command(
     click.echo(
         f"{done} {display_url(report.url)} (coordinator {report.coordinator_id}); every later "
         f"epoch is above {report.minimum}"
+    )
+
+
+# -- rebind -------------------------------------------------------------------------------------
+
+
+@cli.command("rebind", cls=OneLineUsageCommand, short_help="Bind a store to a new coordinator.")
+@click.argument("store_url", metavar="STORE")
+@click.option(
+    "--resource",
+    "resources",
+    multiple=True,
+    metavar="R",
+    help="Rebind only this resource; repeatable [default: every resource of STORE].",
+)
+@click.option(
+    "--from",
+    "previous",
+    metavar="ID",
+    help="The id of the lost coordinator: rebind only resources bound to it.",
+)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@url_option("--coordinator")
+def rebind_command(
+    store_url: str,
+    resources: tuple[str, ...],
+    previous: str | None,
+    yes: bool,
+    as_json: bool,
+    url: str | None,
+) -> None:
+    """Bind STORE's resources, now bound to a coordinator that was lost without a backup, to
+    the coordinator at --url, keeping every floor; each gets a 'rebound' record.
+
+    Run 'fenced restore --advance --floor-from STORE' on the new coordinator first (rebind
+    refuses otherwise), with every worker stopped. Tokens of the old coordinator are refused by
+    STORE from then on. See docs/operations.md, "Lost coordinator without a backup".
+    """
+    names = [validate_resource(name) for name in resources]
+    if not yes:
+        what = f"bind the resources of {display_url(store_url)} to the coordinator"
+        if not sys.stdin.isatty():
+            raise ConfigurationError(f"this would {what}; pass --yes to confirm")
+        click.confirm(
+            f"This will {what}; the old coordinator's tokens are refused from then on. Go on?",
+            abort=True,
+        )
+    with _stores([store_url]) as stores, connect(url) as coord:
+        report = rebinding.rebind(stores[0], coord, resources=names or None, previous=previous)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), sort_keys=True))
+        return
+    store = display_url(report.store)
+    if not report.rebound:
+        click.echo(f"nothing to rebind at {store}: no resource is bound to another coordinator")
+        return
+    floors = ", ".join(f"{name} {floor}" for name, floor in report.rebound.items())
+    click.echo(
+        f"rebound {len(report.rebound)} resource(s) of {store} from coordinator "
+        f"{', '.join(report.previous)} to {report.coordinator_id} at {display_url(report.url)} "
+        f"(floors kept: {floors})"
     )

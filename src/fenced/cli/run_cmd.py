@@ -17,9 +17,9 @@ import math
 
 import click
 
-from fenced.cli.app import OneLineUsageCommand, cli
+from fenced.cli.app import OneLineUsageCommand, cli, url_option
 from fenced.cli.exitcodes import LEASE_LOST
-from fenced.coordinator.connect import connect, resolve_url
+from fenced.coordinator.connect import absolute_url, connect, resolve_url
 from fenced.core.errors import ConfigurationError, LeaseLost
 from fenced.core.names import validate_resource
 from fenced.core.policy import validate_holder, validate_ttl, validate_wait
@@ -34,6 +34,7 @@ from fenced.runtime.hold import Fenceable
 
 __all__ = [
     "DEFAULT_TTL",
+    "check_store_urls",
     "open_fence_stores",
     "parse_seconds",
     "report_loss",
@@ -68,12 +69,24 @@ def parse_seconds(option: str, text: str, *, forever: bool = False) -> float | N
     return value
 
 
+def check_store_urls(urls: tuple[str, ...]) -> None:
+    """Refuse a malformed ``--fence`` URL before anything is opened or created (ConfigurationError;
+    reads at most file headers)."""
+    if urls:
+        from fenced.fence.registry import check_url  # noqa: PLC0415 - only needed with --fence
+
+        for url in urls:
+            check_url(url)
+
+
 def open_fence_stores(urls: tuple[str, ...], stack: contextlib.ExitStack) -> list[Fenceable]:
-    """Open the ``--fence`` stores, closed when ``stack`` closes (shared with ``fenced elect``)."""
+    """Open the ``--fence`` stores, closed when ``stack`` closes (shared with ``fenced elect``);
+    each is created if missing (the command writes there). Every URL is checked first."""
     if not urls:
         return []
     from fenced.fence import open_store  # noqa: PLC0415 - only needed with --fence
 
+    check_store_urls(urls)
     stores: list[Fenceable] = []
     for url in urls:
         store = open_store(url)
@@ -136,11 +149,7 @@ def report_loss(what: str, result: ChildResult) -> None:
     metavar="STORE_URL",
     help="Install the new epoch at this store before the command starts (repeatable).",
 )
-@click.option(
-    "--url",
-    metavar="URL",
-    help="Coordinator URL [default: $FENCED_URL, else sqlite:.fenced/fenced.db].",
-)
+@url_option()
 @click.pass_context
 def run_command(
     ctx: click.Context,
@@ -175,7 +184,9 @@ def run_command(
     wait_value = validate_wait(parse_seconds("--wait", wait, forever=True))
     grace_value = validate_grace(parse_seconds("--grace", grace))
     label = None if holder is None else validate_holder(holder)
-    coordinator_url = resolve_url(url)
+    # absolute: the command's FENCED_URL names this coordinator wherever the command cds to
+    coordinator_url = absolute_url(resolve_url(url))
+    check_store_urls(fence_urls)
     supervisor = ChildSupervisor(command, grace=grace_value, url=coordinator_url)
     try:
         supervisor.check_command()
@@ -188,8 +199,9 @@ def run_command(
     epoch = 0
     with contextlib.ExitStack() as stack:
         stack.callback(supervisor.close)
-        coord = stack.enter_context(connect(coordinator_url))
+        # the stores first: one that cannot be opened leaves no coordinator created for nothing
         stores = open_fence_stores(fence_urls, stack)
+        coord = stack.enter_context(connect(coordinator_url))
         try:
             with coord.hold(
                 name,

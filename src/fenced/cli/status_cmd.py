@@ -1,12 +1,15 @@
 """``fenced status [RESOURCE…] [--window D] [--store URL…] [--json] [--url URL]``: who holds
 what, at which epoch, and how ownership went lately.
 
-Read-only: it asks the coordinator for each resource's live lease and its last granted epoch, and
-computes from the records (:mod:`fenced.observe.timeline`) the figures of the last ``--window``
-(default 1 h): ownership changes, time without owner, and writes the ``--store`` stores
-rejected. With no RESOURCE it lists every resource the coordinator has ever granted. Human
-output is a table (a rich table on a terminal, plain aligned columns otherwise); ``--json``
-prints one stable document (format 1, documented in docs/cli.md and docs/operations.md).
+A reader: it creates nothing (a missing database or store is an error, exit 2). It asks the
+coordinator for each resource's live lease and its last granted epoch, and computes from the
+records (:mod:`fenced.observe.timeline`) the figures of the last ``--window`` (default 1 h):
+ownership changes, time without owner, and writes the ``--store`` stores rejected. Its one
+write: the embedded coordinator records lease ends not recorded yet before its records are read;
+when that fails (a full disk) the state is shown all the same, with a warning on stderr. With
+no RESOURCE it lists every resource the coordinator has ever granted. Human output is a table
+(a rich table on a terminal, plain aligned columns otherwise); ``--json`` prints one stable
+document (format 1, documented in docs/cli.md and docs/operations.md).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import click
 
-from fenced.cli.app import OneLineUsageCommand, cli
+from fenced.cli.app import OneLineUsageCommand, cli, stores_option, url_option
 from fenced.cli.ops_args import format_seconds, open_existing_stores, parse_duration
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect
@@ -203,19 +206,9 @@ def _rich(rows: list[ResourceStatus], url: str, window: float, with_stores: bool
     show_default=True,
     help="The figures cover this much history (90s, 15m, 2h, 7d).",
 )
-@click.option(
-    "--store",
-    "store_urls",
-    multiple=True,
-    metavar="STORE",
-    help="Count the writes this store rejected; repeatable.",
-)
+@stores_option("Count the writes this store rejected; repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (format 1).")
-@click.option(
-    "--url",
-    metavar="URL",
-    help="Coordinator URL [default: $FENCED_URL, else sqlite:.fenced/fenced.db].",
-)
+@url_option()
 def status_command(
     resources: tuple[str, ...],
     window: str,
@@ -234,7 +227,7 @@ def status_command(
     span = parse_duration("--window", window)
     stores = open_existing_stores(list(store_urls))
     try:
-        with connect(url) as coord:
+        with connect(url, create=False) as coord:
             rows = read_status(coord, names, stores=stores, window=span)
             shown_url = display_url(coord.url)
             coordinator_id = coord.coordinator_id

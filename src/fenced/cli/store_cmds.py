@@ -1,10 +1,11 @@
 """Store commands: ``fenced fence|put|publish|get|latest|read|gc STORE …``.
 
-A ``fenced run`` child in any language writes through the fence with these: the token comes from
+A ``fenced run`` child in any language writes to fenced stores with these: the token comes from
 ``--token`` or ``$FENCED_TOKEN`` (``fenced run`` sets it), the resource from the token. Exit
 codes: 0 done; 1 ``get``/``latest``/``read`` found nothing; 2 bad input (malformed token, invalid
-key or name, unreadable file, bad URL) or a corrupt store (``read`` of a publication whose bytes
-do not match its recorded size and SHA-256); 3 the store rejected the token (stale, not
+key or name, unreadable file, bad URL, a store that does not exist for ``get``, ``latest``,
+``read`` and ``gc``, which never create one) or a corrupt store (``read`` of a publication whose
+bytes do not match its recorded size and SHA-256); 3 the store rejected the token (stale, not
 installed, foreign); 4 ``--if-version`` or ``--op-id`` conflict; 69 the store was busy, retry; 74
 the outcome of a commit is unknown, retry with the same ``--op-id``. Every error is one line on
 stderr, never a traceback.
@@ -12,6 +13,7 @@ stderr, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -22,7 +24,7 @@ from typing import IO, Any, NoReturn, TypeVar, cast
 
 import click
 
-from fenced.cli.app import OneLineUsageCommand, cli
+from fenced.cli.app import ENVIRONMENT, OneLineUsageCommand, cli
 from fenced.cli.exitcodes import NOT_FOUND
 from fenced.cli.run_cmd import parse_seconds
 from fenced.core.errors import ConfigurationError
@@ -31,8 +33,6 @@ from fenced.fence import Store, open_store
 from fenced.fence.source import CHUNK_SIZE
 from fenced.fence.store import MAX_VALUE_BYTES
 from fenced.fence.values import MODES, Mode
-
-"""Exit code of ``get``, ``latest`` and ``read`` when there is nothing to show."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -57,10 +57,11 @@ def _token_options(command: _F) -> _F:
     return click.option(
         "--token",
         "token_text",
-        envvar="FENCED_TOKEN",
+        envvar=ENVIRONMENT["--token"],
+        show_envvar=True,
         metavar="TOKEN",
         default=None,
-        help="The fencing token [default: $FENCED_TOKEN].",
+        help="The fencing token (fenced run sets FENCED_TOKEN for its child).",
     )(command)
 
 
@@ -81,18 +82,36 @@ def _token(text: str | None, resource: str | None) -> FencingToken:
     return token
 
 
-def _open(url: str, mode: str | None) -> Store:
-    return open_store(url, cast(Mode | None, mode))  # click.Choice(MODES) checked it
+def _open(url: str, mode: str | None, *, create: bool = True) -> Store:
+    """The store at ``url``; ``create=False`` (the readers, and gc) never creates one."""
+    return open_store(url, cast(Mode | None, mode), create=create)  # click.Choice checked mode
 
 
 def _input(file: str) -> IO[bytes]:
-    """The binary stream of FILE, or standard input for ``-``."""
+    """The binary stream of FILE — a file, a pipe or FIFO (bash's ``<(cmd)`` is
+    ``/dev/fd/63``), a device — or standard input for ``-``. One that cannot be read is a
+    ConfigurationError that says why (before any store is opened)."""
     if file == "-":
         return sys.stdin.buffer
-    path = Path(file)
-    if not path.is_file():
-        raise ConfigurationError(f"no such file: {file}")
-    return path.open("rb")
+    try:
+        return open(file, "rb")  # the caller closes it
+    except FileNotFoundError:
+        raise ConfigurationError(f"no such file: {file}") from None
+    except IsADirectoryError:
+        raise ConfigurationError(f"{file} is a directory, not a file to read") from None
+    except OSError as error:
+        raise ConfigurationError(f"cannot read {file}: {error.strerror or error}") from None
+
+
+def _publish_data(file: str, stack: contextlib.ExitStack) -> IO[bytes] | Path:
+    """What ``publish`` reads: a regular file by its path, anything else (standard input, a
+    pipe, a FIFO) as a stream, closed with ``stack``."""
+    if file != "-" and Path(file).is_file():
+        return Path(file)
+    stream = _input(file)
+    if file != "-":
+        stack.callback(stream.close)
+    return stream
 
 
 def _echo(value: object, as_json: bool) -> None:
@@ -188,10 +207,9 @@ def publish_command(
     The bytes are staged durably first; the visible pointer moves only if the token is current.
     """
     token = _token(token_text, resource)
-    with _open(store_url, mode) as store:
-        data: IO[bytes] | Path = Path(file) if file != "-" else _input(file)
-        if isinstance(data, Path) and not data.is_file():
-            raise ConfigurationError(f"no such file: {file}")
+    with contextlib.ExitStack() as stack:
+        data = _publish_data(file, stack)  # a FILE that cannot be read opens no store
+        store = stack.enter_context(_open(store_url, mode))
         _echo(store.publish(token, data, name=name, op_id=op_id), as_json)
 
 
@@ -201,7 +219,7 @@ def publish_command(
 @click.argument("key")
 def get_command(store_url: str, mode: str | None, resource: str, key: str) -> None:
     """Write the value of KEY of RESOURCE at STORE to standard output, as bytes (exit 1: none)."""
-    with _open(store_url, mode) as store:
+    with _open(store_url, mode, create=False) as store:
         item = store.get(resource, key)
     if item is None:
         _not_found(f"no key {key!r} in {resource!r}")
@@ -219,7 +237,7 @@ def latest_command(
     store_url: str, mode: str | None, resource: str, name: str, as_json: bool
 ) -> None:
     """Show the current publication of RESOURCE at STORE (exit 1 if nothing is published)."""
-    with _open(store_url, mode) as store:
+    with _open(store_url, mode, create=False) as store:
         publication = store.latest(resource, name)
     if publication is None:
         if as_json:
@@ -239,7 +257,7 @@ def read_command(store_url: str, mode: str | None, resource: str, name: str) -> 
     copied: damaged data ends the command with exit 2 and one line on stderr (what it had written
     by then is not the publication).
     """
-    with _open(store_url, mode) as store:
+    with _open(store_url, mode, create=False) as store:
         try:
             stream = store.open(resource, name)
         except LookupError as error:
@@ -268,5 +286,5 @@ def read_command(store_url: str, mode: str | None, resource: str, name: str) -> 
 def gc_command(store_url: str, mode: str | None, keep: int, grace: str | None) -> None:
     """Remove objects no pointer needs any more (after the grace period); print how many."""
     seconds = None if grace is None else parse_seconds("--grace", grace)
-    with _open(store_url, mode) as store:
+    with _open(store_url, mode, create=False) as store:
         click.echo(store.gc(keep=keep, grace=seconds))

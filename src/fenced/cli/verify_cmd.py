@@ -1,8 +1,13 @@
 """``fenced verify``: prove, with real processes and real faults, that stale owners are harmless.
 
-Thin face of :mod:`fenced.verify`: parses options, runs the cases, the randomized schedules or
-the mutants, renders the result (rich on a terminal, plain text otherwise, ``--json`` stable),
-and exits 0 only if everything held (1 otherwise; 2 for bad usage).
+Thin face of :mod:`fenced.verify`: parses options, runs the cases (:func:`fenced.verify.run`,
+as a program would), the randomized schedules or the mutants, renders the result, and exits 0
+only if everything held (1 otherwise; 2 for bad usage).
+
+Rendering: ``--json`` is one stable document; plain text (one block per case) when standard
+output is not a terminal; on a terminal, rich tables — except the practice table on a terminal
+narrower than :func:`table_widths` needs, which gets the plain blocks at the terminal's width
+(eight columns squeezed into 80 characters would wrap every cell to a few letters).
 """
 
 from __future__ import annotations
@@ -10,14 +15,19 @@ from __future__ import annotations
 import secrets
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
+import fenced.verify
 from fenced.cli.app import OneLineUsageCommand, cli
 from fenced.cli.run_cmd import parse_seconds
 from fenced.core.errors import ConfigurationError
-from fenced.verify.cases import CASES, Row, run_cases
+from fenced.verify.cases import CASES
 from fenced.verify.mutants import (
     CATALOGUE,
     DEFAULT_BUDGET,
@@ -25,12 +35,23 @@ from fenced.verify.mutants import (
     MutantResult,
     run_mutants,
 )
-from fenced.verify.restoring import RestoreUnusable, restore_support
 from fenced.verify.schedule import DEFAULT_DURATION, PROFILES, RandomSummary, run_random
-from fenced.verify.table import plain_cases, plain_mutants, plain_random, print_rich, to_json
+from fenced.verify.table import (
+    FIELDS,
+    STATUS,
+    Row,
+    cases_summary,
+    caught_by,
+    caught_text,
+    mutant_blocks,
+    plain_cases,
+    plain_mutants,
+    plain_random,
+    to_json,
+)
 from fenced.verify.target import Target
 
-__all__ = ["FAILED", "verify_command"]
+__all__ = ["COLUMN_WIDTH", "FAILED", "print_rich", "table_widths", "verify_command"]
 
 FAILED = 1
 """Exit status when a case failed, a schedule broke an invariant or an applicable mutant was not
@@ -55,6 +76,97 @@ def _replay(
     for mutant in mutants:
         parts += ["--mutant", mutant]
     return " ".join(parts)
+
+
+COLUMN_WIDTH = 20
+"""The narrowest a text column of the rich practice table may be: every word of the cases' fixed
+texts fits in it (tests/verify check), and a cell keeps a few words per line."""
+_COLOURS = {"pass": "green", "fail": "bold red", "unavailable": "yellow"}
+
+
+def table_widths(rows: Sequence[Row], width: int) -> list[int] | None:
+    """The widths of the practice table's columns (#, case, the five fields, result) on a
+    console ``width`` characters wide, or None when a text column would be narrower than
+    :data:`COLUMN_WIDTH` (then the caller prints one block per case instead).
+
+    The six text columns share what the number, the result, the borders and the padding leave
+    (observed also gets the remainder); a result is wrapped at its space."""
+    columns = 2 + len(FIELDS) + 1
+    number = max([1, *(len(row.number) for row in rows)])
+    result = max([6, *(len(word) for row in rows for word in STATUS[row.status].split())])
+    free = width - (3 * columns + 1) - number - result  # 1 border + 2 padding per column
+    share = free // (columns - 2)
+    if share < COLUMN_WIDTH:
+        return None
+    return [number, *[share] * (columns - 3), free - (columns - 3) * share, result]
+
+
+def _print_cases(console: Console, rows: Sequence[Row]) -> None:
+    widths = table_widths(rows, console.width)
+    if widths is None:  # a narrow terminal: the blocks, at its width
+        console.print(escape(plain_cases(rows, width=console.width)), soft_wrap=True)
+        return
+    table = Table(title="fenced verify: the practice table", show_lines=True)
+    names = ["#", "case", *(label for label, _ in FIELDS), "result"]
+    for name, column_width in zip(names, widths, strict=True):
+        table.add_column(name, width=column_width, overflow="fold")
+    for row in rows:
+        observed = escape(row.observed)
+        if row.violations:
+            observed += "\n[bold red]" + escape("\n".join(row.violations)) + "[/]"
+        table.add_row(
+            row.number,
+            escape(row.case),
+            *(escape(getattr(row, attribute)) for _, attribute in FIELDS[:-1]),
+            observed,
+            f"[{_COLOURS[row.status]}]{STATUS[row.status]}[/]",
+        )
+    console.print(table)
+    console.print(escape(cases_summary(rows)))
+
+
+def print_rich(
+    console: Console,
+    rows: Sequence[Row] | None,
+    summary: RandomSummary | None,
+    mutants: Sequence[MutantResult] | None,
+    replay: str,
+) -> None:
+    """Print the results on a terminal: rich tables, or one block per case (per seeded defect)
+    when the terminal is too narrow for the table's columns (:func:`table_widths`)."""
+    if rows is not None:
+        _print_cases(console, rows)
+    if summary is not None:
+        console.print(escape(plain_random(summary, replay)))
+    if mutants is not None:
+        _print_mutants(console, mutants)
+
+
+def _print_mutants(console: Console, mutants: Sequence[MutantResult]) -> None:
+    names = ("mutant", "defect", "profile", "caught", "by invariant", "schedules")
+    fixed = [
+        max([len(names[0]), *(len(r.mutant.name) for r in mutants)]),
+        max([len(names[2]), *(len(r.mutant.profile) for r in mutants)]),
+        len(names[3]),
+        len(names[5]),
+    ]
+    if console.width - (3 * len(names) + 1) - sum(fixed) < 2 * COLUMN_WIDTH:
+        console.print(escape(mutant_blocks(mutants, width=console.width)), soft_wrap=True)
+        return
+    table = Table(title="detection power: seeded defects")
+    for name in names:  # names and figures whole; the two texts wrap at their words
+        table.add_column(name, no_wrap=name not in ("defect", "by invariant"), overflow="fold")
+    for result in mutants:
+        colour = {"caught": "green", "not caught": "bold red", "n/a": "yellow"}[result.status]
+        table.add_row(
+            result.mutant.name,
+            escape(result.mutant.defect),
+            result.mutant.profile,
+            f"[{colour}]{caught_text(result)}[/]",
+            escape(caught_by(result)),
+            "-" if result.not_applicable is not None else str(result.schedules),
+        )
+    console.print(table)
 
 
 def _hunted(result: MutantResult) -> str:
@@ -90,9 +202,11 @@ def _echo_progress(enabled: bool, text: str) -> None:
 @click.option(
     "--mutant",
     "mutant_names",
+    type=click.Choice([mutant.name for mutant in CATALOGUE]),
     metavar="NAME",
     multiple=True,
-    help="With --random: run with this seeded defect; with --mutants: hunt only these.",
+    help="With --random: run with this seeded defect; with --mutants: hunt only these "
+    "(the names: docs/verify.md).",
 )
 @click.option(
     "--profile",
@@ -109,7 +223,14 @@ def _echo_progress(enabled: bool, text: str) -> None:
     metavar="N",
     help="Schedules a mutant may survive before it counts as not caught.",
 )
-@click.option("--case", "only", metavar="N", multiple=True, help="Run only these cases (1-7b).")
+@click.option(
+    "--case",
+    "only",
+    type=click.Choice([case.number for case in CASES]),
+    metavar="N",
+    multiple=True,
+    help="Run only these cases (repeatable): 1-6, 7a, 7b.",
+)
 @click.option(
     "--keep-history",
     metavar="DIR",
@@ -136,7 +257,7 @@ def verify_command(
     practice table (default), N seeded fault schedules checked against every invariant
     (--random N), or the seeded defects the checker must catch (--mutants).
 
-    Exit status 0 when every case passed (a case whose feature has not landed says so and
+    Exit status 0 when every case passed (a case that cannot run on this target says so and
     counts neither way), every schedule kept every invariant and every mutant was caught (a
     mutant without a hook in the target's coordinator or stores is n/a and counts neither way);
     1 otherwise. A failing schedule prints its seed, the command that replays it and the kept
@@ -148,15 +269,10 @@ def verify_command(
         raise ConfigurationError("--budget needs N >= 1")
     if mutant_names and count is None and not hunt:
         raise ConfigurationError("--mutant needs --random or --mutants")
-    numbers = {case.number for case in CASES}
-    for number in only:
-        if number not in numbers:
-            listed = ", ".join(sorted(numbers))
-            raise ConfigurationError(f"unknown case {number!r}; cases: {listed}")
-    known = {m.name for m in CATALOGUE}
-    for name in mutant_names:
-        if name not in known:
-            raise ConfigurationError(f"unknown mutant {name!r}; known: {', '.join(sorted(known))}")
+    if only and (count is not None or hunt):
+        raise ConfigurationError(
+            "--case selects cases of the practice table, not with --random or --mutants"
+        )
     seconds = None if duration is None else parse_seconds("--duration", duration)
     if seconds is not None and not seconds > 0:
         raise ConfigurationError("--duration must be > 0")
@@ -174,19 +290,16 @@ def verify_command(
 
     if count is None and not hunt:
         _echo_progress(chatty, f"fenced verify: {target.describe()}")
-        rows = run_cases(
-            target,
-            only=only or None,
+        rows = fenced.verify.run(
+            coordinator,
+            stores,
+            cases=only or None,
             keep_history=keep_history,
             progress=lambda row: _echo_progress(
                 chatty, f"  case {row.number}: {row.status} ({row.seconds:.1f}s)"
             ),
         )
     if count is not None:
-        try:
-            restore = restore_support()
-        except RestoreUnusable as error:
-            raise ConfigurationError(str(error)) from error
         _echo_progress(
             chatty,
             f"fenced verify: {count} schedules from seed {first_seed} ({profile}); "
@@ -200,7 +313,7 @@ def verify_command(
             profile=PROFILES[profile],
             mutants=mutant_names,
             keep_history=keep_history,
-            restore=restore,
+            restores=True,
             progress=lambda r: _echo_progress(
                 chatty,
                 f"  schedule {r.schedule.seed}: {'ok' if r.ok else 'VIOLATED'} "
@@ -227,8 +340,6 @@ def verify_command(
     if as_json:
         click.echo(to_json(target.describe(), rows, summary, hunted, ok, replay))
     elif sys.stdout.isatty():
-        from rich.console import Console  # noqa: PLC0415 - only the terminal form needs rich
-
         print_rich(Console(highlight=False), rows, summary, hunted, replay)
     else:
         parts = []

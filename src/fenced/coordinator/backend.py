@@ -149,8 +149,16 @@ class CoordinatorBackend(Protocol):
         """Block until notified of a change for the ticket's resource, or ``timeout`` passed."""
         ...
 
-    def leave(self, ticket: Ticket) -> None:
-        """Leave the queue (idempotent); wakes the next waiter if that one may now proceed."""
+    def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
+        """Leave the queue (idempotent); wakes the next waiter if that one may now proceed.
+
+        A backend whose releases hand the lease to the head waiter checks, in the same atomic
+        step as the leave, whether one was handed to this ticket: with ``take`` it returns that
+        lease (the caller owns it now: ``Granted.expires_in`` measured when this answered);
+        without, it releases it and passes the resource on. Returns None otherwise (always
+        for a backend that does not hand over, and when the step failed: a grant that reached
+        the ticket then expires within its ttl).
+        """
         ...
 
     def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:

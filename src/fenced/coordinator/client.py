@@ -9,6 +9,7 @@ notifications, and ``hold()``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -25,7 +26,6 @@ from fenced.coordinator.backend import (
     GrantRequest,
     Ticket,
 )
-from fenced.core import _mutants as mutants
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import Busy, ConfigurationError, LeaseLost, LossReason
 from fenced.core.lease import Lease, LeaseInfo
@@ -34,7 +34,7 @@ from fenced.core.policy import LeasePolicy, validate_holder, validate_wait
 from fenced.core.records import Record, RecordKind
 from fenced.core.token import FencingToken, validate_coordinator_id
 from fenced.election.campaign import Campaign, validate_value
-from fenced.election.observe import LeaderInfo, Observer
+from fenced.election.observer import LeaderInfo, Observer
 from fenced.runtime.diagnostics import DiagnosticSender
 from fenced.runtime.hold import Fenceable, Hold
 from fenced.runtime.keeper import OnLost
@@ -47,6 +47,8 @@ _MAX_REQUEST_ID = 200
 
 REPORT_QUEUE = 256
 """Holder reports (renewal failures, losses) a coordinator queues before it drops new ones."""
+HISTORY_PAGE = 1000
+"""Records :meth:`Coordinator.history` asks its backend for in one request."""
 REPORT_DRAIN = 2.0
 """Seconds :meth:`Coordinator.close` gives the queued reports to be sent before it drops them."""
 
@@ -71,6 +73,23 @@ def default_holder() -> str:
     if _holder is None:
         _holder = validate_holder(f"{socket.gethostname()}:{os.getpid()}")
     return _holder
+
+
+def _lease_policy(ttl: object, safety_margin: object) -> LeasePolicy:
+    """:meth:`LeasePolicy.create`, remembered for plain ``int``/``float``/None settings (a
+    process uses a handful). The memo is keyed by type and value, so ``True`` never passes for
+    ``1``; a setting that fails validation raises every time and is never remembered."""
+    if type(ttl) in _PLAIN_SETTING and type(safety_margin) in _PLAIN_SETTING:
+        return _remembered_policy(ttl, safety_margin)
+    return LeasePolicy.create(ttl, safety_margin)
+
+
+_PLAIN_SETTING = (int, float, type(None))
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _remembered_policy(ttl: object, safety_margin: object) -> LeasePolicy:
+    return LeasePolicy.create(ttl, safety_margin)
 
 
 def _validate_request_id(request_id: object) -> str | None:
@@ -140,9 +159,18 @@ class Coordinator:
 
         ``wait=0`` tries once; ``wait=None`` waits forever; otherwise waits up to ``wait``
         seconds, first come first served, woken by the backend's notifications, then raises
-        :class:`Busy`. A waiter that gives up leaves the queue. The epoch is durable before this
-        returns. With ``request_id``, a retry after a lost reply returns the same lease (never a
-        second epoch) and raises :class:`LeaseLost` if that lease has ended meanwhile.
+        :class:`Busy`. A waiter that gives up leaves the queue in one atomic step with the
+        check that no release handed it the lease meanwhile; if one did, that lease is returned
+        (a moment after ``wait``) instead of Busy, so a refused acquire consumes no epoch. The
+        epoch is durable before this returns. With ``request_id``, a retry after a lost reply
+        returns the same lease (never a second epoch) and raises :class:`LeaseLost` if that
+        lease has ended meanwhile.
+
+        An epoch is consumed without a lease returned only when the call fails after the
+        coordinator granted it: the reply was lost (:class:`OutcomeUnknown`, a cut connection:
+        retry with the same ``request_id``, or the lease expires after ``ttl``), or the wait
+        was interrupted by another exception (the lease handed over meanwhile is released at
+        once) or by the death of the process (it expires after ``ttl``).
 
         Parameters are validated before any I/O (:class:`ConfigurationError`,
         :class:`InvalidName`). The returned lease's local deadline is ``send time of the granting
@@ -151,7 +179,7 @@ class Coordinator:
         lease lives.
         """
         name = validate_resource(resource)
-        policy = LeasePolicy.create(ttl, safety_margin)
+        policy = _lease_policy(ttl, safety_margin)
         patience = validate_wait(wait)
         label = default_holder() if holder is None else validate_holder(holder)
         rid = _validate_request_id(request_id)
@@ -169,12 +197,21 @@ class Coordinator:
                 result = self._backend.try_grant(request, ticket)
                 if isinstance(result, Granted):
                     ticket = None  # the grant consumed it
-                    if mutants.active("deadline-from-reply"):  # seeded defect (fenced verify)
-                        sent = self._clock.now()
                     log.info("%s: granted epoch %d to %s", name, result.epoch, result.holder)
                     return self._lease(request, policy, result, sent)
                 now = self._clock.now()
                 if give_up is not None and now >= give_up:
+                    if ticket is not None:
+                        # A release may have handed the lease to this ticket since the last
+                        # try_grant: leaving takes it (atomically), so no epoch is consumed
+                        # by a waiter that gives up.
+                        sent = self._clock.now()
+                        handed, ticket = self._backend.leave(ticket, take=True), None
+                        if handed is not None:
+                            log.info(
+                                "%s: epoch %d handed over as the wait ended", name, handed.epoch
+                            )
+                            return self._lease(request, policy, handed, sent)
                     raise self._busy(name, result)
                 if ticket is None:
                     ticket = self._backend.enqueue(request)
@@ -221,8 +258,6 @@ class Coordinator:
         if sent >= lease.deadline:
             raise LeaseLost(LossReason.EXPIRED, "the local deadline passed before renewal")
         remaining = self._backend.renew(lease.resource, lease.epoch, lease.owner, lease.ttl)
-        if mutants.active("deadline-from-reply"):  # seeded defect of `fenced verify --mutants`
-            sent = self._clock.now()
         return dataclasses.replace(
             lease,
             deadline=sent + min(remaining, lease.ttl) - lease.safety_margin,
@@ -253,14 +288,37 @@ class Coordinator:
         """Every resource that was ever granted, sorted."""
         return self._backend.resources()
 
-    def history(self, resource: str | None = None, *, after: int = 0) -> list[Record]:
-        """The coordinator's records (of ``resource``, or all) with ``seq > after``, oldest first.
+    def history(
+        self, resource: str | None = None, *, after: int = 0, limit: int | None = None
+    ) -> list[Record]:
+        """The coordinator's retained records (of ``resource``, or all) with ``seq > after``,
+        oldest first.
 
         Grants, releases, expiries (detected and recorded before answering), holder-reported
         renewal failures and losses, proclamations and restores. Never the owner secret.
+
+        ``limit=None`` returns every retained record: the backend is read in pages of
+        :data:`HISTORY_PAGE` until one comes back short (records appended meanwhile are
+        included). ``limit=N`` returns at most the ``N`` oldest: a cursor — pass the last
+        record's ``seq`` as ``after`` to read the next ones, as with a SQL keyset or etcd's
+        ``min_create_revision``. Bad ``after``/``limit``: :class:`ConfigurationError`.
         """
         name = None if resource is None else validate_resource(resource)
-        return self._backend.records(name, after)
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ConfigurationError(f"after must be an integer >= 0, got {after!r}")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ConfigurationError(f"limit must be None or an integer >= 1, got {limit!r}")
+        found: list[Record] = []
+        while limit is None or len(found) < limit:
+            want = HISTORY_PAGE if limit is None else min(HISTORY_PAGE, limit - len(found))
+            page = self._backend.records(name, after, want)
+            found += page
+            if len(page) < want:
+                break
+            after = page[-1].seq
+        return found
 
     def report_trouble(self, lease: Lease, error: BaseException) -> None:
         """Have it recorded that ``lease``'s holder saw a renewal fail or lost it; returns at once.
@@ -311,7 +369,7 @@ class Coordinator:
         validated here, before any I/O.
         """
         name = validate_resource(resource)
-        LeasePolicy.create(ttl, safety_margin)
+        _lease_policy(ttl, safety_margin)
         validate_wait(wait)
         if holder is not None:
             validate_holder(holder)
@@ -380,7 +438,7 @@ class Coordinator:
 
         Delivers every term exactly once (even one that ended before it was read), woken by
         the backend's notifications, and retries through outages. See
-        :mod:`fenced.election.observe`. Reads the history once now (raises if that fails).
+        :mod:`fenced.election.observer`. Reads the history once now (raises if that fails).
         """
         return Observer(self, self._backend, validate_resource(name))
 

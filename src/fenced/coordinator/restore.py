@@ -1,10 +1,10 @@
-"""Backup, and restore that can never make an old owner look current (DESIGN §6).
+"""Backup, and restore that can never make an old owner look current (docs/operations.md).
 
 A coordinator restored from a backup has forgotten every epoch granted after the backup. If it
 granted those epochs again, a store could not tell the new owner of epoch 42 from the old one.
 So every restore ends with an **advance**: the coordinator-wide minimum epoch is raised to ::
 
-    max(restore_base(now),                      # the wall-clock millisecond, core/restore.py
+    max(restore_base(now),                      # the wall-clock millisecond, core/restore_base.py
         every epoch known in the state being replaced and in the restored state,
         every floor the given stores report)
 
@@ -46,13 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from fenced._drivers.local import local_path
 from fenced.coordinator.backends.sqlite import backup as sqlite_backup
 from fenced.coordinator.client import Coordinator
 from fenced.coordinator.connect import connect, resolve_url
 from fenced.core.errors import ConfigurationError
-from fenced.core.restore import RESTORE_SHIFT, restore_base, restore_tick
+from fenced.core.restore_base import RESTORE_SHIFT, restore_base, restore_tick
 from fenced.core.token import MAX_EPOCH
-from fenced.core.urls import path_from_url, scheme_of
+from fenced.core.urls import scheme_of
 
 __all__ = [
     "CLOCK_PATIENCE",
@@ -109,10 +110,10 @@ class RestoreReport:
     """What a restore or an advance did.
 
     ``minimum``: every later grant, of every resource, gets an epoch above it. ``base``:
-    :func:`~fenced.core.restore.restore_base` at the time; ``known``: the largest epoch found in
-    the coordinator states involved; ``store_floor``: the largest floor the stores reported;
-    ``floors``: the per-resource floors given to the backend; ``source``: the backup restored
-    (None for an advance alone).
+    :func:`~fenced.core.restore_base.restore_base` at the time; ``known``: the largest epoch
+    found in the coordinator states involved; ``store_floor``: the largest floor the stores
+    reported; ``floors``: the per-resource floors given to the backend; ``source``: the backup
+    restored (None for an advance alone).
     """
 
     url: str
@@ -223,7 +224,7 @@ def _sqlite_path(url: str | None, what: str) -> tuple[str, Path]:
             "and restore PostgreSQL with pg_dump/pg_restore and etcd with etcdctl snapshot, then "
             "run 'fenced restore --advance' (see docs/operations.md)"
         )
-    return resolved, Path(path_from_url(resolved, "sqlite")).expanduser().absolute()
+    return resolved, local_path(resolved, "sqlite")
 
 
 def backup(url: str | None, dest: str | os.PathLike[str]) -> BackupInfo:

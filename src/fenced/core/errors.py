@@ -4,9 +4,11 @@
 
     FencedError                      root of everything fenced raises on purpose
     ├── ConfigurationError           a bad parameter, URL, capability or state file; fix the call
+    │   │                            (also a ValueError)
     │   ├── InvalidName              a resource name, key or publication name that is not allowed
     │   └── CorruptData              stored bytes that do not match their record: a damaged store
     ├── Busy                         not acquired within ``wait`` (holder, epoch, remaining)
+    │                                (also a TimeoutError)
     ├── LeaseLost                    the lease is no longer held (reason)
     ├── Rejected                     a store definitely refused a mutation; nothing applied
     │   ├── StaleToken               presented epoch below the domain's floor
@@ -16,8 +18,10 @@
     ├── IdempotencyConflict          an op_id reused with different content; nothing was applied
     ├── VersionConflict              a put's if_version did not match the key; nothing was applied
     ├── Unavailable                  retryable: the request was not carried out at all
+    │                                (also a ConnectionError)
     └── OutcomeUnknown               the request was sent but its reply was lost: reconcile with
-                                     op_id / request_id before assuming anything
+                                     op_id / request_id before assuming anything (on purpose,
+                                     no builtin base)
 
 Definite rejections (:class:`Rejected`, :class:`IdempotencyConflict`, :class:`VersionConflict`,
 :class:`Busy`) guarantee that nothing happened. :class:`Unavailable` guarantees nothing happened
@@ -25,6 +29,23 @@ too but says "try again". :class:`OutcomeUnknown` guarantees nothing: the operat
 have taken effect, and a retry with the same ``op_id`` or ``request_id`` tells which. Driver
 errors (sqlite3, psycopg, …) are translated into these classes at the backend boundary with
 ``raise … from``.
+
+Builtin bases, so that code written for the standard library catches fenced errors too:
+``except TimeoutError`` catches :class:`Busy`, ``except ConnectionError`` catches
+:class:`Unavailable`, ``except ValueError`` catches :class:`ConfigurationError` (with
+:class:`InvalidName` and :class:`CorruptData`), ``except LookupError`` catches :class:`NotFound`.
+Each class keeps its place in the tree above (``except FencedError`` and every fenced class catch
+what they caught before). ``TimeoutError`` and ``ConnectionError`` are ``OSError`` subclasses, so
+``except OSError`` catches :class:`Busy` and :class:`Unavailable` as well; their ``errno`` is
+None. Every builtin base says "nothing happened, retrying is safe" or "bad input or data", which
+is what code that catches it assumes. :class:`OutcomeUnknown` has no builtin base on purpose:
+generic retry code catches ``ConnectionError``/``TimeoutError`` and retries blindly, and a blind
+retry of a request whose outcome is unknown, without its ``op_id``/``request_id``, may apply it
+twice (a second write, a second epoch). Catch it by name and reconcile.
+
+Inside fenced: an ``except OSError`` or ``except ValueError`` around code that may raise a fenced
+error lets it pass first (``except FencedError: raise``, as ``Translated`` in
+``fenced/fence/translated.py`` does), so that it is never translated a second time.
 """
 
 from __future__ import annotations
@@ -55,10 +76,11 @@ class FencedError(Exception):
     """Root of every error fenced raises on purpose."""
 
 
-class ConfigurationError(FencedError):
+class ConfigurationError(FencedError, ValueError):
     """A bad parameter, URL, missing capability, or an unusable state file.
 
-    Raised at the call, before any I/O where possible. Nothing was changed.
+    Raised at the call, before any I/O where possible. Nothing was changed. Also a
+    :class:`ValueError`, so are its subclasses :class:`InvalidName` and :class:`CorruptData`.
     """
 
 
@@ -80,8 +102,10 @@ class CorruptData(ConfigurationError):
     """
 
 
-class Busy(FencedError):
+class Busy(FencedError, TimeoutError):
     """The lease was not acquired within ``wait``; nothing was granted.
+
+    Also a :class:`TimeoutError` (an ``OSError`` whose ``errno`` is None): retrying is safe.
 
     ``holder`` and ``epoch`` describe the live lease at the last attempt (``holder`` is None when
     the resource was free but earlier waiters were queued ahead); ``remaining`` is the time in
@@ -154,12 +178,16 @@ class NotInstalled(Rejected):
 
 
 class ForeignToken(Rejected):
-    """The token comes from another coordinator than the one this domain is bound to."""
+    """The token comes from another coordinator than the one this domain is bound to.
 
-    def __init__(self, resource: str, presented: str, bound: str) -> None:
+    ``floor`` is the domain's floor when the store checked (None where the store does not say).
+    """
+
+    def __init__(self, resource: str, presented: str, bound: str, floor: int | None = None) -> None:
         self.resource = resource
         self.presented = presented
         self.bound = bound
+        self.floor = floor
         super().__init__(
             f"token for {resource} comes from coordinator {presented}, "
             f"but this store is bound to coordinator {bound}"
@@ -194,12 +222,19 @@ class VersionConflict(FencedError):
         )
 
 
-class Unavailable(FencedError):
-    """The backend could not be reached or is busy; nothing happened. Retry is safe."""
+class Unavailable(FencedError, ConnectionError):
+    """The backend could not be reached or is busy; nothing happened. Retry is safe.
+
+    Also a :class:`ConnectionError` (an ``OSError`` whose ``errno`` is None), so that retry code
+    written for the standard library retries it.
+    """
 
 
 class OutcomeUnknown(FencedError):
     """The request may or may not have taken effect (its reply was lost).
 
     Retry with the same ``op_id`` / ``request_id`` to learn the outcome; never assume either way.
+    Deliberately not a :class:`ConnectionError` or :class:`TimeoutError` (unlike
+    :class:`Unavailable` and :class:`Busy`): code that retries those blindly, without the
+    ``op_id``, could apply the operation twice.
     """

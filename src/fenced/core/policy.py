@@ -1,6 +1,7 @@
 """Validation of safety settings. Pure. Bad settings fail at the call with ConfigurationError.
 
-There is no "never expires": every lease has a finite, positive ``ttl``. The local deadline of a
+There is no "never expires": every lease has a finite ``ttl`` of at least :data:`MIN_TTL` (0.1 s)
+and at most :data:`MAX_TTL` (one week). The local deadline of a
 lease is ``time when the request was sent + ttl - safety_margin``, on the deadline clock
 (``Clock.now``, CLOCK_BOOTTIME on Linux); the default margin is 10 % of the ttl and must stay
 below the ttl. ``wait`` is ``None`` (forever) or a finite number of seconds ≥ 0 (0 tries once).
@@ -15,6 +16,8 @@ from fenced.core.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_MARGIN_FRACTION",
+    "MAX_TTL",
+    "MIN_TTL",
     "LeasePolicy",
     "validate_holder",
     "validate_ttl",
@@ -22,7 +25,13 @@ __all__ = [
 ]
 
 DEFAULT_MARGIN_FRACTION = 0.1
+MIN_TTL = 0.1
+"""The shortest ttl (seconds). A lease must outlive its own grant: the reply, the fence installs
+of ``hold(fence=…)`` and the first renewal (at ttl/3) all happen within it. Below 0.1 s a grant
+would mostly consume an epoch for a lease already lost when it arrives (a commit with fsync, or
+one network round trip, takes milliseconds to tens of milliseconds)."""
 MAX_TTL = 7 * 24 * 3600.0
+"""The longest ttl (seconds): one week. There is no "never expires"."""
 MAX_HOLDER_LEN = 200
 
 
@@ -36,10 +45,13 @@ def _number(name: str, value: object) -> float:
 
 
 def validate_ttl(ttl: object) -> float:
-    """Return ``ttl`` as float if 0 < ttl ≤ one week, else raise :class:`ConfigurationError`."""
+    """Return ``ttl`` as float if :data:`MIN_TTL` ≤ ttl ≤ :data:`MAX_TTL`, else raise
+    :class:`ConfigurationError` (before any I/O: a refused ttl consumes no epoch)."""
     value = _number("ttl", ttl)
     if value <= 0:
         raise ConfigurationError(f"ttl must be > 0 seconds, got {ttl!r}")
+    if value < MIN_TTL:
+        raise ConfigurationError(f"ttl must be at least {MIN_TTL:g} seconds, got {ttl!r}")
     if value > MAX_TTL:
         raise ConfigurationError(f"ttl must be at most {MAX_TTL:.0f} seconds, got {ttl!r}")
     return value
@@ -73,24 +85,7 @@ class LeasePolicy:
 
     @classmethod
     def create(cls, ttl: object, safety_margin: object = None) -> LeasePolicy:
-        """Validate and build; the default margin is 10 % of ``ttl``.
-
-        Policies of plain ``int``/``float`` settings are remembered (a process uses a handful):
-        the key holds the exact types, so ``True`` never passes for ``1``.
-        """
-        if type(ttl) not in _PLAIN or type(safety_margin) not in _PLAIN:
-            return cls._validated(ttl, safety_margin)
-        key = (type(ttl), ttl, type(safety_margin), safety_margin)
-        policy = _POLICIES.get(key)
-        if policy is None:
-            policy = cls._validated(ttl, safety_margin)
-            if len(_POLICIES) >= _POLICIES_MAX:
-                _POLICIES.clear()
-            _POLICIES[key] = policy
-        return policy
-
-    @classmethod
-    def _validated(cls, ttl: object, safety_margin: object) -> LeasePolicy:
+        """Validate and build; the default margin is 10 % of ``ttl``."""
         value = validate_ttl(ttl)
         if safety_margin is None:
             margin = value * DEFAULT_MARGIN_FRACTION
@@ -113,8 +108,3 @@ class LeasePolicy:
         """Local deadline for a request sent at ``sent_at`` on the deadline clock (``Clock.now``,
         CLOCK_BOOTTIME on Linux)."""
         return sent_at + self.ttl - self.safety_margin
-
-
-_PLAIN = (int, float, type(None))
-_POLICIES: dict[tuple[object, ...], LeasePolicy] = {}
-_POLICIES_MAX = 256

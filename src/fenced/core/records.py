@@ -2,8 +2,8 @@
 
 Coordinator backends append records in the same transaction as the change they describe (a
 grant, a release, a detected expiry, a restore); stores append theirs in the same transaction as
-the mutation (installs, accepted and rejected writes). Holders report renewal failures. A record
-never carries the owner secret.
+the mutation (installs, accepted and rejected writes, an operator's rebind). Holders report
+renewal failures. A record never carries the owner secret.
 
 ``at`` is wall-clock time (seconds since the Unix epoch): for display and for merging the records
 of several sources into one timeline, never for deciding anything.
@@ -43,6 +43,9 @@ class RecordKind(enum.Enum):
     """A store accepted a mutation (detail ``op``: put / publish, ``key`` or ``name``)."""
     REJECTED = "rejected"
     """A store rejected a mutation (detail ``reason``, ``presented``, ``floor``)."""
+    REBOUND = "rebound"
+    """An operator bound a store's resource to another coordinator, its floor kept (``epoch``;
+    detail ``previous``: the old coordinator id, ``coordinator``: the new one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +78,8 @@ _DETAIL_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
 
 def detail_json(detail: Mapping[str, object]) -> str:
     """``json.dumps(dict(detail), separators=(",", ":"), default=str)``: a record's detail as the
-    stores keep it. Built by hand for the usual detail (str keys; str, int or None values, with
-    json's own string escaping), because the encoder costs several µs a call and every mutation
-    writes one; anything else goes to the encoder."""
+    stores keep it, character for character. The usual detail (str keys; str, int or None
+    values) is written here with json's own string escaping; anything else goes to the encoder."""
     parts = []
     for name, value in detail.items():
         if type(name) is not str:

@@ -1,4 +1,4 @@
-"""Leader election with fenced terms (DESIGN §2): campaign, resign, proclaim, leader, observe.
+"""Leader election with fenced terms: campaign, resign, proclaim, leader, observe.
 
 An election name is a resource name and a term is a lease on it, so the term number *is* the
 epoch and the leader's token fences stores exactly like a lease's: once the next leader has
@@ -8,10 +8,12 @@ late it arrives. Electing tells a process it *should* lead; the fence decides wh
 * :mod:`.campaign` — ``coord.campaign(name, value, ttl=…)`` and the :class:`Leadership` it yields
   (``token``, ``term``, ``state``, ``check()``, ``lost``, ``ended``, ``resign()``,
   ``proclaim()``).
-* :mod:`.observe` — ``coord.leader(name)`` (:class:`LeaderInfo`) and ``coord.observe(name)`` (an
+* :mod:`.observer` — ``coord.leader(name)`` (:class:`LeaderInfo`) and ``coord.observe(name)`` (an
   :class:`Observer` of :class:`LeaderChange` values: every term once, in order).
 * :mod:`.run` — :func:`run_as_leader` (a function, in this thread) and
   :func:`run_command_as_leader` (a supervised child process: ``fenced elect``).
+* :mod:`.elector` — :class:`Elector`: campaign, ``on_started(leadership)`` while leader,
+  ``on_stopped()`` when the term ends, campaign again until ``stop()``; ``on_new_leader``.
 
 Layering: this package sits *below* :mod:`fenced.coordinator`, beside :mod:`fenced.runtime`,
 exactly like ``hold()``: it depends only on :mod:`fenced.core`, :mod:`fenced.runtime` and small
@@ -21,7 +23,8 @@ protocols that say what it needs of a coordinator (``hold``, ``history``, ``curr
 """
 
 from fenced.election.campaign import MAX_VALUE_BYTES, Campaign, Leadership, validate_value
-from fenced.election.observe import (
+from fenced.election.elector import Elector
+from fenced.election.observer import (
     LeaderChange,
     LeaderChangeKind,
     LeaderInfo,
@@ -33,6 +36,7 @@ from fenced.election.run import run_as_leader, run_command_as_leader
 __all__ = [
     "MAX_VALUE_BYTES",
     "Campaign",
+    "Elector",
     "LeaderChange",
     "LeaderChangeKind",
     "LeaderInfo",

@@ -224,9 +224,10 @@ class Leadership:
         The release wakes the next queued candidate by the backend's notification: the handoff
         takes one round trip, not an expiry. Returns True if the term was released now; False if
         it had already ended (lost, or resigned before) or the release could not be delivered
-        (the term then ends at its expiry; stores still fence it). Either way, from the return
-        on, ``state`` is LOST, ``check()`` raises ``LeaseLost(RELEASED)`` and ``ended`` is set;
-        ``lost`` is not set and ``on_lost`` is not called (stepping down is not a loss).
+        (the term then ends at its expiry, and the next term's token fences the stores). Either
+        way, from the return on, ``state`` is LOST, ``check()`` raises ``LeaseLost(RELEASED)``
+        and ``ended`` is set; ``lost`` is not set and ``on_lost`` is not called (stepping down
+        is not a loss).
         Idempotent; the ``with`` block then ends without releasing again.
         """
         with self._lock:

@@ -1,11 +1,22 @@
-"""Protected resources: stores that check fencing tokens atomically with every change.
+"""Where fencing is enforced: stores that check fencing tokens atomically with every change.
 
-* :func:`open_store` — a :class:`Store` by URL (``sqlite:///path``, ``file:///dir``): ``fence``,
-  ``put``/``get``, ``publish``/``latest``/``read``/``open``, ``gc``, ``floor``.
+**To fence a store** is to install a token there: the store's floor for the token's resource
+becomes the token's epoch (never lower), and from then on the store rejects every change made
+with an older epoch (:class:`~fenced.StaleToken`). That is the one meaning of the word in
+fenced: :meth:`Store.fence` installs one token, ``hold(fence=[store, …])`` and ``fenced run
+--fence STORE`` fence the listed stores with each new lease before the holder's work starts,
+and this package is the side that enforces it.
+
+* :func:`open_store` — a :class:`Store` by URL (``sqlite:////abs/path.db``, ``file:///dir``,
+  ``postgresql://``): ``fence``, ``put``/``get``, ``publish``/``latest``/``read``/``open``,
+  ``gc``, ``floor``.
 * :func:`guard` — the same check inside the caller's own SQL transaction.
+* Inside: :mod:`.rules` (every decision a store makes, pure), :mod:`.store` (the
+  :class:`Store` over the narrow :mod:`.backend` contract), :mod:`.registry` (store kinds by URL
+  scheme), one package per store kind (:mod:`.sqlite`, :mod:`.file`, :mod:`.postgres`).
 
-This package depends on :mod:`fenced.core` only: a store sees nothing but tokens, so it can live
-in another process or service than the coordinator.
+This package depends on :mod:`fenced.core` (and the private driver plumbing) only: a store sees
+nothing but tokens, so it can live in another process or service than the coordinator.
 """
 
 from fenced.fence.backend import Capability

@@ -30,9 +30,9 @@ head) and whether to *speculate*. A backend declares the optional paths it offer
 * :attr:`FastPath.CURRENT_PUT` (:class:`CurrentPutBackend`): the usual put in one call.
 
 A backend with :attr:`Capability.RECORDS` also implements :class:`RecordingBackend` (and its
-transactions :class:`RecordingTransaction`): the store's diagnostic records (DESIGN §7).
-Installs and accepted mutations are appended inside the mutation's own transaction (durable
-with it, no extra sync); a rejection is appended afterwards by a cheap, non-durable append
+transactions :class:`RecordingTransaction`): the store's diagnostic records (docs/stores.md,
+Records). Installs and accepted mutations are appended inside the mutation's own transaction
+(durable with it, no extra sync); a rejection is appended afterwards by a cheap, non-durable append
 (:meth:`RecordingBackend.record_rejection`). Records are diagnostics: they are never read by a
 decision, and a rejected mutation changes no data even though it leaves a record.
 """
@@ -40,7 +40,7 @@ decision, and a rejected mutation changes no data even though it leaves a record
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
@@ -88,6 +88,12 @@ class StoreOptions:
     """Seconds records are kept (pruned now and then, inside later write transactions)."""
     record_limit: int = DEFAULT_RECORD_LIMIT
     """Records kept per resource: older ones are pruned now and then."""
+    backend_options: Mapping[str, object] | None = None
+    """A store given as a pool or an engine instead of a URL: the parameters a URL would carry
+    in its query (``schema``, ``timeout``, …); None for a URL."""
+    create: bool = True
+    """False: open an existing local store only (``sqlite:``, ``file:``): a missing one is a
+    :class:`~fenced.ConfigurationError` naming it, and nothing is created."""
 
 
 class Capability(enum.StrEnum):

@@ -2,11 +2,10 @@
 waits for.
 
 One daemon thread per *lane* and process, started by the lane's first job and kept for the
-process's life (starting a thread per job costs more than the overlap saves on a busy machine:
-``Thread.start`` waits until the new thread runs). Jobs of a lane run in the order they were
-queued. A forked child forgets its parent's threads, queues and lock, and starts its own when it
-needs one. Used by publishing (hashing, the directory sync of a staged object: :data:`HELPER`) and
-by the file store's gc (unlinking removed objects: :data:`REAPER`).
+process's life; jobs of a lane run one at a time, in the order they were queued. A forked child
+forgets its parent's threads, queues and lock, and starts its own when it needs one. Used by
+publishing (hashing, the directory sync of a staged object: :data:`HELPER`) and by the file
+store's gc (unlinking removed objects: :data:`REAPER`).
 """
 
 from __future__ import annotations

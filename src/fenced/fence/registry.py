@@ -6,26 +6,32 @@ imports the module on first use, so an optional extra (``psycopg`` for ``postgre
 needed only by the URLs that use it, and :mod:`fenced.fence.store` imports no store kind.
 
 A factory is called as ``factory(location, mode, options)`` and returns a
-:class:`~fenced.fence.backend.Backend`; ``location`` is the URL's path (``path`` kinds) or the
-whole URL (``url`` kinds). An unknown scheme is :class:`~fenced.ConfigurationError`; a kind
-whose extra is not installed fails as its module's import does (with the extra to install).
+:class:`~fenced.fence.backend.Backend`; ``location`` is the URL's absolute path (``path`` kinds,
+resolved by :func:`fenced._drivers.local.local_path`: the one parser of local URLs, with its
+transition check) or the whole URL (``url`` kinds). A URL is parsed by
+:func:`fenced.core.urls.scheme_of` (``postgresql+psycopg://`` is ``postgresql://``). Instead of a
+URL, a ``psycopg_pool.ConnectionPool`` or a SQLAlchemy ``Engine`` opens the ``postgresql`` kind
+with that object as its location. An unknown scheme is :class:`~fenced.ConfigurationError`; a
+kind whose extra is not installed fails as its module's import does (with the extra to install).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, cast
 
+from fenced._drivers.local import local_path
 from fenced.core.errors import ConfigurationError
-from fenced.core.urls import path_from_url, scheme_of
+from fenced.core.urls import scheme_of
 from fenced.fence.backend import Backend, StoreOptions
 from fenced.fence.values import Mode
 
-__all__ = ["STORE_KINDS", "StoreKind", "kind_of", "open_backend"]
+__all__ = ["STORE_KINDS", "StoreKind", "check_url", "kind_of", "open_backend"]
 
-Factory = Callable[[str, Mode | None, StoreOptions], Backend]
+Factory = Callable[[object, Mode | None, StoreOptions], Backend]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +60,21 @@ STORE_KINDS: dict[str, StoreKind] = {
 """Every store kind, by URL scheme."""
 
 
-def kind_of(url: str) -> tuple[str, StoreKind]:
-    """The scheme of ``url`` and its store kind; :class:`ConfigurationError` if none."""
+POOL_KIND = "postgresql"
+"""The kind a pool or an engine (anything but a URL string) opens."""
+
+
+def kind_of(url: object) -> tuple[str, StoreKind]:
+    """The scheme of ``url`` and its store kind; :class:`ConfigurationError` if none. A
+    non-string (a user's pool or engine) is the :data:`POOL_KIND` kind, checked by its
+    backend."""
+    if not isinstance(url, str):
+        if url is None or isinstance(url, os.PathLike | bytes):
+            raise ConfigurationError(
+                f"a store is named by a URL (e.g. sqlite:////abs/store.db, file:///abs/dir) or "
+                f"given as a PostgreSQL pool or engine, not {url!r}"
+            )
+        return POOL_KIND, STORE_KINDS[POOL_KIND]
     scheme = scheme_of(url)
     kind = STORE_KINDS.get(scheme)
     if kind is None:
@@ -64,8 +83,21 @@ def kind_of(url: str) -> tuple[str, StoreKind]:
     return scheme, kind
 
 
-def open_backend(url: str, mode: Mode | None, options: StoreOptions) -> Backend:
+def check_url(url: object) -> None:
+    """Refuse what :func:`open_backend` would refuse of ``url`` itself (its scheme, a local
+    path's spelling), opening and creating nothing: ConfigurationError."""
+    scheme, kind = kind_of(url)
+    if kind.location == "path":
+        assert isinstance(url, str)
+        local_path(url, scheme)
+
+
+def open_backend(url: object, mode: Mode | None, options: StoreOptions) -> Backend:
     """Open the backend of ``url`` with validated ``options`` (see the module docstring)."""
     scheme, kind = kind_of(url)
-    location = path_from_url(url, scheme) if kind.location == "path" else url
-    return kind.load()(location, mode, options)
+    if kind.location == "path":
+        assert isinstance(url, str)
+        if options.backend_options is not None:
+            raise ConfigurationError(f"options= is for a pool or an engine, not {scheme}: stores")
+        return kind.load()(str(local_path(url, scheme)), mode, options)
+    return kind.load()(url, mode, options)

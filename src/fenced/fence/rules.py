@@ -5,7 +5,8 @@ applies the answer in the same atomic step (one SQLite write transaction, one lo
 state file). Keeping the decisions here means every backend enforces exactly the same rules:
 
 * **binding** — the first token a domain accepts binds it to ``token.coordinator_id``; a token of
-  another coordinator is :class:`ForeignToken`, whatever its epoch.
+  another coordinator is :class:`ForeignToken`, whatever its epoch. Only an operator's rebind
+  (:func:`admit_rebind`: a lost coordinator replaced) moves the binding; it keeps the floor.
 * **fence** — ``epoch < floor`` is :class:`StaleToken`; otherwise the floor becomes ``epoch``.
 * **mutation** — ``epoch < floor`` is :class:`StaleToken`; ``epoch == floor`` passes;
   ``epoch > floor`` is :class:`NotInstalled` in ``strict`` mode (including a domain that has
@@ -29,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from fenced.core import _mutants as mutants
 from fenced.core.errors import (
     ConfigurationError,
     ForeignToken,
@@ -45,6 +45,7 @@ __all__ = [
     "StoredObject",
     "admit_fence",
     "admit_mutation",
+    "admit_rebind",
     "check_pointer",
     "gc_victims",
     "next_version",
@@ -85,7 +86,7 @@ class Head:
 
 def _check_binding(head: Head, token: FencingToken) -> None:
     if head.coordinator_id is not None and head.coordinator_id != token.coordinator_id:
-        raise ForeignToken(token.resource, token.coordinator_id, head.coordinator_id)
+        raise ForeignToken(token.resource, token.coordinator_id, head.coordinator_id, head.floor)
 
 
 def admit_fence(head: Head, token: FencingToken) -> Head:
@@ -101,8 +102,6 @@ def admit_mutation(mode: Mode, head: Head, token: FencingToken) -> Head:
 
     Raises ForeignToken, StaleToken, or (strict mode, epoch above the floor) NotInstalled.
     """
-    if mutants.active("no-fence-check"):  # seeded defect of `fenced verify --mutants`
-        return Head(token.coordinator_id, max(head.floor or 0, token.epoch))
     _check_binding(head, token)
     floor = head.floor
     if floor is not None and token.epoch < floor:
@@ -112,6 +111,29 @@ def admit_mutation(mode: Mode, head: Head, token: FencingToken) -> Head:
     if mode == "strict":
         raise NotInstalled(token.resource, token.epoch, floor or 0)
     return Head(token.coordinator_id, token.epoch)
+
+
+def admit_rebind(head: Head, coordinator_id: str, *, previous: str | None, ceiling: int) -> Head:
+    """The head after an operator binds a domain to ``coordinator_id``, its floor kept.
+
+    For a store whose coordinator was lost without a backup (see ``fenced rebind``). An unbound
+    domain, or one bound to ``coordinator_id`` already, is returned unchanged (its first token
+    binds it). Raises :class:`ConfigurationError`, changing nothing, if the domain is bound to
+    another coordinator than ``previous`` (when given), or if its floor is above ``ceiling``
+    (the new coordinator's last epoch: its next grant would not be above the floor).
+    """
+    bound = head.coordinator_id
+    if bound is None or bound == coordinator_id:
+        return head
+    if previous is not None and bound != previous:
+        raise ConfigurationError(f"it is bound to coordinator {bound}, not {previous}")
+    floor = head.floor or 0
+    if floor > ceiling:
+        raise ConfigurationError(
+            f"its floor {floor} is above the last epoch {ceiling} of coordinator "
+            f"{coordinator_id}: advance that coordinator past the store's floors first"
+        )
+    return Head(coordinator_id, head.floor)
 
 
 def next_version(resource: str, key: str, current: int | None, if_version: int | None) -> int:
@@ -131,8 +153,6 @@ def check_pointer(token: FencingToken, pointer_epoch: int | None) -> None:
     The floor check already implies this (a pointer's epoch never exceeds the floor); it is
     kept as a second, independent guard of the publication invariant.
     """
-    if mutants.active("publish-no-token-check"):  # seeded defect of `fenced verify --mutants`
-        return
     if pointer_epoch is not None and token.epoch < pointer_epoch:
         raise StaleToken(token.resource, token.epoch, pointer_epoch)
 

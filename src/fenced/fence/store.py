@@ -17,12 +17,12 @@ behave the same. A backend's fast paths (:class:`~fenced.fence.backend.FastPath`
 many round trips a mutation takes, never its outcome: a speculative attempt that fails, or whose
 answer is a refusal, is run again the ordinary way, and only that answer is reported.
 
-**Records** (DESIGN §7; backends with :attr:`Capability.RECORDS`): every install (``fence``, or a
-monotonic store's implicit install), accepted mutation and rejected mutation (stale, not
-installed, foreign) becomes a :class:`~fenced.core.records.Record` kept with the store's state
-and read back with :meth:`Store.history`. Installs and accepted mutations are written inside
-the mutation's own transaction: durable with it, at no extra sync. Rejections are appended after
-the rejected transaction rolled back, by a cheap non-durable append (they can be lost by a power
+**Records** (docs/stores.md; backends with :attr:`Capability.RECORDS`): every install (``fence``, or
+a monotonic store's implicit install), accepted mutation and rejected mutation (stale, not
+installed, foreign) becomes a :class:`~fenced.core.records.Record` kept with the store's state and
+read back with :meth:`Store.history`. Installs and accepted mutations are written inside the
+mutation's own transaction: durable with it, at no extra sync. Rejections are appended after the
+rejected transaction rolled back, by a cheap non-durable append (they can be lost by a power
 failure, never an accepted one); recording a rejection never changes data and never masks the
 rejection. Records are pruned to ``record_limit`` per resource and ``record_retention`` seconds.
 The same events go to the ``fenced.store`` logger: installs at INFO, accepted mutations at
@@ -36,14 +36,13 @@ import itertools
 import logging
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO, TypeVar, cast
 
-from fenced.core import _mutants as mutants
 from fenced.core.clock import Clock, SystemClock
 from fenced.core.errors import (
     ConfigurationError,
@@ -58,7 +57,7 @@ from fenced.core.errors import (
 )
 from fenced.core.names import validate_key, validate_publication_name, validate_resource
 from fenced.core.records import Record, RecordKind
-from fenced.core.token import FencingToken
+from fenced.core.token import FencingToken, validate_coordinator_id
 from fenced.fence import ops, registry, rules
 from fenced.fence.backend import (
     DEFAULT_RECORD_LIMIT,
@@ -100,6 +99,7 @@ DEFAULT_GC_GRACE = 3600.0
 """Seconds an unreferenced object is kept before ``gc`` may remove it (1 hour)."""
 DEFAULT_BUSY_TIMEOUT = 5.0
 """Seconds a mutation waits for another writer of the same store before :class:`Unavailable`."""
+_MAX_VERSION = 2**63 - 1  # versions are 64-bit signed integers in every backend
 MAX_VALUE_BYTES = 16 * 1024 * 1024
 """The largest value ``put`` accepts; publish larger data."""
 _PRUNE_EVERY = 64
@@ -114,7 +114,7 @@ _REDECIDED = (SpeculationFailed, Rejected, VersionConflict, IdempotencyConflict)
 
 
 def open_store(
-    url: str,
+    url: str | object,
     mode: Mode | None = None,
     *,
     op_retention: float = DEFAULT_OP_RETENTION,
@@ -123,8 +123,18 @@ def open_store(
     clock: Clock | None = None,
     record_retention: float = DEFAULT_RECORD_RETENTION,
     record_limit: int = DEFAULT_RECORD_LIMIT,
+    options: Mapping[str, object] | None = None,
+    create: bool = True,
 ) -> Store:
-    """Open (creating it if needed) the store at ``url``: ``sqlite:///path`` or ``file:///dir``.
+    """Open (creating it if needed) the store at ``url``: ``sqlite:////abs/path.db``,
+    ``sqlite:///rel/path.db`` (SQLAlchemy's rule: three slashes are relative), ``file:///dir``
+    or ``postgresql[+psycopg]://…`` (docs/concepts.md has the table of spellings).
+
+    Instead of a URL, ``url`` may be a ``psycopg_pool.ConnectionPool`` or a SQLAlchemy
+    ``Engine`` (``postgresql+psycopg``): the store borrows its connections and never closes it
+    (:mod:`fenced._drivers.postgres_borrowed` and docs/postgres.md say how). ``options`` then
+    carries what a URL's query would (``schema``, ``timeout``, ``prepare``); with a URL it must
+    be None.
 
     ``mode`` (``"strict"`` or ``"monotonic"``) is chosen when the store is created (None →
     strict) and stored; it applies to every resource of the store. None opens an existing store
@@ -136,20 +146,29 @@ def open_store(
     ``record_retention`` (seconds) and ``record_limit`` (per resource): how long and how many
     records :meth:`Store.history` keeps (pruned now and then inside later writes).
 
+    ``create=False`` opens an existing store only, as readers want: a ``sqlite:`` or ``file:``
+    store that does not exist (or an empty database file) is a :class:`ConfigurationError`
+    naming it, and nothing is created (a PostgreSQL store's tables are created on first use
+    either way: the database itself exists).
+
     Raises :class:`ConfigurationError` for a bad URL or option, a path that is not a fenced store,
     a store of a newer format, a corrupt or unwritable store.
     """
     registry.kind_of(url)  # an unknown scheme is refused before the options are checked
-    options = StoreOptions(
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigurationError(f"options must be a mapping, got {type(options).__name__}")
+    validated = StoreOptions(
         op_retention=_positive("op_retention", op_retention, allow_zero=False),
         gc_grace=_positive("gc_grace", gc_grace),
         busy_timeout=_positive("busy_timeout", busy_timeout),
         clock=clock if clock is not None else SystemClock(),
         record_retention=_positive("record_retention", record_retention, allow_zero=False),
         record_limit=_count("record_limit", record_limit),
+        backend_options=None if options is None else dict(options),
+        create=bool(create),
     )
     rules.resolve_mode(None, mode, "open_store")  # reject an unknown mode before any I/O
-    return Store(registry.open_backend(url, mode, options), options)
+    return Store(registry.open_backend(url, mode, validated), validated)
 
 
 class Store:
@@ -383,17 +402,73 @@ class Store:
         within the grace period. ``grace`` defaults to the store's ``gc_grace``. Also removes
         temporary files of interrupted writes older than the grace period.
 
-        On ``file:``, gc removes first and records after, so it frees a full disk; it is not one
-        atomic step: an error part way (:class:`~fenced.Unavailable`, or
-        :class:`ConfigurationError` for a permission error) says how many objects it removed
-        before it stopped; the others are as they were, the store is consistent, and a later gc
-        finishes the work.
+        On the local stores gc is the way out of a full disk. ``file:`` removes first and records
+        after. ``sqlite:`` deletes in small transactions (freeing pages without rewriting them),
+        then hands the free pages back to the file system; its writes that add data keep 8 MiB
+        free for gc (:class:`~fenced.Unavailable` otherwise), and on a disk something else
+        filled, its error says how much to free first. gc is not one atomic step: an error part
+        way (:class:`~fenced.Unavailable`, or :class:`ConfigurationError` for a permission
+        error) says how many objects it removed before it stopped; the others are as they were,
+        the store is consistent, and a later gc finishes the work.
         """
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise ConfigurationError(f"keep must be an integer >= 0, got {keep!r}")
         grace = self._options.gc_grace if grace is None else _positive("grace", grace)
         cutoff = self._clock.wall() - grace
         return self._open_backend().gc(partial(rules.gc_victims, keep=keep, cutoff=cutoff), cutoff)
+
+    def rebind(
+        self, resource: str, coordinator_id: str, *, previous: str | None = None, ceiling: int
+    ) -> str | None:
+        """Bind ``resource`` to the coordinator ``coordinator_id``, keeping its floor (an
+        operator's step after a coordinator was lost without a backup; use
+        :func:`fenced.coordinator.restore.rebind`, which checks the coordinator first).
+
+        In one atomic step (the resource's critical section): refuses, changing nothing, with
+        :class:`ConfigurationError` if the resource is bound to another coordinator than
+        ``previous`` (when given) or its floor is above ``ceiling`` (the new coordinator's last
+        epoch); else binds it and appends a REBOUND record (``epoch``: the floor kept; detail
+        ``previous``, ``coordinator``). From then on every token of the old coordinator is
+        :class:`~fenced.ForeignToken`. Returns the coordinator id it was bound to before: None
+        (unbound) or ``coordinator_id`` itself change nothing, so a retry is safe.
+        """
+        validate_resource(resource)
+        new = validate_coordinator_id(coordinator_id)
+        if previous is not None:
+            validate_coordinator_id(previous)
+        if isinstance(ceiling, bool) or not isinstance(ceiling, int) or ceiling < 0:
+            raise ConfigurationError(f"ceiling must be an integer >= 0, got {ceiling!r}")
+        now = self._clock.wall()
+        with self._write(resource, ORDINARY) as tx:
+            head = tx.head()
+            try:
+                changed = rules.admit_rebind(head, new, previous=previous, ceiling=ceiling)
+            except ConfigurationError as error:
+                raise ConfigurationError(
+                    f"cannot rebind {resource} at {self.url}: {error}"
+                ) from None
+            if changed != head:
+                tx.set_head(changed)
+                detail: dict[str, object] = {"previous": head.coordinator_id, "coordinator": new}
+                if Capability.RECORDS in self._backend.capabilities:
+                    record = Record(
+                        0, now, RecordKind.REBOUND, resource, head.floor or 0, None, detail
+                    )
+                    cast(RecordingTransaction, tx).append_record(record)
+        if changed != head:
+            log.warning(
+                "%s: rebound from coordinator %s to %s (floor %s kept)",
+                resource,
+                head.coordinator_id,
+                new,
+                head.floor,
+            )
+        return head.coordinator_id
+
+    def binding(self, resource: str) -> str | None:
+        """The id of the coordinator ``resource`` is bound to; None if it is unbound."""
+        validate_resource(resource)
+        return self._open_backend().head(resource).coordinator_id
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -457,7 +532,8 @@ class Store:
         store's implicit install; ``previous`` floor), ACCEPTED (``op``, ``key`` or ``name``,
         ``version`` or ``object_id``/``size``, ``op_id`` if given) and REJECTED (``op``, ``key``
         or ``name``, ``reason``: ``stale`` / ``not-installed`` / ``foreign``, ``presented``
-        epoch, ``floor``). ``epoch`` is the token's epoch; ``holder`` is None (a store sees
+        epoch, ``floor``), REBOUND (:meth:`rebind`: ``previous`` and ``coordinator`` ids, the
+        floor kept as ``epoch``). ``epoch`` is the token's epoch; ``holder`` is None (a store sees
         tokens only). A replayed ``op_id`` and a no-op ``fence`` leave no record. Records of
         rejections may be missing after a power failure; records of installs and accepted
         mutations are as durable as the mutations. Only retained records are returned (the
@@ -491,7 +567,7 @@ class Store:
     ) -> None:
         self.close()
 
-    # -- helpers ---------------------------------------------------------------------------
+    # -- the backend, the critical section, records ----------------------------------------
 
     def _open_backend(self) -> Backend:
         if self._closed:
@@ -564,12 +640,11 @@ class Store:
             **what.target,
             "reason": reason,
             "presented": token.epoch,
+            "floor": floor,
         }
         if isinstance(error, ForeignToken):
             detail["bound"] = error.bound
             detail["coordinator"] = token.coordinator_id
-        else:
-            detail["floor"] = floor
         log.warning(
             "%s: rejected %s with epoch %d: %s (floor %s)",
             token.resource,
@@ -608,8 +683,6 @@ class Store:
         record and the store records (an implicit install; the accepted mutation) are written.
         Any exception leaves the transaction uncommitted. ``what`` learns what happened.
         """
-        if mutants.active("dedup-after-fence"):  # seeded defect of `fenced verify --mutants`
-            rules.admit_mutation(self.mode, tx.head(), token)
         if op_id is not None:
             retention = self._options.op_retention
             recorded = ops.replay(tx.op(op_id), digest, now=now, retention=retention)
@@ -617,8 +690,6 @@ class Store:
                 what.replayed = True
                 return decode(recorded)
         head = tx.head()
-        if mutants.active("publish-no-token-check") and what.op == "publish":  # seeded defect
-            head = rules.Head(head.coordinator_id, token.epoch)  # any token passes
         new = rules.admit_mutation(self.mode, head, token)
         outcome = change()
         if new != head:
@@ -699,7 +770,7 @@ def _why(error: Rejected) -> tuple[str, int | None]:
     if isinstance(error, NotInstalled):
         return "not-installed", error.floor
     if isinstance(error, ForeignToken):
-        return "foreign", None
+        return "foreign", error.floor
     return type(error).__name__, None
 
 
@@ -732,8 +803,14 @@ def _check_value(value: object) -> bytes:
 def _check_if_version(if_version: object) -> int | None:
     if if_version is None:
         return None
-    if isinstance(if_version, bool) or not isinstance(if_version, int) or if_version < 0:
-        raise ConfigurationError(f"if_version must be None or an integer >= 0, got {if_version!r}")
+    if (
+        isinstance(if_version, bool)
+        or not isinstance(if_version, int)
+        or not 0 <= if_version <= _MAX_VERSION
+    ):
+        raise ConfigurationError(
+            f"if_version must be None or an integer from 0 to {_MAX_VERSION}, got {if_version!r}"
+        )
     return if_version
 
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from fenced.core.errors import FencedError
+
 __all__ = ["Translated"]
 
 
 class Translated:
     """``with Sub(what):`` re-raises an exception of ``Sub.catches`` raised in the block as
     ``Sub.translate(error, what)`` (``raise … from``, so the driver's error stays the cause);
-    anything else passes through unchanged.
+    anything else passes through unchanged, and so does every :class:`~fenced.FencedError`
+    (an :class:`~fenced.Unavailable` is also an ``OSError``: it is translated already).
 
-    A store subclasses it once (``catches`` and ``translate``). A class rather than
-    ``@contextmanager``: stores enter one for each statement or system call, and a generator-based
-    manager costs about a microsecond more each time.
+    A store subclasses it once (``catches`` and ``translate``) and enters one around each
+    statement or system call.
     """
 
     __slots__ = ("_what",)
@@ -32,5 +34,5 @@ class Translated:
         return None
 
     def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
-        if isinstance(error, self.catches):
+        if isinstance(error, self.catches) and not isinstance(error, FencedError):
             raise self.translate(error, self._what) from error

@@ -1,4 +1,4 @@
-"""Operations: ownership timelines, status figures and Prometheus metrics (DESIGN §7).
+"""Operations: ownership timelines, status figures and Prometheus metrics (docs/operations.md).
 
 * :mod:`fenced.observe.timeline` — merge coordinator and store records into ownership
   intervals, gaps, rejected writes and per-resource figures (pure, plus readers).

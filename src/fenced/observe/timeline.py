@@ -137,8 +137,8 @@ class Gap:
 class Rejection:
     """A mutation a store rejected (a REJECTED store record).
 
-    ``epoch`` is the presented epoch; ``floor`` the store's floor then (None for a foreign
-    token); ``reason`` ``stale`` / ``not-installed`` / ``foreign``; ``op`` ``put`` /
+    ``epoch`` is the presented epoch; ``floor`` the store's floor then (None if the store
+    did not record it); ``reason`` ``stale`` / ``not-installed`` / ``foreign``; ``op`` ``put`` /
     ``publish`` / ``fence``; ``key`` or ``name`` what it wrote; ``holder`` the holder the
     coordinator granted ``epoch`` to, if its records know.
     """

@@ -121,7 +121,7 @@ class ChildResult:
 
     ``returncode`` follows :mod:`subprocess`: the exit code, or ``-N`` if signal N killed the
     command. ``lost`` is the loss when the lease was lost before the command's exit was seen (its
-    last effects were unauthorised; the stores fence them), else None: the lease was held
+    last effects were unauthorised; stores reject them), else None: the lease was held
     throughout. ``signalled`` lists the signals the supervisor sent because of the loss;
     ``forwarded`` the signals it forwarded from its own signal handlers.
     """

@@ -72,7 +72,9 @@ class Hold:
                     )
                     raise
             if held.loss() is not None:
-                raise LeaseLost(LossReason.EXPIRED, "the lease expired while installing fences")
+                raise LeaseLost(
+                    LossReason.EXPIRED, "the lease expired while its epoch was installed at stores"
+                )
         except BaseException:
             with contextlib.suppress(FencedError):  # if release fails, it expires by itself
                 self._ops.release(lease)

@@ -37,7 +37,6 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from fenced.core import _mutants as mutants
 from fenced.core.clock import Clock
 from fenced.core.errors import LeaseLost, LossReason
 from fenced.core.lease import Lease, LeaseState, LeaseTracker
@@ -46,6 +45,9 @@ from fenced.core.token import FencingToken
 __all__ = ["HeldLease", "LeaseOps", "OnLost"]
 
 log = logging.getLogger("fenced.runtime")
+loss_log = logging.getLogger("fenced.runtime.loss")
+"""The one warning of a loss (a child of ``fenced.runtime``): a program that says the loss
+itself, as ``fenced run`` does in its one line, raises this logger's level."""
 
 OnLost = Callable[[LeaseLost], object]
 
@@ -196,7 +198,7 @@ class HeldLease:
                 self._on_lost(error)
             except Exception:
                 log.exception("on_lost callback for %s raised", self.resource)
-        log.warning("lease on %s epoch %s lost: %s", self.resource, self.epoch, error)
+        loss_log.warning("lease on %s epoch %s lost: %s", self.resource, self.epoch, error)
         self._ops.report_trouble(self.lease, error)
 
     def _interval(self) -> float:
@@ -224,8 +226,6 @@ class HeldLease:
             sent = self._clock.now()
             try:
                 renewed = self._ops.renew(self.lease)
-            except mutants.caught("renewal-failure-ignored"):  # seeded defect (fenced verify)
-                renewed = mutants.assumed_renewal(self.lease, sent)
             except LeaseLost as error:
                 self._lose(error)
                 return

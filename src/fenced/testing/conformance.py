@@ -1,4 +1,4 @@
-"""The coordinator conformance suite: DESIGN §2 as tests, run against every backend.
+"""The coordinator conformance suite: docs/coordinator.md as tests, run against every backend.
 
 A backend's test module subclasses the classes whose capability it has and provides a ``url``
 fixture naming fresh, empty state::
@@ -6,7 +6,7 @@ fixture naming fresh, empty state::
     class TestSQLite(CoordinatorConformance, ManualClockConformance):
         @pytest.fixture
         def url(self, tmp_path):
-            return f"sqlite://{tmp_path}/fenced.db"
+            return f"sqlite:///{tmp_path}/fenced.db"  # four slashes: absolute
 
 * :class:`CoordinatorConformance` — every backend.
 * :class:`HistoryConformance` — records, proclaim and watch (every backend, once it keeps records).
@@ -99,7 +99,8 @@ class _RecordingStore:
 
 
 class CoordinatorConformance:
-    """DESIGN §2 for every backend. Subclasses provide the ``url`` fixture."""
+    """The coordinator contract (docs/coordinator.md) for every backend. Subclasses provide the
+    ``url`` fixture."""
 
     @pytest.fixture
     def url(self) -> str:
@@ -567,7 +568,8 @@ class ManualClockConformance:
 
 
 class HistoryConformance:
-    """Records (DESIGN §7), proclaim and watch: what timelines, metrics and elections build on."""
+    """Records (docs/operations.md), proclaim and watch: what timelines, metrics and elections
+    build on."""
 
     @pytest.fixture
     def url(self) -> str:

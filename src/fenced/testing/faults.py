@@ -114,8 +114,8 @@ class FaultyBackend:
     def wait(self, ticket: Ticket, timeout: float) -> None:
         self.inner.wait(ticket, timeout)
 
-    def leave(self, ticket: Ticket) -> None:
-        self.inner.leave(ticket)
+    def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
+        return self.inner.leave(ticket, take)
 
     def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
         return self._call("renew", lambda: self.inner.renew(resource, epoch, owner, ttl))

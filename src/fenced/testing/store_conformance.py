@@ -1,4 +1,4 @@
-"""The store conformance suite: DESIGN §3 as tests, run against every store URL.
+"""The store conformance suite: docs/stores.md as tests, run against every store URL.
 
 A store's test module subclasses the classes of the capabilities its store has (all of them:
 :class:`StoreConformance`) and provides two fixtures::
@@ -8,7 +8,7 @@ A store's test module subclasses the classes of the capabilities its store has (
         def make_store(self, tmp_path):           # make_store(mode=None, **options) -> Store
             opened = []
             def make(mode=None, **options):
-                opened.append(fenced.open_store(f"sqlite://{tmp_path}/s.db", mode, **options))
+                opened.append(fenced.open_store(f"sqlite:///{tmp_path}/s.db", mode, **options))
                 return opened[-1]
             yield make
             for store in opened:

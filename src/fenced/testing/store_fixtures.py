@@ -15,8 +15,8 @@ from typing import Any, ClassVar, Protocol
 
 import pytest
 
+from fenced._drivers.local import local_path
 from fenced.core.token import FencingToken
-from fenced.core.urls import path_from_url, scheme_of
 from fenced.fence import Capability, Store
 from fenced.fence.values import Mode
 
@@ -50,7 +50,7 @@ class MakeStore(Protocol):
 
 def store_location(store: Store) -> Path:
     """The path a local store lives at (a database file or a directory)."""
-    return Path(path_from_url(store.url, scheme_of(store.url)))
+    return local_path(store.url)
 
 
 def sqlite_snapshot(store: Store) -> list[str]:

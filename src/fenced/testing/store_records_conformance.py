@@ -124,7 +124,7 @@ def _summary(records: list[Record]) -> list[tuple[str, int, dict[str, object]]]:
 
 
 class RecordsConformance(CapabilityConformance):
-    """Store records (DESIGN §7): installs, accepted and rejected mutations, ``history``."""
+    """Store records (docs/stores.md): installs, accepted and rejected mutations, ``history``."""
 
     required = frozenset({Capability.RECORDS})
 
@@ -159,7 +159,7 @@ class RecordsConformance(CapabilityConformance):
                              "presented": 1, "floor": 2}),
             ("rejected", 1, {"op": "fence", "reason": "stale", "presented": 1, "floor": 2}),
             ("rejected", 9, {"op": "put", "key": "k", "reason": "foreign", "presented": 9,
-                             "bound": C1, "coordinator": C2}),
+                             "floor": 2, "bound": C1, "coordinator": C2}),
         ]  # fmt: skip
         published = strict.latest(R, "daily")
         assert published is not None and history[5].detail["object_id"] == published.object_id

@@ -3,10 +3,10 @@
 Every case starts worker processes (``python -m fenced.verify.worker``, command mode), drives
 them step by step, injects its fault — a real SIGKILL or SIGSTOP/SIGCONT, or a lost or delayed
 reply injected on the worker's wire (:mod:`fenced.verify.faults`) — and returns a
-:class:`Row` of the practice table: the case, the invariant, the component that enforces it,
-the failure assumption, the recovery action, and the **observed** result (what was rejected,
-by whom, with which epochs). A case passes only if the observed behaviour is the documented
-one *and* the history checker finds no violation in the case's recorded history.
+:class:`~fenced.verify.table.Row` of the practice table: the case, the invariant, the component
+that enforces it, the failure assumption, the recovery action, and the **observed** result (what
+was rejected, by whom, with which epochs). A case passes only if the observed behaviour is the
+documented one *and* the history checker finds no violation in the case's recorded history.
 
 1. crash while owning the lease (SIGKILL);
 2. long pause past the TTL (SIGSTOP/SIGCONT) with a write in flight;
@@ -14,9 +14,9 @@ one *and* the history checker finds no violation in the case's recorded history.
 4. delayed release from an old owner after a new owner acquired;
 5. storage timeout after a successful write (the reply is lost; the retry with the same op id
    learns the outcome; nothing is applied twice);
-6. restoration of coordinator state from a backup taken before later grants (needs
-   ``fenced.coordinator.restore``: until it exists, the row says "not available" — it is
-   neither a pass nor a failure, and it is shown as such);
+6. restoration of coordinator state from a backup taken before later grants
+   (:mod:`fenced.coordinator.restore`; on an embedded coordinator that verify created, otherwise
+   the row says "not available" — neither a pass nor a failure, and shown as such);
 7. an old write that arrives before the new owner's first write, (a) in a monotonic store
    (accepted: ordered publication only) and (b) in a strict store (rejected: the successor
    installed its epoch when it acquired).
@@ -31,61 +31,24 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 from fenced.verify.checker import check_history
 from fenced.verify.processes import Run, RunFailed, WorkerProcess
 from fenced.verify.recorder import Event, read_history
-from fenced.verify.restoring import RestoreUnusable, restore_support
-from fenced.verify.schedule import collect_final
+from fenced.verify.schedule import backup_coordinator, collect_final, restore_coordinator
+from fenced.verify.table import Row
 from fenced.verify.target import Target
 from fenced.verify.worker import WorkerConfig
 
-__all__ = ["CASES", "CASE_TTL", "Case", "Row", "run_cases"]
+__all__ = ["CASES", "CASE_TTL", "Case", "run_cases"]
 
 CASE_TTL = 1.0
 """Lease ttl of the case workers, in seconds."""
-Status = Literal["pass", "fail", "unavailable"]
-
-
-@dataclass
-class Row:
-    """One row of the practice table."""
-
-    number: str
-    case: str
-    invariant: str
-    component: str
-    assumption: str
-    recovery: str
-    observed: str = ""
-    status: Status = "fail"
-    violations: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool | None:
-        """True / False; None when the case could not run here (not available)."""
-        return None if self.status == "unavailable" else self.status == "pass"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "case": self.case,
-            "invariant": self.invariant,
-            "enforcing_component": self.component,
-            "failure_assumption": self.assumption,
-            "recovery_action": self.recovery,
-            "observed": self.observed,
-            "status": self.status,
-            "passed": self.passed,
-            "violations": self.violations,
-            "seconds": round(self.seconds, 2),
-        }
 
 
 class CaseUnavailable(Exception):
-    """The case cannot run here (a feature it needs has not landed); the message says why."""
+    """The case cannot run on this target (restore: a coordinator verify did not create, or not
+    an embedded one); the message says why."""
 
 
 @dataclass
@@ -317,15 +280,6 @@ def storage_timeout(env: Env) -> str:
 
 
 def restore(env: Env) -> str:
-    try:
-        support = restore_support()
-    except RestoreUnusable as error:
-        raise RunFailed(str(error)) from error
-    if support is None:
-        raise CaseUnavailable(
-            "not available: fenced.coordinator.restore (backup/restore, issue 5) has not "
-            "landed; this case runs and must pass once it does"
-        )
     if not env.coordinator.startswith("sqlite:"):
         raise CaseUnavailable(
             f"not available for {env.coordinator.split(':', 1)[0]}: fenced backup/restore "
@@ -343,9 +297,7 @@ def restore(env: Env) -> str:
     a.call("rmw", store="S")
     a.call("unhold")
     backup = env.run.workdir / "coordinator.backup"
-    taken = env.run.rec.now()
-    support.backup(env.coordinator, backup)
-    env.run.rec.emit("backup", t0=taken)
+    backup_coordinator(env.run, env.coordinator, backup)
     epoch_b = env.hold(b)
     b.call("rmw", store="S")
     b.call("unhold")
@@ -354,9 +306,7 @@ def restore(env: Env) -> str:
     pending = c.send("rmw", store="S", pause=True)
     c.wait_stopped()
     stopped = time.monotonic()
-    t0 = env.run.rec.now()
-    support.restore(backup, env.coordinator)
-    env.run.rec.emit("restore", t0=t0, available=True, epochs=[epoch_c])
+    restore_coordinator(env.run, backup, env.coordinator, epochs=[epoch_c])
     d = env.worker("D")  # a process started after the restore, on the restored coordinator
     epoch_d = env.hold(d)
     written = d.call("rmw", store="S")

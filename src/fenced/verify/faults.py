@@ -284,8 +284,9 @@ class RecordingBackend:
         )
 
     # Queue calls are recorded (never faulted): a release may hand the lease to a waiter that
-    # gives up before it sees the grant; its leave then releases that lease. The checker needs
-    # them to account for grants and releases no try_grant or release of the history made.
+    # gives up before it sees the grant; its leave then takes that lease (a grant, recorded like
+    # try_grant's) or releases it. The checker needs them to account for grants and releases no
+    # try_grant or release of the history made.
 
     def enqueue(self, request: GrantRequest) -> Ticket:
         return self._wire.call(
@@ -296,12 +297,22 @@ class RecordingBackend:
             faults=False,
         )
 
-    def leave(self, ticket: Ticket) -> None:
-        self._wire.call(
+    def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
+        def describe(result: Granted | None) -> dict[str, Any]:
+            if result is None:
+                return {"applied": True}
+            return {
+                "applied": True,
+                "granted": result.epoch,
+                "ttl": result.ttl,
+                "expires_in": round(result.expires_in, 6),
+            }
+
+        return self._wire.call(
             "leave",
-            {"res": ticket.resource},
-            lambda: self.inner.leave(ticket),
-            lambda _: {"applied": True},
+            {"res": ticket.resource, "ticket": True, "take": take},
+            lambda: self.inner.leave(ticket, take),
+            describe,
             faults=False,
         )
 

@@ -12,8 +12,9 @@ drivers; ``t`` is the deadline clock, CLOCK_BOOTTIME on Linux, in the emitting p
 
     meta       resource, ttl, stores {name: {mode, url}}, overrun      (first event of a run)
     c.send     call, op (try_grant|renew|release|report|enqueue|leave), res, epoch, ttl, rid,
-               ticket (try_grant: made with a place in the queue)
-    c.reply    call, ok, applied (true/false/null), granted, error, fault, delay, applied_at
+               ticket (try_grant: made with a place in the queue), take (leave)
+    c.reply    call, ok, applied (true/false/null), granted (try_grant, or a leave that took a
+               lease handed to it), error, fault, delay, applied_at
     s.send     call, store, op (fence|put|publish), epoch, op_id, key, base_len, sha, retry
     s.reply    call, ok, applied, version, object_id, pub_epoch, error, presented, floor, fault
     s.read     store, op (get|latest|read), t0, version, pointer, sha, error
@@ -201,10 +202,10 @@ class History:
     def _collect_leases(self) -> None:
         """Fill :attr:`grants`, :attr:`unknown_grants` and :attr:`leases` from the calls."""
         for call in self.calls:
-            if call.op != "try_grant":
+            if call.op not in ("try_grant", "leave"):
                 continue
             if call.reply is None:
-                self.unknown_grants += 1
+                self.unknown_grants += call.op == "try_grant"
                 continue
             granted = call.reply.get("granted")
             if granted is None:

@@ -1,38 +1,38 @@
 """Detection power: seeded defects the checker must catch, and the ``--mutants`` driver.
 
-Each :class:`Mutant` is a deliberately broken variant of fenced, switched on only inside verify's
-own worker processes (named in the worker's configuration, switched on by the worker with
-:func:`fenced.core._mutants.activate`; the switches are not reachable from the public API). The
-driver runs randomized schedules with the defect active — under a fault profile designed to
-expose it (a profile changes what happens, never what the checker verifies) — until the
-checker reports a violation, and tells which invariants caught it after how many schedules. A
-defect that survives its budget of schedules is reported as **not caught**, and the run fails.
+Each :class:`Mutant` is a deliberately broken variant of fenced that only verify's own worker
+processes build, at a seam of the library (:mod:`fenced.verify.seeded`: the library itself has
+no switch for any of them), when verify names it in a worker's configuration. The driver runs
+randomized schedules with the defect active — under a fault profile designed to expose it (a
+profile changes what happens, never what the checker verifies) — until the checker reports a
+violation, and tells which invariants caught it after how many schedules. A defect that
+survives its budget of schedules is reported as **not caught**, and the run fails.
 
-A defect has a hook only where it is written: some exist in one coordinator backend or one
-store kind (``coordinators`` / ``stores``). Against a target without that backend or store the
-defect is **n/a** (shown with the reason, never run, and no failure): running it would run the
-correct program and call it a miss.
+A defect exists only where it can be seeded (its hook): some only in one coordinator backend or
+one store kind (``coordinators`` / ``stores``). Against a target without that backend or store
+the defect is **n/a** (shown with the reason, never run, and no failure): running it would run
+the correct program and call it a miss.
 
 =========================  ==================================================  =============
-mutant                     defect (hook site)                                  applies to
+mutant                     defect (seam where verify seeds it)                 applies to
 =========================  ==================================================  =============
 no-fence-check             stores accept any epoch                             every store
-                           (fence/rules.py admit_mutation)
+                           (SeededStore: floor read as the token's epoch)
 check-then-write           the file store checks and writes without its lock   file: stores
-                           (fence/file/store.py transaction)
+                           (SeededStore: the file store's load and commit)
 deadline-from-reply        local deadline from the reply time, not the send    every
-                           time (coordinator/client.py acquire, renew)         coordinator
+                           time (SeededCoordinator.acquire, renew)             coordinator
 renewal-failure-ignored    a failed renewal counts as a success                every
-                           (runtime/keeper.py renewer)                         coordinator
-release-without-owner      release deletes whatever lease is live              sqlite,
-                           (coordinator/backends/sqlite/backend.py, memory.py)         memory
+                           (SeededCoordinator.renew)                           coordinator
+release-without-owner      release deletes whatever lease is live              sqlite
+                           (SeededSQLiteBackend: the release statement)
 epoch-reuse                a grant after an expiry (crash, pause) or a         sqlite
                            restore reuses the last epoch
-                           (coordinator/backends/sqlite/backend.py)
+                           (SeededSQLiteBackend: the grant statements)
 dedup-after-fence          the op-id lookup comes after the fence check        every store
-                           (fence/store.py _mutate)
+                           (SeededStore: the op-id lookup)
 publish-no-token-check     publish skips the fence and pointer checks          every store
-                           (fence/store.py _mutate, fence/rules.py)
+                           (SeededStore: a publish's floor and pointer)
 =========================  ==================================================  =============
 """
 
@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from fenced.core import _mutants as switches
 from fenced.core.errors import ConfigurationError
 from fenced.core.urls import scheme_of
+from fenced.verify import seeded
 from fenced.verify.recorder import read_history
 from fenced.verify.schedule import PROFILES, Schedule, run_schedule
 from fenced.verify.target import Target
@@ -89,9 +89,9 @@ class Mutant:
     """The invariants expected to catch it (documentation; any violation counts)."""
     profile: str
     coordinators: frozenset[str] | None = None
-    """The coordinator backends (URL schemes) that have its hook; None: every one."""
+    """The coordinator backends (URL schemes) it can be seeded in; None: every one."""
     stores: frozenset[str] | None = None
-    """The store kinds (URL schemes) that have its hook; None: every one."""
+    """The store kinds (URL schemes) it can be seeded in; None: every one."""
 
     def not_applicable(self, target: Target) -> str | None:
         """Why the defect cannot exist in a run against ``target`` (None: it applies)."""
@@ -123,7 +123,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "no-fence-check",
         "stores accept a mutation whatever its epoch (the fence check is disabled)",
-        "fence/rules.py admit_mutation",
+        "verify/seeded.py SeededStore: the floor a put or publish reads",
         ("largest-seen", "chain-integrity"),
         "in-flight",
     ),
@@ -131,7 +131,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "check-then-write",
         "the file store reads, checks and writes without its lock: check and write are "
         "separate steps",
-        "fence/file/store.py FileBackend.transaction",
+        "verify/seeded.py SeededStore: the file store's load and commit, without its lock",
         ("chain-integrity", "largest-seen"),
         "in-commit",
         stores=frozenset({"file"}),
@@ -139,30 +139,30 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "deadline-from-reply",
         "the local deadline is computed from the time the reply arrived",
-        "coordinator/client.py Coordinator.acquire, Coordinator.renew",
+        "verify/seeded.py SeededCoordinator.acquire, SeededCoordinator.renew",
         ("holder-deadline",),
         "reply-delays",
     ),
     Mutant(
         "renewal-failure-ignored",
         "a failed renewal is treated as a success (deadline extended, nothing reported)",
-        "runtime/keeper.py HeldLease._renew_loop",
+        "verify/seeded.py SeededCoordinator.renew (called by the lease keeper)",
         ("holder-deadline", "diagnostics-match"),
         "renewal-failures",
     ),
     Mutant(
         "release-without-owner",
         "release deletes the live lease without comparing owner and epoch",
-        "coordinator/backends/sqlite/backend.py and memory.py release",
+        "verify/seeded.py SeededSQLiteBackend: the release statement",
         ("compare-owner", "exclusive-grant"),
         "late-releases",
-        coordinators=frozenset({"sqlite", "memory"}),
+        coordinators=frozenset({"sqlite"}),
     ),
     Mutant(
         "epoch-reuse",
         "a grant after an expiry (a crashed or paused holder) or a restore reuses the last "
         "epoch instead of max(last, minimum) + 1",
-        "coordinator/backends/sqlite/backend.py SQLiteBackend._grant",
+        "verify/seeded.py SeededSQLiteBackend: the grant statements",
         ("token-unique", "token-monotonic"),
         "expiries",
         coordinators=frozenset({"sqlite"}),
@@ -171,21 +171,21 @@ CATALOGUE: tuple[Mutant, ...] = (
         "dedup-after-fence",
         "the op-id lookup happens after the fence check: a retry after a takeover is told "
         "StaleToken although its first attempt landed",
-        "fence/store.py Store._mutate",
+        "verify/seeded.py SeededStore: the op-id lookup",
         ("outcome-honesty",),
         "lost-writes",
     ),
     Mutant(
         "publish-no-token-check",
         "publish moves the pointer without checking the token (floor and pointer epoch)",
-        "fence/store.py Store._mutate, fence/rules.py check_pointer",
+        "verify/seeded.py SeededStore: the floor and the pointer a publish reads",
         ("largest-seen", "pointer-monotonic"),
         "publications",
     ),
 )
-"""Every seeded defect, in table order (the names are the switches of fenced.core._mutants)."""
+"""Every seeded defect, in table order (the names are those of fenced.verify.seeded)."""
 
-assert {m.name for m in CATALOGUE} == switches.KNOWN
+assert {m.name for m in CATALOGUE} == seeded.DEFECTS
 
 
 @dataclass

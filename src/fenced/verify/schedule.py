@@ -7,8 +7,9 @@ and a monotonic store, for ``duration`` seconds, while
 * each worker's :class:`~fenced.verify.faults.FaultPlan` loses and delays replies and makes
   calls unavailable (coordinator: grants, renewals, releases; stores: installs, writes,
   publications), at seeded rates;
-* the :class:`~fenced.verify.nemesis.Nemesis` pauses, kills (and replaces) workers and, once
-  available, restores the coordinator, with timing biased around TTL boundaries.
+* the :class:`~fenced.verify.nemesis.Nemesis` pauses, kills (and replaces) workers and, if
+  asked to and verify created the coordinator, backs it up and restores it, with timing biased
+  around TTL boundaries.
 
 Every worker records every call into the one history file; afterwards the verify process
 records the final state of both stores and the coordinator's (and stores') diagnostic records,
@@ -22,7 +23,9 @@ file documents the run that failed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import math
 import random
 import secrets
@@ -30,11 +33,12 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fenced.coordinator import restore as restoring
 from fenced.coordinator.connect import connect
 from fenced.core.errors import ConfigurationError, FencedError
 from fenced.fence.store import open_store
@@ -42,7 +46,6 @@ from fenced.verify.checker import Report, check_history
 from fenced.verify.nemesis import Nemesis, NemesisPlan
 from fenced.verify.processes import Run, WorkerProcess
 from fenced.verify.recorder import Event, read_history
-from fenced.verify.restoring import RestoreSupport
 from fenced.verify.target import Target
 from fenced.verify.worker import KEY, PUBLICATION, WorkerConfig, decode_chain
 
@@ -53,7 +56,9 @@ __all__ = [
     "RandomSummary",
     "Schedule",
     "ScheduleResult",
+    "backup_coordinator",
     "collect_final",
+    "restore_coordinator",
     "run_random",
     "run_schedule",
 ]
@@ -320,15 +325,60 @@ def collect_final(run: Run, coordinator: str, stores: dict[str, str], resource: 
             run.rec.emit("records", source="coordinator", records=coordinator_records)
 
 
+def backup_coordinator(run: Run, coordinator: str, dest: Path) -> None:
+    """Back up the embedded ``coordinator`` into ``dest`` while the workers run, recorded as a
+    ``backup`` event (:func:`fenced.coordinator.restore.backup`)."""
+    t0 = run.rec.now()
+    with _restore_warnings_hidden():
+        restoring.backup(coordinator, dest)
+    run.rec.emit("backup", t0=t0)
+
+
+def restore_coordinator(run: Run, src: Path, coordinator: str, **detail: Any) -> None:
+    """Put the backup ``src`` back as ``coordinator``, recorded as a ``restore`` event (with
+    ``detail``); a restore that raises is recorded with its error and the error propagates.
+
+    Verification restores **while worker processes run** (``force=True``: a restore otherwise
+    refuses while any process has the coordinator open): that is the fault injected. Processes
+    that had the database open keep working on the replaced file, invisible to the restored
+    coordinator, so callers start fresh workers afterwards and keep only a pre-restore holder
+    that is stopped with a write in flight, whose write the stores must reject.
+    """
+    t0 = run.rec.now()
+    try:
+        with _restore_warnings_hidden():
+            restoring.restore(coordinator, src, force=True)
+    except Exception as error:
+        run.rec.emit("restore", t0=t0, available=False, error=repr(error))
+        raise
+    run.rec.emit("restore", t0=t0, available=True, **detail)
+
+
+@contextlib.contextmanager
+def _restore_warnings_hidden() -> Iterator[None]:
+    """Hide the warning a restore logs (``fenced.coordinator``): expected here, not news."""
+    logger = logging.getLogger("fenced.coordinator")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def run_schedule(
     schedule: Schedule,
     target: Target,
     workdir: Path,
     *,
     mutants: Iterable[str] = (),
-    restore: RestoreSupport | None = None,
+    restores: bool = False,
 ) -> ScheduleResult:
-    """Run ``schedule`` with real processes in ``workdir``; check its history."""
+    """Run ``schedule`` with real processes in ``workdir``; check its history.
+
+    ``restores``: the nemesis backs up and restores the coordinator (only one that
+    :attr:`~fenced.verify.target.Target.restorable` allows).
+    """
     chosen = sorted(mutants)
     began = time.monotonic()
     rundir = workdir / f"schedule-{schedule.seed}"
@@ -385,22 +435,14 @@ def run_schedule(
 
     backup_now: Callable[[], None] | None = None
     restore_now: Callable[[], None] | None = None
-    if restore is not None and target.restorable:
+    if restores and target.restorable:
         backup_path = rundir / "coordinator.backup"
 
         def backup_now() -> None:
-            t0 = run.rec.now()
-            restore.backup(coordinator, backup_path)
-            run.rec.emit("backup", t0=t0)
+            backup_coordinator(run, coordinator, backup_path)
 
         def restore_now() -> None:
-            t0 = run.rec.now()
-            try:
-                restore.restore(backup_path, coordinator)
-            except Exception as error:
-                run.rec.emit("restore", t0=t0, available=False, error=repr(error))
-                raise
-            run.rec.emit("restore", t0=t0, available=True)
+            restore_coordinator(run, backup_path, coordinator)
 
     try:
         slots = {slot: spawn(slot) for slot in range(schedule.workers)}
@@ -492,14 +534,15 @@ def run_random(
     profile: Profile | None = None,
     mutants: Iterable[str] = (),
     keep_history: Path | None = None,
-    restore: RestoreSupport | None = None,
+    restores: bool = False,
     stop_on_failure: bool = False,
     progress: Callable[[ScheduleResult], None] | None = None,
 ) -> RandomSummary:
     """Run schedules ``seed`` … ``seed + count - 1``; keep the history of every failing one.
 
     Failing histories are copied to ``keep_history`` (or kept in a directory that is not
-    removed); with ``keep_history`` every history is copied there.
+    removed); with ``keep_history`` every history is copied there. ``restores``: as in
+    :func:`run_schedule`.
     """
     if count < 1:
         raise ConfigurationError("--random needs at least 1 schedule")
@@ -513,10 +556,10 @@ def run_random(
                 seed + index,
                 duration,
                 profile=profile,
-                restores=restore is not None and target.restorable,
+                restores=restores and target.restorable,
                 wire=target.proxied,
             )
-            result = run_schedule(schedule, target, workdir, mutants=chosen, restore=restore)
+            result = run_schedule(schedule, target, workdir, mutants=chosen, restores=restores)
             summary.results.append(result)
             if keep_history is not None or not result.ok:
                 if failures_dir is None:

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from fenced.coordinator.connect import connect, resolve_url
 from fenced.core.errors import ConfigurationError
-from fenced.core.urls import scheme_of
+from fenced.core.urls import scheme_of, url_of_path
 from fenced.fence.store import open_store
 from fenced.fence.values import Mode
 
@@ -137,7 +137,7 @@ class Target:
             return 0.0 if overrun is None else float(overrun(ttl))
 
     def coordinator_url(self, workdir: Path) -> str:
-        return self.coordinator or f"sqlite://{workdir / 'coordinator.db'}"
+        return self.coordinator or url_of_path("sqlite", str(workdir / "coordinator.db"))
 
     def store_urls(
         self, workdir: Path, index: int, kinds: tuple[str, str] | None = None
@@ -156,7 +156,7 @@ class Target:
             url = self.stores.get(role)
             if url is None:
                 suffix = ".db" if kind == "sqlite" else ""
-                url = f"{kind}://{workdir / f'store-{role}{suffix}'}"
+                url = url_of_path(kind, str(workdir / f"store-{role}{suffix}"))
                 with contextlib.closing(open_store(url, mode=mode)):
                     pass
             urls[role] = url

@@ -32,9 +32,10 @@ list of ``[op_id, epoch]``: each accepted put appends exactly its own entry to t
 so the final value lists every accepted write in order and the checker can prove there was no
 lost update.
 
-Seeded defects (:mod:`fenced.core._mutants`) are switched on from the configuration's
-``mutants`` only, by an explicit call at start-up: ``fenced verify --mutants`` names them for its
-own workers; no environment variable switches one on.
+Seeded defects come from the configuration's ``mutants`` only: ``fenced verify --mutants``
+names them for its own workers, and the worker builds its coordinator and stores with them
+(:mod:`fenced.verify.seeded`); the library has no switch for them, and no environment variable
+changes anything.
 """
 
 from __future__ import annotations
@@ -53,9 +54,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import open_backend
-from fenced.core import _mutants as mutants
 from fenced.core.errors import (
     Busy,
     FencedError,
@@ -67,6 +65,7 @@ from fenced.core.errors import (
 from fenced.fence.backend import ORDINARY, Backend, Intent, Transaction
 from fenced.fence.store import Store, open_store
 from fenced.runtime.keeper import HeldLease
+from fenced.verify import seeded
 from fenced.verify.faults import FaultPlan, RecordingBackend, RecordingStore, error_fields
 from fenced.verify.recorder import Recorder
 
@@ -119,8 +118,8 @@ class WorkerConfig:
     go: str = ""
     """Random mode: wait for this file, then read ``end`` from it (a start barrier)."""
     mutants: list[str] = field(default_factory=list)
-    """Seeded defects this worker switches on at start-up
-    (:func:`fenced.core._mutants.activate`)."""
+    """Seeded defects this worker builds its coordinator and stores with
+    (:mod:`fenced.verify.seeded`)."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -192,14 +191,14 @@ class StopInCommit:
 class Worker:
     """One worker process's state: coordinator, stores, the current hold, its recorder."""
 
-    def __init__(self, config: WorkerConfig, recorder: Recorder) -> None:
+    def __init__(self, config: WorkerConfig, recorder: Recorder, defects: frozenset[str]) -> None:
         self.config = config
         self.rec = recorder
         self.rng = random.Random(config.seed)
         kinds = config.kinds or None
         plan = FaultPlan(random.Random(config.seed ^ 0x5EED), config.rates, config.ttl, kinds)
-        backend = RecordingBackend(open_backend(config.coordinator), recorder, plan)
-        self.coord = Coordinator(backend)
+        opened = seeded.coordinator_backend(config.coordinator, defects)
+        self.coord = seeded.coordinator(RecordingBackend(opened, recorder, plan), defects)
         self.coord_plan = plan
         self.stores: dict[str, RecordingStore] = {}
         self.in_commit: dict[str, StopInCommit] = {}
@@ -207,7 +206,7 @@ class Worker:
         for name, url in sorted(config.stores.items()):
             store_seed = config.seed ^ zlib.crc32(name.encode())
             store_plan = FaultPlan(random.Random(store_seed), config.rates, config.ttl, kinds)
-            store = open_store(url)
+            store = seeded.store(open_store(url), defects)
             if config.commit_stops > 0 and name in config.fence:
                 self.in_commit[name] = StopInCommit.install(
                     store, lambda: self._pause_self(in_commit=True)
@@ -579,12 +578,12 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m fenced.verify.worker CONFIG_JSON", file=sys.stderr)
         return 2
     config = WorkerConfig.from_json(args[0])
-    active = mutants.activate(config.mutants)
+    defects = seeded.chosen(config.mutants)
     logging.getLogger("fenced").setLevel(logging.CRITICAL)  # the history says it all
     recorder = Recorder(config.history, config.name)
-    recorder.emit("start", mode=config.mode, mutants=sorted(active), seed=config.seed)
+    recorder.emit("start", mode=config.mode, mutants=sorted(defects), seed=config.seed)
     try:
-        worker = _open(config, recorder)
+        worker = _open(config, recorder, defects)
         try:
             if config.mode == "random":
                 worker.run_random()
@@ -599,11 +598,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _open(config: WorkerConfig, recorder: Recorder) -> Worker:
+def _open(config: WorkerConfig, recorder: Recorder, defects: frozenset[str]) -> Worker:
     """The worker's coordinator and stores; a busy database at start-up is retried."""
     for attempt in range(20):
         try:
-            return Worker(config, recorder)
+            return Worker(config, recorder, defects)
         except Unavailable:
             if attempt == 19:
                 raise

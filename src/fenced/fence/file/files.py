@@ -5,6 +5,10 @@ Writes are complete (:func:`write_all` loops over short writes) and synced befor
 or the new content, never a mix. An :class:`OSError` inside ``with translated(what):`` becomes
 :class:`~fenced.ConfigurationError` when retrying cannot help (no permission, read-only, not a
 directory) and :class:`~fenced.Unavailable` otherwise.
+
+Every file and directory the store creates gets its mode from the directory it is created in
+(:mod:`fenced._drivers.permissions`): ``0600`` and ``0700`` whatever the umask, ``0660`` and
+``2770`` in a shared (setgid group) directory. The modes of existing ones are never changed.
 """
 
 from __future__ import annotations
@@ -15,6 +19,12 @@ import os
 import uuid
 from pathlib import Path
 
+from fenced._drivers.permissions import (
+    create_file,
+    make_directory,
+    new_directory_mode,
+    new_file_mode,
+)
 from fenced.core.errors import ConfigurationError, FencedError, Unavailable
 from fenced.fence.translated import Translated
 
@@ -44,17 +54,13 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def ensure_dir(path: Path) -> None:
-    """Create ``path`` (its parent exists) and make the new entry durable."""
+def ensure_dir(path: Path, mode: int | None = None) -> None:
+    """Create ``path`` (its parent exists) and make the new entry durable. Its mode is ``mode``,
+    or (None) the one its parent gives (``0700``, or ``2770`` in a shared directory)."""
     if path.is_dir():
         return
-    try:
-        path.mkdir()
-    except FileExistsError:
-        if not path.is_dir():
-            raise
-        return
-    fsync_dir(path.parent)
+    if make_directory(path, new_directory_mode(path.parent) if mode is None else mode):
+        fsync_dir(path.parent)
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -76,8 +82,26 @@ def read_whole(path: str) -> bytes:
         os.close(fd)
 
 
+def new_file(path: str | Path, flags: int = os.O_WRONLY) -> int:
+    """Create ``path`` (``FileExistsError`` if it exists) with the mode its directory gives;
+    return its descriptor, opened with ``flags``."""
+    return create_file(path, new_file_mode(os.path.dirname(path) or "."), flags)
+
+
+def open_creating(path: str, flags: int) -> int:
+    """Open ``path`` with ``flags``, creating it (as :func:`new_file` does) if it is missing."""
+    try:
+        return os.open(path, flags | os.O_CLOEXEC)
+    except FileNotFoundError:
+        pass
+    try:
+        return new_file(path, flags)
+    except FileExistsError:  # created by another process meanwhile
+        return os.open(path, flags | os.O_CLOEXEC)
+
+
 def write_file(path: str | Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = new_file(path)
     try:
         write_all(fd, data)
         os.fsync(fd)

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fenced.core.errors import ConfigurationError, Unavailable
+from fenced.core.errors import ConfigurationError, FencedError, Unavailable
 from fenced.fence.backend import Chooser
 from fenced.fence.background import later
 from fenced.fence.file.files import CONFIG_ERRNOS, ensure_dir
@@ -110,6 +110,8 @@ def collect_garbage(backend: FileBackend, choose: Chooser, cutoff: float) -> int
     progress = _Progress()
     try:
         return _collect_all(backend, choose, cutoff, progress)
+    except FencedError:  # a lock held too long (Unavailable: also an OSError) says it already
+        raise
     except OSError as error:
         done = f"{progress}; run gc again to finish"
         if error.errno in CONFIG_ERRNOS:

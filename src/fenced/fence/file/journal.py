@@ -17,7 +17,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from fenced.core.records import Record
-from fenced.fence.file.files import file_size, read_whole, replace_file, write_all
+from fenced.fence.file.files import (
+    file_size,
+    open_creating,
+    read_whole,
+    replace_file,
+    write_all,
+)
 from fenced.fence.file.state import (
     COMPACT_AT,
     json_line,
@@ -100,7 +106,7 @@ def append_lines(path: str, lines: list[bytes], *, sync: bool, clean: bool | Non
     if clean is None:
         clean = journal_tail(path)[1]
     data = b"".join(lines) if clean else b"".join([b"\n", *lines])
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_creating(path, os.O_WRONLY | os.O_APPEND)
     try:
         write_all(fd, data)
         if sync:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from fenced.core.errors import Unavailable
+from fenced.fence.file.files import open_creating
 
 
 @contextmanager
@@ -22,7 +23,7 @@ def flocked(path: str, timeout: float, then: str) -> Iterator[None]:
 
     ``then``: what the error says about the caller's state, after the reason.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_creating(path, os.O_RDWR)
     try:
         deadline = time.monotonic() + timeout
         delay = 0.0005

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 
 from fenced.fence.background import Background
-from fenced.fence.file.files import fsync_dir, translated, write_all
+from fenced.fence.file.files import fsync_dir, new_file, translated, write_all
 
 
 def write_object(rdir: str, object_id: str, chunks: Iterable[bytes], now: float, what: str) -> None:
@@ -29,7 +29,7 @@ def write_object(rdir: str, object_id: str, chunks: Iterable[bytes], now: float,
     final = f"{rdir}/objects/{object_id}"
     try:
         with translated(what):
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = new_file(part)
         try:
             for chunk in chunks:  # an error reading the data propagates unchanged
                 with translated(what):

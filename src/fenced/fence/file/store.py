@@ -97,14 +97,16 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from fenced.core import _mutants as mutants
+from fenced._drivers.permissions import PRIVATE_DIRECTORY
 from fenced.core.errors import ConfigurationError, CorruptData, OutcomeUnknown
 from fenced.core.records import Record
+from fenced.core.urls import url_of_path
 from fenced.fence.backend import ORDINARY, Capability, Chooser, FastPath, Intent, StoreOptions
 from fenced.fence.file.files import (
     ensure_dir,
     file_size,
     fsync_dir,
+    open_creating,
     os_error,
     read_whole,
     translated,
@@ -123,7 +125,15 @@ from fenced.fence.file.journal import (
     retained,
     to_journal,
 )
-from fenced.fence.file.layout import JOURNAL, LOG, OPS, RESOURCE_DIR, STATE, resource_digest
+from fenced.fence.file.layout import (
+    JOURNAL,
+    LOG,
+    META,
+    OPS,
+    RESOURCE_DIR,
+    STATE,
+    resource_digest,
+)
 from fenced.fence.file.lock import flocked
 from fenced.fence.file.meta import FORMAT_VERSION, check_meta, create_meta, read_meta
 from fenced.fence.file.objects import write_object
@@ -152,17 +162,28 @@ CHECKPOINT_AT = 64 * 1024
 
 
 def open_file_backend(path: str, mode: Mode | None, options: StoreOptions) -> FileBackend:
-    """Open (or create) the file store in directory ``path``; see the module docstring."""
+    """Open (or create, unless ``options.create`` is False) the file store in directory
+    ``path``; see the module docstring."""
     root = Path(os.path.abspath(path))
     where = f"file store {str(root)!r}"
     with translated(f"opening the {where}"):
+        if not options.create and not root.exists():
+            raise ConfigurationError(f"no fenced store at {root}: it does not exist")
         try:
-            ensure_dir(root)
+            ensure_dir(root, PRIVATE_DIRECTORY)  # made by fenced: 0700, as the coordinator's
         except FileNotFoundError as error:
-            raise ConfigurationError(f"{where}: the parent directory does not exist") from error
+            parent = root.parent
+            why = (
+                f"the parent directory does not exist ({parent})"
+                if not parent.is_dir()
+                else f"{parent} refused a new directory ({error.strerror})"
+            )
+            raise ConfigurationError(f"the {where} cannot be created: {why}") from error
         except FileExistsError as error:
             raise ConfigurationError(f"{where}: exists and is not a directory") from error
         meta = read_meta(root, where)
+        if meta is None and not options.create:
+            raise ConfigurationError(f"no fenced store at {root}: it has no {META}")
         if meta is None:
             meta = create_meta(root, where, resolve_mode(None, mode, where))
         stored_mode = check_meta(meta, where)
@@ -187,7 +208,7 @@ class FileBackend:
 
     def __init__(self, root: Path, mode: Mode, options: StoreOptions) -> None:
         self.root = root
-        self.url = f"file://{root}"
+        self.url = url_of_path("file", str(root))
         self.mode = mode
         self._options = options
         self._busy_timeout = options.busy_timeout
@@ -247,7 +268,7 @@ class FileBackend:
             return
         line, body = log_line(state)
         data = line if loaded.log_clean else b"\n" + line
-        fd = os.open(f"{rdir}/{LOG}", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_creating(f"{rdir}/{LOG}", os.O_WRONLY | os.O_APPEND)
         try:
             write_all(fd, data)  # failing before its newline, the line never counts
             try:
@@ -281,8 +302,7 @@ class FileBackend:
         try:
             write_file(temporary, body)
             if fresh_log:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-                os.close(os.open(f"{rdir}/{LOG}", flags, 0o644))
+                os.close(open_creating(f"{rdir}/{LOG}", os.O_WRONLY | os.O_TRUNC))
             os.replace(temporary, f"{rdir}/{STATE}")  # the commit point
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -367,10 +387,7 @@ class FileBackend:
     def transaction(self, resource: str, intent: Intent = ORDINARY) -> Iterator[FileTransaction]:
         digest = resource_digest(resource)
         rdir = f"{self.root}/resources/{digest}"
-        lock = self.lock(digest)
-        if mutants.active("check-then-write"):  # seeded defect of `fenced verify --mutants`
-            lock = contextlib.nullcontext()  # check and write are no longer one atomic step
-        with translated(f"writing {resource!r}"), lock:
+        with translated(f"writing {resource!r}"), self.lock(digest):
             tx = FileTransaction(rdir, self.load(rdir, resource), resource)
             yield tx
             if tx.dirty:

@@ -54,7 +54,7 @@ from fenced.core.token import FencingToken
 __all__ = ["GUARD_TABLE", "guard_postgres", "guard_psycopg", "guard_sqlalchemy", "install"]
 
 GUARD_TABLE = "guard_fences"
-"""The table (in the guard's schema, default ``fenced``) with one fence row per resource."""
+"""The table (in the guard's schema, default ``fenced``): each resource's coordinator and floor."""
 _STALE = "FN001"
 _FOREIGN = "FN002"
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
@@ -90,11 +90,11 @@ def _ddl(schema: str) -> list[str]:
             SELECT f.coordinator_id, f.epoch INTO v_coordinator, v_epoch
             FROM {s}.{GUARD_TABLE} f WHERE f.resource = p_resource;
             IF v_coordinator <> p_coordinator THEN
-                RAISE EXCEPTION 'fenced: token for % comes from coordinator %, but the fence is '
-                    'bound to coordinator %', p_resource, p_coordinator, v_coordinator
+                RAISE EXCEPTION 'fenced: token for % comes from coordinator %, but this '
+                    'database is bound to coordinator %', p_resource, p_coordinator, v_coordinator
                     USING ERRCODE = '{_FOREIGN}', DETAIL = v_coordinator;
             END IF;
-            RAISE EXCEPTION 'fenced: stale token for %: epoch % is below the fence %',
+            RAISE EXCEPTION 'fenced: stale token for %: epoch % is below the floor %',
                 p_resource, p_epoch, v_epoch
                 USING ERRCODE = '{_STALE}', DETAIL = v_epoch::text;
         END $$""",

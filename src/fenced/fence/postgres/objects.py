@@ -70,11 +70,13 @@ def copy_chunks(
 
 class ChunkStream(ChunkReader):
     """One object's chunks, read in the snapshot of ``conn``'s transaction (the stream owns
-    ``conn`` and closes it). Each chunk's read must end within ``timeout`` seconds."""
+    ``conn`` and calls ``release`` once, at close, to end the transaction and give the
+    connection back). Each chunk's read must end within ``timeout`` seconds."""
 
     def __init__(
         self,
         conn: Connection,
+        release: Callable[[], None],
         select_chunk: bytes,
         object_id: str,
         chunks: int,
@@ -84,6 +86,7 @@ class ChunkStream(ChunkReader):
     ) -> None:
         super().__init__(object_id, chunks)
         self._db = conn
+        self._release = release
         self._select_chunk = select_chunk
         self._timeout = timeout
         self._where = where
@@ -103,5 +106,5 @@ class ChunkStream(ChunkReader):
     def close(self) -> None:
         if not self.closed:
             with contextlib.suppress(Exception):
-                self._db.close()
+                self._release()
         super().close()

@@ -57,25 +57,25 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any, BinaryIO, cast
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
 from fenced._drivers.migrations import Migration
 from fenced._drivers.postgres import (
     DEFAULT_OP_TIMEOUT,
-    DEFAULT_POOL_SIZE,
-    Pool,
     Statement,
     deadlines,
+    dedicated,
     execute,
     guarded,
     migrate,
-    parse_url,
     translate,
 )
+from fenced._drivers.postgres_borrowed import lender
 from fenced.core.errors import (
     ConfigurationError,
     CorruptData,
@@ -297,9 +297,12 @@ SCHEMA_VERSION = MIGRATIONS[-1].version
 """The newest schema this code knows; a store of a newer version is refused."""
 
 
-def open_postgres_backend(url: str, mode: Mode | None, options: StoreOptions) -> PostgresBackend:
-    """Open (creating its tables if needed) the store backend at ``url`` with validated
-    ``options``: what ``fenced.open_store("postgresql://…")`` opens (see the registry)."""
+def open_postgres_backend(url: object, mode: Mode | None, options: StoreOptions) -> PostgresBackend:
+    """Open (creating its tables if needed) the store backend at ``url`` — a URL, or a user's
+    ``psycopg_pool.ConnectionPool`` or SQLAlchemy ``Engine`` (see
+    :mod:`fenced._drivers.postgres_borrowed`) — with validated ``options``: what
+    ``fenced.open_store("postgresql://…")`` or ``fenced.open_store(pool)`` opens (see the
+    registry)."""
     return PostgresBackend(url, mode, options)
 
 
@@ -320,26 +323,22 @@ class PostgresBackend:
     )
     fast_paths = frozenset({FastPath.SPECULATION})
 
-    def __init__(self, url: str, mode: Mode | None, options: StoreOptions) -> None:
-        parsed = parse_url(url, _URL_KEYS)
+    def __init__(self, url: object, mode: Mode | None, options: StoreOptions) -> None:
+        parsed, self._pool = lender(url, _URL_KEYS, options.backend_options)
         self.url = parsed.display
         self.schema = parsed.schema
         self._where = f"postgres store {parsed.display}"
-        self._timeout = parsed.option_float("timeout", DEFAULT_OP_TIMEOUT, minimum=0.01)
+        try:
+            self._timeout = parsed.option_float("timeout", DEFAULT_OP_TIMEOUT, minimum=0.01)
+        except BaseException:
+            self._pool.close()
+            raise
         self._connect_budget = min(parsed.connect_timeout, self._timeout)
         self._lock_timeout_ms = max(int(options.busy_timeout * 1000), 1)
         self._lock_timeout = f"{self._lock_timeout_ms}ms"  # the lock_timeout setting
-        self._pool = Pool(
-            parsed.conninfo,
-            display=parsed.display,
-            size=parsed.option_int("pool_size", DEFAULT_POOL_SIZE),
-            connect_timeout=parsed.connect_timeout,
-            prepare=parsed.option_flag("prepare", True),
-        )
         self._remembered: dict[str, Remembered] = {}  # by resource, the oldest first
         self._remembered_lock = threading.Lock()
-        s = sql.Identifier(self.schema).as_string(None)
-        self._s = s
+        self._quoted_schema = sql.Identifier(self.schema).as_string(None)  # for {s} in queries
         self._queries: dict[str, bytes] = {}  # _sql's, built once
         # the speculative write, sent through libpq directly (see Statement)
         self._apply = Statement(self._sql(APPLY_N), self._sql(APPLY))
@@ -355,7 +354,7 @@ class PostgresBackend:
     def _sql(self, text: str) -> bytes:
         query = self._queries.get(text)
         if query is None:
-            query = text.replace("{s}", self._s).encode()
+            query = text.replace("{s}", self._quoted_schema).encode()
             if len(self._queries) < 256:  # a few dozen texts (see PostgresTransaction._check)
                 self._queries[text] = query
         return query
@@ -364,7 +363,7 @@ class PostgresBackend:
         try:
             # a connection of its own: a failure here (wrong password, missing database, newer
             # schema) is reported at once and starts no pool threads
-            with self._pool.open_connection(self._connect_budget) as conn:
+            with dedicated(self._pool, self._connect_budget) as conn:
                 meta = migrate(
                     conn,
                     schema=self.schema,
@@ -393,7 +392,7 @@ class PostgresBackend:
         except psycopg.Error as error:
             raise translate(error, "opening the store", sent=False, where=self._where) from error
 
-    # -- helpers ------------------------------------------------------------------------------
+    # -- remembered domains, deadlines, one-statement reads -----------------------------------
 
     def knows(self, resource: str, key: str | None) -> bool:
         """Whether a speculative mutation of ``resource`` (reading ``key``) is worth trying:
@@ -461,7 +460,7 @@ class PostgresBackend:
         deadline = self._deadline()
         with self._pool.connection(self._connect_budget) as conn:
             left = self._left(f"writing {resource!r}", deadline)
-            watchdog = deadlines()  # as guarded(), without one more generator per call
+            watchdog = deadlines()  # as guarded(): the statements below end at the deadline
             armed_key, armed = watchdog.arm(conn.fileno(), left)
             tx = PostgresTransaction(self, conn, resource, intent.key, intent.pointer, known)
             try:
@@ -609,13 +608,14 @@ class PostgresBackend:
 
     def open_current(self, resource: str, name: str) -> tuple[Publication, BinaryIO] | None:
         deadline = self._deadline()
-        conn = self._pool.open_connection(self._connect_budget)
+        conn, give_back = self._pool.lend_dedicated(self._connect_budget)
+        release = partial(self._end_snapshot, conn, give_back)
         try:
             with guarded(conn, self._left(f"reading {resource!r}", deadline)):
                 conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 rows = conn.execute(self._sql(POINTER), (resource, name), prepare=False).fetchall()
                 if not rows:
-                    conn.close()
+                    release()
                     return None
                 publication = publication_of(resource, name, rows[0])
                 found = conn.execute(
@@ -628,15 +628,16 @@ class PostgresBackend:
                     f"the pointer of {resource!r} names a missing object: the store is corrupt"
                 )
         except psycopg.Error as error:
-            conn.close()
+            release()
             raise translate(
                 error, f"reading {resource!r}", sent=False, where=self._where
             ) from error
         except BaseException:
-            conn.close()
+            release()
             raise
         reader = ChunkStream(
             conn,
+            release,
             self._sql("SELECT data FROM {s}.store_chunks WHERE object_id = %s AND seq = %s"),
             publication.object_id,
             int(found[0]),
@@ -644,6 +645,18 @@ class PostgresBackend:
             where=self._where,
         )
         return publication, cast(BinaryIO, reader)
+
+    def _end_snapshot(
+        self, conn: psycopg.Connection[tuple[Any, ...]], give_back: Callable[[], None]
+    ) -> None:
+        """End a snapshot read's transaction (a borrowed connection then goes back to its pool
+        reusable; a broken one is discarded) and give the connection back. Never raises."""
+        with contextlib.suppress(Exception):
+            if not conn.broken and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                with guarded(conn, self._timeout):
+                    conn.execute(b"ROLLBACK")
+        with contextlib.suppress(Exception):
+            give_back()
 
     # -- objects ------------------------------------------------------------------------------
 
@@ -702,7 +715,7 @@ class PostgresBackend:
                 guarded(conn, self._left(f"discarding object {object_id}", deadline)),
                 conn.transaction(),
             ):
-                delete_object(conn, self._s, object_id)
+                delete_object(conn, self._quoted_schema, object_id)
         except (psycopg.Error, FencedError):
             pass  # best effort: gc removes it later
 

@@ -96,7 +96,7 @@ def publication_of(resource: str, name: str, row: tuple[Any, ...]) -> Publicatio
     )
 
 
-# json.dumps(…, separators=(",", ":")[, default=str]) without building an encoder per call
+# compact JSON, as json.dumps(…, separators=(",", ":")) writes it
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -148,7 +148,7 @@ class PostgresTransaction:
         pointer_hint: str | None,
         known: Remembered | None,
     ) -> None:
-        self._b = backend
+        self._backend = backend
         self._conn = conn
         self._cursor: psycopg.ClientCursor[tuple[Any, ...]] | None = None  # when first needed
         self._resource = resource
@@ -171,15 +171,21 @@ class PostgresTransaction:
 
     def _enter(self) -> list[tuple[bytes, tuple[object, ...]]]:
         """BEGIN; the domain lock (``busy_timeout`` as lock_timeout) and a durable commit."""
-        b = self._b
+        backend = self._backend
         return [
             (b"BEGIN", ()),
-            (LOCK, (f"{b._lock_timeout_ms}ms", f"fenced.store.{b.schema}:{self._resource}")),
+            (
+                LOCK,
+                (
+                    f"{backend._lock_timeout_ms}ms",
+                    f"fenced.store.{backend.schema}:{self._resource}",
+                ),
+            ),
         ]
 
     def _check(self) -> tuple[bytes, tuple[object, ...]]:
         """A statement that fails (division by zero, 22012) unless the expectations hold."""
-        b = self._b
+        backend = self._backend
         r = self._resource
         head = self._known.head if self._known is not None else Head()  # not a set_head
         conditions: list[str] = []
@@ -208,7 +214,7 @@ class PostgresTransaction:
             )
             params += [r, self._expect_op]
         query = "SELECT 1 / (CASE WHEN " + " AND ".join(conditions) + " THEN 1 ELSE 0 END)"
-        return b._sql(query), tuple(params)
+        return backend._sql(query), tuple(params)
 
     def _run(self, statements: list[tuple[bytes, tuple[object, ...]]]) -> list[list[Any]]:
         """Run ``statements`` in one round trip when they are small; return their rows."""
@@ -231,17 +237,17 @@ class PostgresTransaction:
 
     def _begin(self, extra: tuple[bytes, tuple[object, ...]] | None = None) -> list[Any] | None:
         """Switch to ordinary mode: BEGIN, the lock, the head, the prefetches and ``extra``."""
-        b = self._b
+        backend = self._backend
         r = self._resource
         key = self._expect_key[0] if self._expect_key is not None else self._key_hint
         statements = self._enter()
-        statements.append((b._sql(HEAD), (r,)))
+        statements.append((backend._sql(HEAD), (r,)))
         if key is not None:
-            statements.append((b._sql(VERSION), (r, key)))
+            statements.append((backend._sql(VERSION), (r, key)))
         if self._pointer_hint is not None:
-            statements.append((b._sql(POINTER), (r, self._pointer_hint)))
+            statements.append((backend._sql(POINTER), (r, self._pointer_hint)))
         if self._expect_op is not None:
-            statements.append((b._sql(OP), (r, self._expect_op)))
+            statements.append((backend._sql(OP), (r, self._expect_op)))
         if extra is not None:
             statements.append(extra)
         results = self._run(statements)[2:]
@@ -273,7 +279,7 @@ class PostgresTransaction:
 
     def _query(self, query: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
         """A read inside the transaction (after flushing buffered writes)."""
-        statement = (self._b._sql(query), params)
+        statement = (self._backend._sql(query), params)
         if not self._begun:
             rows = self._begin(statement)
             assert rows is not None
@@ -285,7 +291,7 @@ class PostgresTransaction:
     def _write(self, query: str, params: tuple[object, ...], kind: str = "") -> None:
         if not self._begun and self._known is None:
             self._begin()
-        self._writes.append((self._b._sql(query), params))
+        self._writes.append((self._backend._sql(query), params))
         if kind == "record":
             self._records.append(params)
             return
@@ -316,7 +322,7 @@ class PostgresTransaction:
     def _apply(self) -> None:
         """A speculative commit as one statement: ``store_apply_all`` (the lock, the check, then
         the writes, the records and their pruning)."""
-        b = self._b
+        backend = self._backend
         head = self._known.head if self._known is not None else Head()  # what was decided on
         key, version = self._expect_key or (None, None)
         new_head = self._typed.get("head", (None, None, None))[1:]
@@ -327,12 +333,12 @@ class PostgresTransaction:
         # record_params: (resource, at, kind, epoch, detail), always of this resource; JSON
         # because psycopg dumps arrays slowly (more than the rest of the statement together)
         records = records_json(self._records)
-        b._apply.run(
-            b._pool,
+        backend._apply.run(
+            backend._pool,
             self._conn,
             (
-                self._resource, f"fenced.store.{b.schema}:{self._resource}",
-                b._lock_timeout, head.coordinator_id, head.floor, key, version,
+                self._resource, f"fenced.store.{backend.schema}:{self._resource}",
+                backend._lock_timeout, head.coordinator_id, head.floor, key, version,
                 self._expect_op, *new_head, *item, *op, *prune,
                 records if self._records else None, records_before, records_keep,
             ),

@@ -61,11 +61,12 @@ Guarantees
 
 Etcd leases (why one etcd lease per live grant, reused)
 -------------------------------------------------------
-etcd's own ``concurrency.Session`` attaches every key of a process to one session lease. For
-fenced that breaks DESIGN §2: a lease on resource A renewed by a healthy holder would keep alive
-resource B of the same process whose holder stopped renewing (B outlives its ttl), and releasing
-by revoking would end every other lease. fenced therefore keeps a per-process *pool* of etcd
-leases per TTL, and each pooled lease carries **at most one** ``P/lease/NAME`` key at a time:
+etcd's own ``concurrency.Session`` attaches every key of a process to one session lease. For fenced
+that breaks the lease rules (docs/concepts.md): a lease on resource A renewed by a healthy holder
+would keep alive resource B of the same process whose holder stopped renewing (B outlives its ttl),
+and releasing by revoking would end every other lease. fenced therefore keeps a per-process *pool*
+of etcd leases per TTL, and each pooled lease carries **at most one** ``P/lease/NAME`` key at a
+time:
 
 - acquire attaches the key to an idle pooled lease (no LeaseGrant on the hot path: the
   uncontended acquire is one round trip, the release another);
@@ -104,10 +105,11 @@ Race timelines (more in ``docs/etcd.md``)::
                                                                           DELETE of B's key:
                                                                           reads, watches P/lease/R
 
-    B's acquire gave up (Busy) just as A's release committed:
-                                      leave(): txn "my key exists" fails;
-                                      P/lease/R holds B's secret → release it
-                                      (which hands it to C)
+    B's wait ran out just as A's release committed:
+                                      leave(take): txn "my key exists" fails;
+                                      P/lease/R holds B's secret → acquire
+                                      returns it (a leave for another reason
+                                      releases it, which hands it to C)
 
     B's process was SIGKILLed/SIGSTOPped before A's release: its key (queue lease, 2 s) and
     its etcd lease (TTL) are still there → A hands over to B; nobody keeps B's etcd lease alive
@@ -407,7 +409,7 @@ class EtcdBackend(_Waiters):
         if request.value is not None:
             detail["value"] = request.value
         items.append((RecordKind.GRANTED, name, epoch, request.holder, detail))
-        record_ops, number = self._resource_records(name, state.n, items)
+        record_ops, number = self._resource_records(name, state.last_record, items)
         pooled = self._ticket_lease(ticket) if ticket is not None else self._take_lease(request.ttl)
         value = LeaseValue(
             epoch, request.owner, request.holder, request.ttl, request.value, number
@@ -584,11 +586,11 @@ class EtcdBackend(_Waiters):
                 res_rev, state = self._res.get(resource, (0, ResourceState()))
             record_ops, number = self._resource_records(
                 resource,
-                state.n,
+                state.last_record,
                 [(RecordKind.PROCLAIMED, resource, epoch, lease.holder, {"value": value})],
             )
             new_value = LeaseValue(epoch, owner, lease.holder, lease.ttl, value, number).encode()
-            new_state = replace(state, n=number)
+            new_state = replace(state, last_record=number)
             ok, responses, revision = self._txn(
                 [_cmp(lease_key, "MOD", kv.mod_revision), _cmp(keys.res(resource), "MOD", res_rev)],
                 [

@@ -89,8 +89,8 @@ _NOT_APPLIED_MESSAGES = (
 )
 _HEADERS = {"Content-Type": "application/json", "Grpc-Metadata-hasleader": "true"}
 _compact_json = json.JSONEncoder(separators=(",", ":"), default=to_json).encode
-"""One encoder for every request body (``json.dumps`` with options builds one per call); a
-message in a body is written as the gateway's JSON of it."""
+"""A request body as compact JSON (``json.dumps(…, separators=(",", ":"))``); a message in a
+body is written as the gateway's JSON of it."""
 _IDLE_KEPT = 16  # idle keep-alive connections kept per endpoint
 _READ_CHUNK = 65536
 # http.client writes a request's head and its body with two send()s: corked, they leave in one
@@ -494,8 +494,8 @@ class Transport:
         Tries the endpoints in turn until one answers 200 within ``timeout`` (connecting,
         sending, and the reply's head: etcd's gateway sends it with the first message), else
         raises :class:`NotApplied`. Once open, the stream has no read timeout: a quiet watch is
-        normal (``tests/test_etcd_coordinator.py`` pins that an idle watch keeps its
-        connection).
+        normal (``tests/coordinator/etcd/test_etcd_coordinator.py`` pins that an idle watch keeps
+        its connection).
         """
         data = _compact_json(body).encode()
         deadline = time.monotonic() + timeout

@@ -181,7 +181,7 @@ class _Handoff(_Records):
                 with self._lock:
                     self._res[resource] = (revision, plan.state)
                 return True
-            # (no failure branch: a release that fails is rare, reads are cheaper)
+            # (the transaction has no failure branch: a release that fails reads the state here)
             settle = 0.0 if unknown is None else self._settle_for(pooled)
             responses = self._read_settling(
                 [*plan.reads(), _get(plan.record)], f"reading {resource} to release it", settle
@@ -269,10 +269,10 @@ class _Handoff(_Records):
             return found if request_key is None else [*found, _get(request_key)]
 
         items: list[_Item] = [(RecordKind.RELEASED, resource, epoch, holder, {})]
-        record = keys.record(resource, state.n + 1)
+        record = keys.record(resource, state.last_record + 1)
         inputs = _release_inputs(epoch, holder, lease_rev, head, res_rev, state, minimum)
         if head is None:
-            record_ops, number = self._resource_records(resource, state.n, items, at)
+            record_ops, number = self._resource_records(resource, state.last_record, items, at)
             new_state = ResourceState(max(state.epoch, epoch), "released", holder, number)
             success = [_delete(lease_key), _put(res_key, new_state.encode()), *record_ops]
             request = rpc.TxnRequest(compare=compare, success=success)
@@ -285,7 +285,7 @@ class _Handoff(_Records):
         if waiter.value is not None:
             detail["value"] = waiter.value
         items.append((RecordKind.GRANTED, resource, granted, waiter.holder, detail))
-        record_ops, number = self._resource_records(resource, state.n, items, at)
+        record_ops, number = self._resource_records(resource, state.last_record, items, at)
         new_state = ResourceState(granted, "held", waiter.holder, number)
         value = LeaseValue(granted, waiter.owner, waiter.holder, waiter.ttl, waiter.value, number)
         # The head's key, unchanged. Nothing else is needed: create revisions only grow, so a

@@ -139,17 +139,22 @@ def dumps(value: dict[str, Any]) -> bytes:
 
 
 def _encode_fields(value: LeaseValue | QueueValue | ResourceState) -> bytes:
-    """A value object as a JSON object of its fields, named as in the class."""
-    return dumps({name: getattr(value, name) for name in value.__slots__})
+    """A value object as a JSON object of its fields, named as in the class (``last_record``
+    is stored as ``n``)."""
+    return dumps({_STORED_AS.get(name, name): getattr(value, name) for name in value.__slots__})
+
+
+_STORED_AS = {"last_record": "n"}
 
 
 @dataclass(frozen=True, slots=True)
 class LeaseValue:
     """The value of ``P/lease/NAME``. ``owner`` is the owner secret (never put in a record).
 
-    ``n`` is the resource's record counter written by the same transaction (0: unknown), as in
-    :class:`ResourceState`: a waiter handed the lease by a release learns from the watch event
-    alone everything its own release will compare and write.
+    ``last_record`` is the number of the resource's last record, written by the same
+    transaction (0: unknown), as in :class:`ResourceState`: a waiter handed the lease by a
+    release learns from the watch event alone everything its own release will compare and
+    write.
     """
 
     epoch: int
@@ -157,7 +162,7 @@ class LeaseValue:
     holder: str
     ttl: float
     value: str | None = None
-    n: int = 0
+    last_record: int = 0
 
     def encode(self) -> bytes:
         return _encode_fields(self)
@@ -221,16 +226,16 @@ class ResourceState:
 
     ``state`` is ``"held"`` while the lease of ``epoch`` may live (its end not recorded yet), else
     how it ended: ``"released"``, ``"expired"``, ``"restored"``, or ``"none"`` (never granted).
-    ``holder`` is the holder label of ``epoch`` (for the expiry record). ``n`` is the number of
-    the resource's last record (``P/log/NAME:N``; 0: none yet): the next record is ``n + 1``.
-    Every transaction that writes this key carries ``n`` over or raises it — a record key is
-    never written twice.
+    ``holder`` is the holder label of ``epoch`` (for the expiry record). ``last_record`` is the
+    number of the resource's last record (``P/log/NAME:N``; 0: none yet): the next record is
+    ``last_record + 1``. Every transaction that writes this key carries ``last_record`` over or
+    raises it — a record key is never written twice.
     """
 
     epoch: int = 0
     state: str = "none"
     holder: str | None = None
-    n: int = 0
+    last_record: int = 0
 
     def encode(self) -> bytes:
         return _encode_fields(self)

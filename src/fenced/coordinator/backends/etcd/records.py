@@ -126,7 +126,7 @@ class _Records(_LeasePool):
                     (RecordKind.EXPIRED, name, state.epoch, state.holder, {})
                     for name, _, state in chunk
                 ],
-                {name: state.n for name, _, state in chunk},
+                {name: state.last_record for name, _, state in chunk},
             )
             compare: list[rpc.Compare] = []
             success = list(record_ops)
@@ -218,9 +218,9 @@ class _Records(_LeasePool):
             with self._lock:
                 res_rev, state = self._res.get(resource, (0, ResourceState()))
             record_ops, number = self._resource_records(
-                resource, state.n, [(kind, resource, epoch, holder, detail)]
+                resource, state.last_record, [(kind, resource, epoch, holder, detail)]
             )
-            new_state = replace(state, n=number)
+            new_state = replace(state, last_record=number)
             ok, responses, revision = self._txn(
                 [_cmp(res_key, "MOD", res_rev)],
                 [_put(res_key, new_state.encode()), *record_ops],
@@ -327,7 +327,8 @@ class _Records(_LeasePool):
             recorded = {**detail, "minimum": new_minimum}
             first, rest = states[:_RESTORE_CHUNK], states[_RESTORE_CHUNK:]
             record_ops, numbers = self._records_ops(
-                _restored(first, new_minimum, recorded), {name: state.n for name, state in first}
+                _restored(first, new_minimum, recorded),
+                {name: state.last_record for name, state in first},
             )
             ok, _, revision = self._txn(
                 [
@@ -404,7 +405,8 @@ class _Records(_LeasePool):
             found = [item for item in self._read_states(chunk) if item[1]]
             states = [(name, state) for name, _, state in found]
             record_ops, numbers = self._records_ops(
-                _restored(states, new_minimum, recorded), {name: state.n for name, state in states}
+                _restored(states, new_minimum, recorded),
+                {name: state.last_record for name, state in states},
             )
             compare: list[rpc.Compare] = []
             success: list[_Op] = []
@@ -412,7 +414,7 @@ class _Records(_LeasePool):
                 marked = (
                     ResourceState(state.epoch, "restored", None, numbers[name])
                     if revision <= since
-                    else replace(state, n=numbers[name])
+                    else replace(state, last_record=numbers[name])
                 )
                 compare.append(_cmp(keys.res(name), "MOD", revision))
                 success.append(_put(keys.res(name), marked.encode()))

@@ -5,7 +5,8 @@ this process's queue lease, naming the pooled etcd lease reserved for its grant,
 predecessor. :meth:`_ticket_state` says where a waiter stands, with a read only when its watch
 woke it, its predecessor changed or :data:`RECHECK` passed; :meth:`_take_handed` takes a grant a
 release handed to it (no request unless its etcd lease needs keeping alive). :meth:`leave`
-deletes its key, and releases (hands on) a grant that reached it meanwhile; a leave that fails is
+deletes its key, and takes (a waiter that gives up) or releases (hands on) a grant that reached
+it meanwhile; a leave that fails is
 retried by the keeper, and its reserved lease is no longer kept alive, so such a grant expires.
 """
 
@@ -145,31 +146,35 @@ class _Waiters(_Handoff):
         assert own is not None
         own.changed.wait(max(timeout, 0.0))
 
-    def leave(self, ticket: Ticket) -> None:
-        """Leave the queue; a lease that a release handed to this waiter meanwhile is released
-        (handed on to the next waiter). On failure the keeper retries, and the waiter's etcd
-        lease is no longer kept alive: a grant that reached it expires within its TTL."""
+    def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
+        """Leave the queue; a lease that a release handed to this waiter meanwhile is returned
+        with ``take``, else released (handed on to the next waiter). On failure the keeper
+        retries, and the waiter's etcd lease is no longer kept alive: a grant that reached it
+        expires within its TTL."""
         own = owned_ticket(self, ticket, ticket.resource, EtcdTicket)
         assert own is not None
         own.stop()
         if own.done:
-            return
+            return None
         own.done = True
         if not own.rev:  # never queued
             with self._lock:
                 pooled = self._leases.get(own.lease_id)
             if pooled is not None and own.key not in self._orphans:
                 self._give_back(pooled)
-            return
+            return None
         try:
-            self._leave_once(own)
+            return self._leave_once(own, take)
         except Exception as error:
             log.debug("leaving the queue of %s failed: %s", own.resource, error)
             with self._lock:
                 self._orphans[own.key] = own
+            return None
 
-    def _leave_once(self, ticket: EtcdTicket) -> None:
-        """Delete the waiter's key, or release the lease a release handed to it instead."""
+    def _leave_once(self, ticket: EtcdTicket, take: bool = False) -> Granted | None:
+        """Delete the waiter's key (a transaction that fails if a release took it first, and
+        then reads the lease key), or take (``take``) or release the lease a release handed to
+        it instead."""
         name = ticket.resource
         with self._lock:
             pooled = self._leases.get(ticket.lease_id)
@@ -190,7 +195,11 @@ class _Waiters(_Handoff):
         if lease_kv is None or _owner(lease_kv) != ticket.request.owner:
             if pooled is not None:
                 self._give_back(pooled)  # it carries nothing, and no release can hand it more
-            return
+            return None
+        if take:
+            granted = self._take_handed(ticket, lease_kv)
+            if granted is not None:
+                return granted
         lease = LeaseValue.decode(lease_kv.value)
         if pooled is not None and pooled.id == lease_kv.lease:
             with self._lock:
@@ -199,6 +208,7 @@ class _Waiters(_Handoff):
                 pooled.lease_rev = lease_kv.mod_revision
                 pooled.holder = lease.holder
         self.release(name, lease.epoch, lease.owner)
+        return None
 
     def _ticket_state(self, ticket: EtcdTicket) -> Granted | Blocked | None:
         """Where a waiter stands, without a write if possible; None: try to take the lease.
@@ -278,9 +288,12 @@ class _Waiters(_Handoff):
                 pooled.grant = (name, lease.epoch, lease.owner)
                 pooled.lease_rev = kv.mod_revision
                 pooled.holder = lease.holder
-                if lease.n and kv.mod_revision > self._res.get(name, (0, ResourceState()))[0]:
+                if (
+                    lease.last_record
+                    and kv.mod_revision > self._res.get(name, (0, ResourceState()))[0]
+                ):
                     # the grant's transaction wrote the state too, at the same revision
-                    state = ResourceState(lease.epoch, "held", lease.holder, lease.n)
+                    state = ResourceState(lease.epoch, "held", lease.holder, lease.last_record)
                     self._res[name] = (kv.mod_revision, state)
                 expires_in = min(lease.ttl, pooled.expires - self._clock.now())
         self._retire(ticket)

@@ -5,9 +5,10 @@ share state; nothing survives the process.
 
 **The model.** The lease rules are written once per backend — SQL (SQLite), PL/pgSQL
 (PostgreSQL), etcd transaction compares — and stated here in plain Python, the simplest correct
-way. Every backend answers exactly as this one does: ``tests/test_model_lockstep.py`` drives it
-and each real backend with the same random operations and clock steps and compares every answer
-(values and exception classes) and every record (see docs/coordinator.md). The rules:
+way. Every backend answers exactly as this one does:
+``tests/coordinator/test_model_lockstep.py`` drives it and each real backend with the same random
+operations and clock steps and compares every answer (values and exception classes) and every
+record (see docs/coordinator.md). The rules:
 
 - A lease is **live** while its boot id is the host clock's and its expiry (boot-time clock) is
   in the future. An ended lease is never revived.
@@ -54,7 +55,6 @@ from fenced.coordinator.backend import (
     Ticket,
 )
 from fenced.coordinator.hostclock import SystemHostClock
-from fenced.core import _mutants as mutants
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, LeaseLost, LossReason
 from fenced.core.lease import LeaseInfo
@@ -220,13 +220,15 @@ class MemoryBackend:
         with self._state.cond:
             self._clock.wait(self._state.cond, self._clock.boottime() + timeout)
 
-    def leave(self, ticket: Ticket) -> None:
+    def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
+        """Leave the queue. Nothing is ever handed to a waiter here: always None."""
         assert isinstance(ticket, _Ticket)
         with self._state.cond:
             queue = self._state.queues.get(ticket.resource, [])
             if ticket.number in queue:
                 queue.remove(ticket.number)
                 self._state.cond.notify_all()
+        return None
 
     def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
         with self._state.cond:
@@ -241,8 +243,6 @@ class MemoryBackend:
     def release(self, resource: str, epoch: int, owner: str) -> bool:
         with self._state.cond:
             lease = self._live(resource)
-            if mutants.active("release-without-owner"):  # seeded defect (fenced verify)
-                epoch, owner = (lease.epoch, lease.owner) if lease else (epoch, owner)
             if lease is None or lease.epoch != epoch or lease.owner != owner:
                 return False
             del self._state.leases[resource]

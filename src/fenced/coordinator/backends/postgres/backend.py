@@ -32,12 +32,14 @@ Guarantees
   sessions ended): its row is dropped and the next one considered. A waiter without a usable
   listener (``listen=off``, an unproven listener, a request_id) is only woken, and
   grants itself. A detected expiry or the head's leave wakes the first live waiter. A waiter that
-  gives up (``leave``) after a lease was handed to it releases that lease and passes the resource
-  on. A waiter's row stays live for :data:`QUEUE_KEEPALIVE` seconds after its last ``try_grant``; a
-  waiter that stopped (SIGSTOP) or was cut off without its sessions ending can be handed the
-  resource within that time, which then stays blocked until that lease expires — as if it had
-  stopped right after its own acquire. A waiter blocked by a live lease retries at the lease's
-  expiry (a timer, not a poll) and at least every ``QUEUE_KEEPALIVE / 3`` (its keep-alive).
+  gives up (its wait ran out) after a lease was handed to it takes that lease (``leave_taking``:
+  ``acquire`` returns it); one that leaves for another reason releases it and passes the
+  resource on. A waiter's row stays live for :data:`QUEUE_KEEPALIVE` seconds after its last
+  ``try_grant``; a waiter that stopped (SIGSTOP) or was cut off without its sessions ending can be
+  handed the resource within that time, which then stays blocked until that lease expires — as
+  if it had stopped right after its own acquire. A waiter blocked by a live lease retries at the
+  lease's expiry (a timer, not a poll) and at least every ``QUEUE_KEEPALIVE / 3`` (its
+  keep-alive).
 - **A lost notification is recovered, never waited on forever.** The listener pings its
   connection every :data:`LISTEN_PING` seconds; when the connection fails it reconnects,
   re-LISTENs, proves delivery with a probe NOTIFY, then wakes every local waiter to try again at
@@ -98,7 +100,8 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -107,12 +110,13 @@ from psycopg.types.json import Jsonb
 
 from fenced._drivers.postgres import (
     DEFAULT_OP_TIMEOUT,
-    DEFAULT_POOL_SIZE,
-    Pool,
+    connect_listening,
+    dedicated,
     migrate,
     parse_url,
     translate,
 )
+from fenced._drivers.postgres_borrowed import lender
 from fenced.coordinator.backend import (
     CAP_RECORDS,
     CAP_REQUEST_ID,
@@ -221,22 +225,34 @@ class PostgresBackend:
     ``coordinator_id_for_new`` is used only when the schema is created here (restores, tests).
     """
 
-    def __init__(self, url: str, *, coordinator_id_for_new: str | None = None) -> None:
-        parsed = parse_url(url, _URL_KEYS)
+    def __init__(
+        self,
+        url: object,
+        *,
+        coordinator_id_for_new: str | None = None,
+        options: Mapping[str, object] | None = None,
+    ) -> None:
+        parsed, self._pool = lender(url, _URL_KEYS, options)
         self._parsed = parsed
         self.url = parsed.display
         self.schema = parsed.schema
         self.capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
-        self._op_timeout = parsed.option_float("timeout", DEFAULT_OP_TIMEOUT, minimum=0.01)
+        try:
+            self._op_timeout = parsed.option_float("timeout", DEFAULT_OP_TIMEOUT, minimum=0.01)
+            listen = parsed.options.get("listen_url")
+            self._listen_enabled = parsed.option_flag("listen", True)
+            self._listen_connect: Callable[[], tuple[psycopg.Connection[Any], Callable[[], None]]]
+            if listen is not None:
+                self._listen_connect = partial(connect_listening, parse_url(listen, ()).conninfo)
+            else:
+                if self._listen_enabled:
+                    self._pool.check_listen()
+                self._listen_connect = self._pool.listen_connection
+        except BaseException:
+            self._pool.close()
+            raise
         self._connect_budget = min(parsed.connect_timeout, self._op_timeout)
         self._clock: Clock = SystemClock()  # the deadline clock: counts a suspended host
-        self._pool = Pool(
-            parsed.conninfo,
-            display=parsed.display,
-            size=parsed.option_int("pool_size", DEFAULT_POOL_SIZE),
-            connect_timeout=parsed.connect_timeout,
-            prepare=parsed.option_flag("prepare", True),
-        )
         if coordinator_id_for_new is not None:
             validate_coordinator_id(coordinator_id_for_new)
         self._channel = postgres_schema.channel(self.schema)
@@ -249,11 +265,6 @@ class PostgresBackend:
             connect_budget=self._connect_budget,
         )
         self._direct = self._statements.direct
-        listen = parsed.options.get("listen_url")
-        self._listen_conninfo = (
-            parsed.conninfo if listen is None else parse_url(listen, ()).conninfo
-        )
-        self._listen_enabled = parsed.option_flag("listen", True)
         self.coordinator_id = self._initialise(coordinator_id_for_new)
         self._listener_obj: Listener | None = None
         self._listener_lock = threading.Lock()
@@ -271,7 +282,7 @@ class PostgresBackend:
         try:
             # a connection of its own: a failure here (wrong password, missing database, newer
             # schema) is reported at once and starts no pool threads
-            with self._pool.open_connection(self._connect_budget) as conn:
+            with dedicated(self._pool, self._connect_budget) as conn:
                 meta = migrate(
                     conn,
                     schema=self.schema,
@@ -607,7 +618,7 @@ class PostgresBackend:
             listener = self._listener_obj
             if listener is None or listener._pid != os.getpid():
                 listener = Listener(
-                    self._listen_conninfo,
+                    self._listen_connect,
                     self.url,
                     self._channel,
                     self._probe,
@@ -662,27 +673,33 @@ class PostgresBackend:
         mine._sub.event.wait(max(timeout, 0.0))
         mine._sub.event.clear()
 
-    def leave(self, ticket: Ticket) -> None:
+    def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
         """Leave the queue (idempotent, best effort: a row left behind lapses after
         :data:`QUEUE_KEEPALIVE`). If the leaver was first in line and the resource is free, the
         next waiter is woken. If a releaser had handed the resource to this ticket (before or
-        after it gave up), that lease is released and the resource passed on."""
+        after it gave up), that lease is returned with ``take`` (``leave_taking``, under the
+        resource's row lock), else released and the resource passed on."""
         mine = self._own_ticket(ticket, ticket.resource)
         assert mine is not None
         if mine.ended:
-            return
+            return None
         try:
-            self._call(
+            rows = self._call(
                 f"leaving the queue of {mine.resource}",
-                "leave",
+                "leave_taking" if take else "leave",
                 (mine.resource, mine.waiter_id, mine.owner),
                 mutation=True,
                 idempotent=True,
             )
         except (Unavailable, OutcomeUnknown) as error:
             log.debug("leaving the queue of %s: %s", mine.resource, error)
+            return None
         finally:
             self._end_ticket(mine)
+        if not take or not rows:
+            return None
+        epoch, holder, ttl, remaining = rows[0]
+        return Granted(int(epoch), mine.owner, str(holder), float(ttl), float(remaining))
 
     def _own_ticket(self, ticket: Ticket | None, resource: str) -> PostgresTicket | None:
         return owned_ticket(self, ticket, resource, PostgresTicket)

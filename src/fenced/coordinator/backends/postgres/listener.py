@@ -21,6 +21,7 @@ import secrets
 import select
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -70,18 +71,22 @@ class Listener:
     random ``key`` kept across reconnections (another one if it was taken meanwhile). While
     ``listening``, :attr:`handoff_key` offers it to releasers (see ``_handoff`` in
     :mod:`~fenced.coordinator.backends.postgres.schema`): a free lock means this process is gone.
+
+    ``connect`` returns an autocommit connection for the session and the function that gives it
+    back (a connection of its own, or one held from a user's pool: see
+    :mod:`fenced._drivers.postgres_borrowed`); it is called again after each failure.
     """
 
     def __init__(
         self,
-        conninfo: str,
+        connect: Callable[[], tuple[psycopg.Connection[Any], Callable[[], None]]],
         display: str,
         channel: str,
         probe: Any,
         *,
         enabled: bool,
     ) -> None:
-        self._conninfo = conninfo
+        self._connect = connect
         self._display = display
         self._channel = channel
         self._probe = probe
@@ -180,10 +185,7 @@ class Listener:
             backoff = min(backoff * 2, 1.0)
 
     def _session(self) -> None:
-        name = psycopg.conninfo.conninfo_to_dict(self._conninfo).get("application_name")
-        conn = psycopg.Connection.connect(
-            self._conninfo, autocommit=True, application_name=f"{name or 'fenced'}-listen"
-        )
+        conn, give_back = self._connect()
         try:
             pgconn = conn.pgconn
             self._query(pgconn, f"LISTEN {_quote_ident(self._channel)}".encode(), 5.0)
@@ -218,7 +220,7 @@ class Listener:
                     self._query(pgconn, b"SELECT 1", LISTEN_PING)
         finally:
             with contextlib.suppress(Exception):
-                conn.close()
+                give_back()
 
     def _lock_key(self, pgconn: pq.abc.PGconn) -> None:
         """Take the session's listen lock (:attr:`handoff_key`); a new key if ours is taken."""

@@ -3,12 +3,12 @@
 Everything lives in one PostgreSQL schema (default ``fenced``; ``?schema=name``). ``meta`` holds
 ``format``, ``schema_version``, the ``coordinator_id`` (created once, kept forever), the
 coordinator-wide ``minimum_epoch`` (restore safety) and ``records_retention`` (seconds).
-:data:`MIGRATIONS` lists the schema's versions in order (today one: the initial format);
-:func:`fenced._drivers.postgres.migrate` creates the schema, or applies the missing versions, in
-one transaction under a transaction-level advisory lock. A later change appends a
-:class:`~fenced._drivers.migrations.Migration` (``CREATE OR REPLACE`` the functions it changes);
-a released one is never edited. A schema of a newer version, or tables of another format, are
-refused with ``ConfigurationError`` and left untouched.
+:data:`MIGRATIONS` lists the schema's versions in order (one, the initial format, before the
+first release); :func:`fenced._drivers.postgres.migrate` creates the schema, or applies the
+missing versions, in one transaction under a transaction-level advisory lock. A later change
+appends a :class:`~fenced._drivers.migrations.Migration` (``CREATE OR REPLACE`` the functions
+it changes); a released one is never edited. A schema of a newer version, or tables of another
+format, are refused with ``ConfigurationError`` and left untouched.
 
 Every lease operation is one round trip and one transaction: one call of one PL/pgSQL
 function, or, for the uncontended grant and release, one statement of the client's that falls
@@ -669,7 +669,7 @@ _OPERATIONS = (
             (SELECT extract(epoch FROM r.expires_at - clock_timestamp())::float8
              FROM {s}.resources r WHERE r.name = p_name AND r.owner IS NOT NULL);
     END $$""",
-    # Restore safety (see fenced.core.restore): one transaction, exclusive against grants. It
+    # Restore safety (see fenced.core.restore_base): one transaction, exclusive against grants. It
     # records every due expiry first, then raises every granted resource's epoch to the new
     # minimum (a grant that locked the row never needs the minimum) and records the restore.
     """CREATE OR REPLACE FUNCTION {s}.advance(
@@ -706,6 +706,31 @@ _OPERATIONS = (
     END $$""",
 )
 
+# A waiter that gives up (acquire's wait ran out) and takes the lease a releaser handed it
+# meanwhile instead of releasing it: under the resource row lock (which every hand-off takes
+# first), either its row is still queued or the lease is not its own — then it is ``leave`` —
+# or the handed lease is returned. So no epoch is consumed by a waiter that gives up.
+_LEAVE_TAKING = (
+    """CREATE OR REPLACE FUNCTION {s}.leave_taking(p_name text, p_ticket bigint, p_owner text)
+    RETURNS TABLE (o_epoch bigint, o_holder text, o_ttl double precision,
+                   o_remaining double precision)
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        v_row {s}.resources%ROWTYPE;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
+        IF EXISTS (SELECT 1 FROM {s}.waiters w WHERE w.id = p_ticket AND w.name = p_name)
+                OR v_row.owner IS DISTINCT FROM p_owner
+                OR v_row.expires_at <= clock_timestamp() THEN
+            PERFORM {s}.leave(p_name, p_ticket, p_owner);
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT v_row.epoch, v_row.holder, v_row.ttl,
+            extract(epoch FROM v_row.expires_at - clock_timestamp())::float8;
+    END $$""",
+)
+
 
 LISTEN_LOCK_CLASS = 0x66656E63
 """The first key of the session advisory lock each listening connection holds while it lives
@@ -717,7 +742,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         1,
         "resources and leases, request ids, FIFO waiters a releaser grants directly, watchers, "
         "records; one function per operation",
-        _TABLES + _HELPERS + _OPERATIONS,
+        _TABLES + _HELPERS + _OPERATIONS + _LEAVE_TAKING,
     ),
 )
 

@@ -27,7 +27,7 @@ import psycopg
 from psycopg import pq
 
 from fenced._drivers.postgres import (
-    Pool,
+    Lender,
     checked,
     execute,
     guarded,
@@ -241,6 +241,7 @@ def named_statements(s: str) -> dict[str, bytes]:
         "records": q("SELECT * FROM {s}.records_after(%s, %s, %s)"),
         "enqueue": q("SELECT {s}.enqueue(%s, %s, %s, %s, %s, %s, %s)"),
         "leave": q("SELECT {s}.leave(%s, %s, %s)"),
+        "leave_taking": q("SELECT * FROM {s}.leave_taking(%s, %s, %s)"),
         "watch_start": q("SELECT {s}.watch_start(%s, %s)"),
         "watch_poll": q("SELECT * FROM {s}.watch_poll(%s, %s, %s, %s)"),
         "unwatch": q("DELETE FROM {s}.watchers WHERE id = %s"),
@@ -262,7 +263,7 @@ class StatementRunner:
 
     def __init__(
         self,
-        pool: Pool,
+        pool: Lender,
         url: str,
         quoted_schema: str,
         channel: str,
@@ -346,7 +347,7 @@ class StatementRunner:
         never makes the call outlast its budget."""
         deadline = time.monotonic() + budget
         wait = min(connect_budget, budget)
-        if self.pool.size > 1 and self._kept_lock.acquire(blocking=False):
+        if self.pool.may_keep and self._kept_lock.acquire(blocking=False):
             try:
                 conn = self._kept_connection(wait)
                 try:

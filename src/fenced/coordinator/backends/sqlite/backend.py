@@ -40,8 +40,8 @@ Guarantees
   own owner's name, and takes its expiry from there; an unconfirmed hint is dropped and the
   waiter asks the usual way. If the datagram is lost or unread, its next ``try_grant`` finds the
   live lease in its name. Before the grant the head is sent a ``prepare`` datagram: it tells
-  whether the head is still there and wakes it while the releaser commits (a sleeping process
-  needs a few hundred microseconds to run again). A process that met waiters on the resource
+  whether the head is still there and wakes it while the releaser commits, so that it is
+  running when the grant's datagram arrives. A process that met waiters on the resource
   recently releases and hands over in one transaction; otherwise the release commits alone and,
   if a waiter turns up in its answer, the handover is a second transaction (fsynced if the epoch
   is not reserved). A head whose socket is gone (its process died) is dropped before the
@@ -90,7 +90,9 @@ finds no live lease E' in its name, and B asks again the usual way (a grant atte
 finds A's lease live: Blocked).
 
 B's wait ran out just before the datagram arrived: B leaves the queue; ``leave`` finds the live
-lease in B's name and releases it, which hands it to C. B was SIGSTOPped at the head: the lease
+lease in B's name in the transaction that deletes B's row, and the Coordinator's ``acquire``
+returns it (``leave(take=True)``) instead of Busy; a leave for another reason (an exception)
+releases it, which hands it to C. B was SIGSTOPped at the head: the lease
 is B's until its ttl runs out (like a stopped holder's); continued later, B's read finds that
 lease expired and B asks again.
 
@@ -140,11 +142,11 @@ SQLite serialises writers anyway). Linux only (the wake-up sockets). The SQL sta
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 from contextlib import suppress
 from pathlib import Path
-from urllib.parse import quote
 
 from fenced.coordinator.backend import (
     CAP_RECORDS,
@@ -162,8 +164,6 @@ from fenced.coordinator.backends.sqlite.statements import (
     _END_EXPIRED,
     _GRANT,
     _GRANT_KNOWN,
-    _GRANT_KNOWN_REUSING_EPOCH,
-    _GRANT_REUSING_EPOCH,
     _HAND_OFF,
     _HANDED,
     _HEAD_AHEAD,
@@ -175,7 +175,6 @@ from fenced.coordinator.backends.sqlite.statements import (
     _RECORD,
     _RECORD_ENDS,
     _RELEASE,
-    _RELEASE_ANY_OWNER,
     _RENEW,
     _RESERVE,
     _STATE,
@@ -194,13 +193,15 @@ from fenced.coordinator.backends.sqlite.waiting import (
 )
 from fenced.coordinator.backends.sqlite.wakeup import NETNS, Delivery, Waker
 from fenced.coordinator.hostclock import SystemHostClock
-from fenced.core import _mutants as mutants
 from fenced.core.clock import HostClock
 from fenced.core.errors import ConfigurationError, FencedError, LeaseLost, LossReason
 from fenced.core.lease import LeaseInfo
 from fenced.core.records import Record, RecordKind
+from fenced.core.urls import url_of_path
 
 __all__ = ["QUEUE_KEEPALIVE", "REQUEST_RETENTION", "SQLiteBackend", "SQLiteTicket"]
+
+log = logging.getLogger("fenced.coordinator")
 
 REQUEST_RETENTION = 24 * 3600.0
 """Seconds (wall clock) a ``request_id`` is remembered; a retry after that may get a new epoch."""
@@ -226,11 +227,19 @@ class SQLiteBackend(WaitingQueue):
     dates every record and measures the record and request_id retention; tests inject a
     :class:`~fenced.core.clock.ManualClock`. ``coordinator_id_for_new`` is used only when the
     database is initialised here (restores, tests). ``marker=False`` opens a transient copy (a
-    restore's staging file) without leaving the marker beside it. Raises
+    restore's staging file) without leaving the marker beside it. ``create=False`` opens an
+    existing database only, for readers: a missing or empty one is refused and nothing is
+    created; on a full file system its reads still work (writes raise Unavailable). Raises
     :class:`~fenced.ConfigurationError` for an unusable file (corrupt, not fenced's, newer
     schema, unwritable location), and for a database that is missing or empty where its marker
     says one lived (never a new coordinator with epochs from 1 in its place).
     """
+
+    # The grant (known resource; upsert) and release statements, as class attributes so that a
+    # subclass can run variants: fenced verify's seeded defects (fenced.verify.seeded) do.
+    _grant_known_sql: str = _GRANT_KNOWN
+    _grant_sql: str = _GRANT
+    _release_sql: str = _RELEASE
 
     def __init__(
         self,
@@ -241,6 +250,7 @@ class SQLiteBackend(WaitingQueue):
         record_limit: int = RECORD_LIMIT,
         record_retention: float = RECORD_RETENTION,
         marker: bool = True,
+        create: bool = True,
     ) -> None:
         if isinstance(record_limit, bool) or not isinstance(record_limit, int) or record_limit < 1:
             raise ConfigurationError(
@@ -254,10 +264,10 @@ class SQLiteBackend(WaitingQueue):
         self._record_retention = float(record_retention)
         self._releases_since_prune = 0
         self.path = Path(path).expanduser().absolute()
-        self.url = "sqlite://" + quote(str(self.path))
+        self.url = url_of_path("sqlite", str(self.path))
         self.capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
         self._clock: HostClock = host_clock if host_clock is not None else SystemHostClock()
-        self._db = Database(self.path, coordinator_id_for_new, marker=marker)
+        self._db = Database(self.path, coordinator_id_for_new, marker=marker, create=create)
         self.coordinator_id = self._db.coordinator_id
         self._waker = Waker()
         self._tickets: set[SQLiteTicket] = set()
@@ -265,6 +275,7 @@ class SQLiteBackend(WaitingQueue):
         self._contended: set[str] = set()  # resources where this process recently met waiters
         self._known: set[str] = set()  # resources this process granted: their row exists
         self._requests_since_prune = 0
+        self._unrecorded_told = False  # a failure to record lease ends was logged
 
     def __repr__(self) -> str:
         return f"SQLiteBackend({self.url!r})"
@@ -347,8 +358,7 @@ class SQLiteBackend(WaitingQueue):
 
     def _grant(self, request: GrantRequest, ticket: SQLiteTicket | None) -> Granted | None:
         """One grant step; None if not granted (a live lease, or a live waiter ahead)."""
-        reuse = mutants.active("epoch-reuse")  # seeded defect of `fenced verify --mutants`
-        grant = _GRANT_REUSING_EPOCH if reuse else _GRANT
+        grant = self._grant_sql
         doing = f"acquiring {request.resource}"
         wall = self._clock.wall()
         now, params = self._params(
@@ -364,8 +374,7 @@ class SQLiteBackend(WaitingQueue):
         if request.request_id is None and ticket is None:
             rows = []
             if request.resource in self._known:
-                known = _GRANT_KNOWN_REUSING_EPOCH if reuse else _GRANT_KNOWN
-                rows = self._db.write(known, params, doing, durable=True)
+                rows = self._db.write(self._grant_known_sql, params, doing, durable=True)
             if not rows:  # a new resource, or not grantable now (the upsert says which)
                 rows = self._db.write(grant, params, doing, durable=True)
         else:
@@ -499,9 +508,8 @@ class SQLiteBackend(WaitingQueue):
         same commit when this process expected waiters (it met some recently) and the epoch is
         within the reservation, else in a transaction of its own (fsynced if not reserved).
         """
-        release = _RELEASE_ANY_OWNER if mutants.active("release-without-owner") else _RELEASE
         hand_off = resource in self._contended
-        ended, handed = self._end(release, resource, epoch, owner, hand_off=hand_off)
+        ended, handed = self._end(resource, epoch, owner, hand_off=hand_off)
         self._releases_since_prune += 1
         if self._releases_since_prune >= _PRUNE_EVERY:
             self.prune_records()
@@ -520,19 +528,19 @@ class SQLiteBackend(WaitingQueue):
         return True
 
     def _end(
-        self, release: str, resource: str, epoch: int, owner: str, *, hand_off: bool
+        self, resource: str, epoch: int, owner: str, *, hand_off: bool
     ) -> tuple[tuple[bool, _Peer | None, bool] | None, _Handed | None]:
-        """Run ``release`` for this lease (no fsync): (watched, head waiter, head takes a
-        hand-off), or None if the lease was not live; with ``hand_off``, also hand the lease to
-        the head in the same transaction if its epoch is reserved, and return that grant."""
+        """Run the release statement (no fsync): (watched, head waiter, head takes a hand-off),
+        or None if the lease was not live; with ``hand_off``, also hand the lease to the head in
+        the same transaction if its epoch is reserved, and return that grant."""
         _, params = self._params(name=resource, epoch=epoch, owner=owner, wall=self._clock.wall())
         doing = f"releasing {resource}"
         handed = None
         if not hand_off:
-            rows = self._db.write(release, params, doing, durable=False)
+            rows = self._db.write(self._release_sql, params, doing, durable=False)
         else:
             with self._db.transaction(doing, durable=False) as conn:
-                rows = conn.execute(release, params).fetchall()
+                rows = conn.execute(self._release_sql, params).fetchall()
                 head, takes = _head(rows[0][1]) if rows else (None, False)
                 if head is not None and takes:
                     handed = self._hand_off(conn, resource, head, durable=False)
@@ -552,10 +560,9 @@ class SQLiteBackend(WaitingQueue):
 
     def _prepare(self, conn: sqlite3.Connection, head: _Peer) -> bool:
         """Send the head :data:`PREPARE`: that both tells whether it is still there and wakes it
-        while this transaction commits (a sleeping process takes a few hundred microseconds to
-        run again), so that it is running when the grant's datagram arrives. False if it is gone
-        (its socket is unbound): its row is dropped; the caller wakes the next one, who grants
-        itself."""
+        while this transaction commits, so that it is running when the grant's datagram arrives.
+        False if it is gone (its socket is unbound): its row is dropped; the caller wakes the
+        next one, who grants itself."""
         try:
             delivery = self._waker.wake(head.addr, head.netns, PREPARE)
         except OSError:
@@ -725,16 +732,28 @@ class SQLiteBackend(WaitingQueue):
 
     # -- records --------------------------------------------------------------------------------
 
-    def _settle(self, resource: str | None) -> None:
-        """Record the lease ends of ``resource`` (or all) not recorded yet; wake their waiters."""
+    def _settle(self, resource: str | None, *, reading: bool = False) -> None:
+        """Record the lease ends of ``resource`` (or all) not recorded yet; wake their waiters.
+
+        ``reading`` (before records are read): a failure to write them (a full disk, a
+        read-only file) is logged (one warning per backend) and the read goes on without them.
+        """
         _, params = self._params(name=resource)
         pending = self._db.read(_UNSETTLED, params, "reading records")
         if not pending:
             return
-        with self._db.transaction("recording lease ends", durable=False) as conn:
-            _, params = self._params(name=resource, wall=self._clock.wall())
-            conn.execute(_END_EXPIRED, params)
-            conn.execute(_RECORD_ENDS, params)
+        try:
+            with self._db.transaction("recording lease ends", durable=False) as conn:
+                _, params = self._params(name=resource, wall=self._clock.wall())
+                conn.execute(_END_EXPIRED, params)
+                conn.execute(_RECORD_ENDS, params)
+        except FencedError as error:
+            if not reading:
+                raise
+            if not self._unrecorded_told:
+                self._unrecorded_told = True
+                log.warning("the records shown lack lease ends not recorded yet (%s)", error)
+            return
         for (name,) in pending:
             self._wake_all(name)
 
@@ -742,9 +761,10 @@ class SQLiteBackend(WaitingQueue):
         """Records with ``seq > after`` (of ``resource``, or of all), oldest first.
 
         Lease ends not recorded yet (releases, unnoticed expiries) are recorded first, so the
-        answer is current.
+        answer is current; if that write fails (a full disk, a read-only file), the answer is
+        what is recorded, and a warning says how many ends it lacks.
         """
-        self._settle(resource)
+        self._settle(resource, reading=True)
         where = "" if resource is None else "resource = :name AND "
         rows = self._db.read(
             "SELECT seq, at, kind, resource, epoch, holder, detail FROM records "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from fenced.coordinator.backends.sqlite.files import new_file_mode
+from fenced._drivers.permissions import new_file_mode
 from fenced.coordinator.backends.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 from fenced.core.errors import ConfigurationError
 from fenced.core.token import validate_coordinator_id
@@ -135,14 +135,28 @@ def _describe(conn: sqlite3.Connection, path: Path, what: str, *, check: bool) -
     if check:
         problems = [row[0] for row in conn.execute("PRAGMA integrity_check")]
         if problems != ["ok"]:
-            raise ConfigurationError(
-                f"{what} {path} is damaged (integrity_check: {'; '.join(problems[:3])})"
-            )
+            raise ConfigurationError(f"{what} {path} is damaged ({_integrity(problems)})")
     row = conn.execute("SELECT epoch FROM minimum_epoch WHERE id = 1").fetchone()
     epochs = {
         str(name): int(epoch) for name, epoch in conn.execute("SELECT name, epoch FROM resources")
     }
     return DatabaseInfo(path, coordinator_id, version, int(row[0]) if row else 0, epochs)
+
+
+def _integrity(problems: list[str]) -> str:
+    """``integrity_check``'s answer in one line: its first problem and how many there are.
+
+    Its rows may span lines (``*** in database main ***`` then the problem); one row per problem.
+    """
+    lines = [
+        line.strip()
+        for row in problems
+        for line in str(row).splitlines()
+        if line.strip() and not line.startswith("***")
+    ]
+    first = lines[0] if lines else "damaged"
+    more = f" and {len(lines) - 1} more problem(s)" if len(lines) > 1 else ""
+    return f"integrity_check: {first}{more}"
 
 
 def inspect_database(path: str | os.PathLike[str], *, what: str = "database") -> DatabaseInfo:
@@ -198,16 +212,9 @@ def backup_database(source: Path, dest: Path) -> DatabaseInfo:
             os.fchmod(fd, new_file_mode(dest.parent))
         finally:
             os.close(fd)
-        with (
-            _opened(source, "the coordinator database") as live,
-            _opened(temporary, "the backup") as copy,
-        ):
+        with _opened(source, "the coordinator database") as live:
             _describe(live, source, "the coordinator database", check=False)
-            live.backup(copy)  # one step: one consistent snapshot, writers continue (WAL)
-            (mode,) = copy.execute("PRAGMA journal_mode=DELETE").fetchone()
-            if str(mode).lower() != "delete":
-                raise ConfigurationError(f"cannot finish the backup {dest} (journal {mode})")
-            info = _describe(copy, dest, "the backup", check=True)
+            info = _copy_checked(live, source, temporary, dest)
         _fsync(temporary)
         os.replace(temporary, dest)
         _fsync(dest.parent, directory=True)
@@ -218,6 +225,37 @@ def backup_database(source: Path, dest: Path) -> DatabaseInfo:
     return DatabaseInfo(
         dest, info.coordinator_id, info.schema_version, info.minimum_epoch, info.epochs
     )
+
+
+def _copy_checked(
+    live: sqlite3.Connection, source: Path, temporary: Path, dest: Path
+) -> DatabaseInfo:
+    """Copy ``live`` into the new file ``temporary`` and check the copy; what it holds.
+
+    The copy has the source's pages, so damage found in it is the source's: the message names
+    ``source`` (and says nothing was written to ``dest``), never the temporary file.
+    """
+    copy = None
+    try:
+        copy = sqlite3.connect(str(temporary), timeout=5.0, isolation_level=None)
+        live.backup(copy)  # one step: one consistent snapshot, writers continue (WAL)
+        (mode,) = copy.execute("PRAGMA journal_mode=DELETE").fetchone()
+        if str(mode).lower() != "delete":
+            raise ConfigurationError(f"cannot finish the backup {dest} (journal {mode})")
+        try:
+            return _describe(copy, source, "the coordinator database", check=True)
+        except sqlite3.Error as error:
+            raise ConfigurationError(
+                f"the coordinator database {source} is damaged ({error}); nothing was written "
+                f"to {dest}"
+            ) from error
+        except ConfigurationError as error:
+            raise ConfigurationError(f"{error}; nothing was written to {dest}") from error
+    except sqlite3.Error as error:
+        raise ConfigurationError(f"cannot copy {source} to {dest}: {error}") from error
+    finally:
+        if copy is not None:
+            copy.close()
 
 
 def _is_live_file(dest: Path, source: Path) -> bool:

@@ -17,16 +17,16 @@ fsynced. Durable steps come in two kinds:
   it returns: what ``synchronous=FULL`` does inside the commit, done just after it (SQLite
   refuses to change ``synchronous`` inside a transaction, so a connection at FULL would need two
   ``PRAGMA synchronous`` statements around every non-durable step). The commit is then visible
-  to other connections a few microseconds before it is durable. Nothing can act on it in between
-  in a way that outlives a power cut without it: only the caller gets the token, after the
-  fsync; a release of that lease (the only way to hand it on) comes after that; and any durable
-  step of any process fsyncs the same WAL, which holds this commit too (a checkpoint fsyncs the
-  WAL before it copies it, and the database file before the WAL is written from the start
-  again). A reader may see the grant in that window (``current()``, an observer); if the power
-  fails before the fsync, the grant is gone and its epoch may be granted after the reboot, to
-  one caller only: the first never received it. If the fsync fails the step raises
-  :class:`~fenced.OutcomeUnknown` (the commit is visible but may not survive a power cut); the
-  next durable step fsyncs the WAL again.
+  to other connections before it is durable, between the commit and the ``fdatasync``. Nothing
+  can act on it in between in a way that outlives a power cut without it: only the caller gets
+  the token, after the fsync; a release of that lease (the only way to hand it on) comes after
+  that; and any durable step of any process fsyncs the same WAL, which holds this commit too (a
+  checkpoint fsyncs the WAL before it copies it, and the database file before the WAL is
+  written from the start again). A reader may see the grant in that window (``current()``, an
+  observer); if the power fails before the fsync, the grant is gone and its epoch may be granted
+  after the reboot, to one caller only: the first never received it. If the fsync fails the
+  step raises :class:`~fenced.OutcomeUnknown` (the commit is visible but may not survive a power
+  cut); the next durable step fsyncs the WAL again.
 - :meth:`Database.transaction` with ``durable=True`` (grants to a waiter, epoch reservations on
   whose strength others hand out tokens without an fsync, restores) runs at ``synchronous=FULL``
   for that transaction: SQLite fsyncs the WAL before it publishes the commit, so nobody sees it
@@ -75,9 +75,10 @@ from fenced._drivers.sqlite import retrying, translate
 from fenced.coordinator.backends.sqlite.schema import (
     BUSY_TIMEOUT,
     connect,
+    is_exclusive,
     open_database,
 )
-from fenced.core.errors import ConfigurationError, OutcomeUnknown
+from fenced.core.errors import ConfigurationError, OutcomeUnknown, Unavailable
 
 __all__ = ["Database"]
 
@@ -100,7 +101,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Database:
-    """The fenced database at ``path``: created, checked and migrated when constructed.
+    """The fenced database at ``path``: created, checked and migrated when constructed
+    (``create=False``: an existing one only, see :func:`~.schema.open_database`; on a full file
+    system it is then read through a connection per read, and every write raises
+    :class:`~fenced.Unavailable`).
 
     ``coordinator_id`` is the database's coordinator id. Thread-safe. Raises
     :class:`~fenced.ConfigurationError` for an unusable file, and for a missing or empty one
@@ -108,11 +112,24 @@ class Database:
     """
 
     def __init__(
-        self, path: Path, coordinator_id_for_new: str | None = None, *, marker: bool = True
+        self,
+        path: Path,
+        coordinator_id_for_new: str | None = None,
+        *,
+        marker: bool = True,
+        create: bool = True,
     ) -> None:
         self.path = path
-        conn, self.coordinator_id = open_database(path, coordinator_id_for_new, marker=marker)
-        self._conn: sqlite3.Connection | None = _tuned(conn)
+        conn, self.coordinator_id = open_database(
+            path, coordinator_id_for_new, marker=marker, create=create
+        )
+        # A reader on a full file system got a connection in exclusive locking mode (see
+        # schema.connect): it would lock every other process out while open. It is closed at
+        # once; each read opens its own (the lock is held for that read only) and writes fail.
+        self._snapshots = is_exclusive(conn)
+        if self._snapshots:
+            conn.close()
+        self._conn: sqlite3.Connection | None = None if self._snapshots else _tuned(conn)
         self._lock = threading.Lock()
         self._generation = _fork_generation
         self._wal_ready = False
@@ -142,9 +159,20 @@ class Database:
         self._check_fork()
         with self._lock:
             try:
+                if self._snapshots:
+                    return _read_once(self.path, sql, params)
                 return self._connection().execute(sql, params).fetchall()
             except sqlite3.Error as error:
                 raise translate(error, doing, where=str(self.path)) from error
+
+    def _writable(self, doing: str) -> None:
+        """Refuse a write on a database opened for reads on a full file system (call with the
+        lock held)."""
+        if self._snapshots:
+            raise Unavailable(
+                f"{doing}: {self.path} is open for reads only, its file system being full (no "
+                "room for SQLite's shared memory); nothing was changed"
+            )
 
     def write(self, sql: str, params: dict[str, object], doing: str, *, durable: bool) -> list[Any]:
         """Run one data-changing statement as its own transaction; return its RETURNING rows.
@@ -156,6 +184,7 @@ class Database:
         """
         self._check_fork()
         with self._lock:
+            self._writable(doing)
             conn = self._connection()
             try:
                 if durable:
@@ -179,6 +208,7 @@ class Database:
         """
         self._check_fork()
         with self._lock:
+            self._writable(doing)
             conn = self._connection()
             try:
                 if durable:
@@ -257,6 +287,7 @@ class Database:
         """Close the connection (a connection inherited through fork is only dropped)."""
         with self._lock:
             self._close_wal()
+            self._snapshots = False  # a later read finds it closed
             conn, self._conn = self._conn, None
             if conn is None:
                 return
@@ -272,6 +303,15 @@ def _tuned(conn: sqlite3.Connection) -> sqlite3.Connection:
     conn.execute("PRAGMA busy_timeout=0")
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
+
+
+def _read_once(path: Path, sql: str, params: dict[str, object] | tuple[object, ...]) -> list[Any]:
+    """One SELECT on a connection of its own (a reader's on a full file system)."""
+    conn = connect(path, create=False)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
 
 
 def _run(conn: sqlite3.Connection, sql: str, params: dict[str, object]) -> list[Any]:

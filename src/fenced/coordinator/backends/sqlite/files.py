@@ -43,15 +43,20 @@ import uuid
 from contextlib import suppress
 from pathlib import Path
 
+from fenced._drivers.local import check_database_file
+from fenced._drivers.permissions import (
+    PRIVATE_DIRECTORY,
+    create_file,
+    create_missing,
+    make_directory,
+    new_file_mode,
+)
 from fenced.core.errors import ConfigurationError
 
 __all__ = ["MARKER_SUFFIX", "mark", "marker_of", "prepare_location", "refuse_if_marked"]
 
 MARKER_SUFFIX = ".coordinator-id"
 """Appended to the database's path to name its marker."""
-_PRIVATE = 0o600
-_SHARED = 0o660
-_DIRECTORY = 0o700
 _SIDECARS = ("-wal", "-shm", "-journal")
 
 
@@ -60,27 +65,33 @@ def marker_of(path: Path) -> Path:
     return path.with_name(path.name + MARKER_SUFFIX)
 
 
-def prepare_location(path: Path) -> None:
+def prepare_location(path: Path, *, create: bool = True) -> None:
     """Before the database at ``path`` is opened: create its missing directories (``0700``);
     refuse a missing or empty database that left a trace (see the module doc); create a missing
-    database file with fenced's mode; narrow the modes of the existing files.
+    database file with fenced's mode; narrow the modes of the existing files. A path that is not
+    a regular file (a directory, ``/dev/null``) is refused.
+
+    ``create=False`` (readers): refuse a missing or empty database instead, creating nothing.
 
     Raises ConfigurationError; changes nothing but the directories it made when it does.
     """
+    check_database_file(path, "the coordinator database", create=create, parents=True)
     try:
-        _make_directories(path.parent)
+        if create:
+            _make_directories(path.parent)
         try:
-            info = os.stat(path)
+            size: int | None = os.stat(path).st_size
         except FileNotFoundError:
-            size: int | None = None
-        else:
-            if stat.S_ISDIR(info.st_mode):
-                raise ConfigurationError(f"the fenced database path {path} is a directory")
-            size = info.st_size
+            size = None
         if not size:
             _refuse_if_traced(path, missing=size is None)
+        if not size and not create:
+            raise ConfigurationError(
+                f"the coordinator database {path} "
+                + ("does not exist" if size is None else "is empty (never initialised)")
+            )
         if size is None:
-            _create(path, new_file_mode(path.parent))
+            create_missing(path, new_file_mode(path.parent))
         else:
             for each in (path, marker_of(path), *(Path(f"{path}{s}") for s in _SIDECARS)):
                 _narrow(each)
@@ -126,19 +137,6 @@ def mark(path: Path, coordinator_id: str) -> None:
         ) from error
 
 
-def new_file_mode(directory: Path) -> int:
-    """The mode of a file fenced creates in ``directory``: ``0660`` in a deliberately shared
-    directory (setgid, group-writable, not writable by others), else ``0600``."""
-    mode = os.stat(directory).st_mode
-    shared = (
-        mode & stat.S_ISGID
-        and mode & stat.S_IWGRP
-        and mode & stat.S_IXGRP
-        and not mode & stat.S_IWOTH
-    )
-    return _SHARED if shared else _PRIVATE
-
-
 def _make_directories(directory: Path) -> None:
     """Create ``directory`` and its missing parents, each ``0700`` whatever the umask."""
     missing = []
@@ -148,13 +146,7 @@ def _make_directories(directory: Path) -> None:
             break
         directory = directory.parent
     for each in reversed(missing):
-        try:
-            os.mkdir(each, _DIRECTORY)
-        except FileExistsError:
-            if not each.is_dir():
-                raise
-            continue  # made by a process opening the same database: its mode is its
-        os.chmod(each, _DIRECTORY)
+        make_directory(each, PRIVATE_DIRECTORY)  # one a concurrent opener made keeps its mode
 
 
 def _refuse_if_traced(path: Path, *, missing: bool) -> None:
@@ -215,22 +207,9 @@ def _marked_id(marker: Path) -> str | None:
     return first.decode("ascii", "replace").strip()
 
 
-def _create(path: Path, mode: int) -> None:
-    """Create an empty database file with exactly ``mode`` (unless another opener just did)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    except FileExistsError:
-        return
-    try:
-        os.fchmod(fd, mode)  # the umask may have taken bits away
-    finally:
-        os.close(fd)
-
-
 def _write(path: Path, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    fd = create_file(path, mode)
     try:
-        os.fchmod(fd, mode)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

@@ -25,9 +25,10 @@ import sqlite3
 import time
 from contextlib import suppress
 from pathlib import Path
+from urllib.parse import quote
 
 from fenced._drivers.migrations import Migration, checked_version
-from fenced._drivers.sqlite import retrying, translate
+from fenced._drivers.sqlite import error_code, retrying, translate
 from fenced.coordinator.backends.sqlite import files as sqlite_files
 from fenced.core.errors import ConfigurationError
 from fenced.core.token import validate_coordinator_id
@@ -40,6 +41,7 @@ __all__ = [
     "RECOMPUTE_WATCHED",
     "SCHEMA_VERSION",
     "connect",
+    "is_exclusive",
     "open_database",
 ]
 
@@ -139,8 +141,8 @@ MIGRATIONS: tuple[Migration, ...] = (
                 boot_id TEXT NOT NULL
             )""",
             "CREATE INDEX watchers_by_name ON watchers (name)",
-            # Ownership records (DESIGN §7). seq only grows: rows are pruned oldest first, never
-            # the newest, so a rowid is never reused. ``at`` is wall-clock time, for display.
+            # Ownership records (docs/operations.md). seq only grows: rows are pruned oldest first,
+            # never the newest, so a rowid is never reused. ``at`` is wall-clock time, for display.
             """CREATE TABLE records (
                 seq INTEGER PRIMARY KEY,
                 at REAL NOT NULL,
@@ -204,19 +206,61 @@ SCHEMA_VERSION = MIGRATIONS[-1].version
 """The newest schema this code knows."""
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
     """Open a connection with fenced's settings: WAL, ``synchronous=FULL``, busy timeout.
 
     Autocommit mode (``isolation_level=None``): every write step issues its own
     ``BEGIN IMMEDIATE`` … ``COMMIT``. Usable from any thread; the caller serialises access.
+
+    ``create=False`` (readers) never creates the file (SQLite's ``mode=rw``). On a full file
+    system, where SQLite cannot size the ``-shm`` file (its shared-memory index of the WAL), such
+    a connection falls back to exclusive locking mode, which keeps that index in its own memory
+    and needs no room on disk; it then holds the database's lock from its first read until it
+    is closed, so :class:`~.database.Database` opens one per read (see :func:`is_exclusive`).
     """
     try:
+        return _open(path, create=create, exclusive=False)
+    except sqlite3.Error as error:
+        if create or (error_code(error) != sqlite3.SQLITE_FULL and not _shm_failed(error)):
+            raise translate(error, "opening the database", where=str(path)) from error
+    try:
+        return _open(path, create=False, exclusive=True)
+    except sqlite3.Error as error:
+        raise translate(error, "opening the database", where=str(path)) from error
+
+
+def is_exclusive(conn: sqlite3.Connection) -> bool:
+    """True for a connection :func:`connect` opened in exclusive locking mode (a full disk)."""
+    (mode,) = conn.execute("PRAGMA locking_mode").fetchone()
+    return str(mode).lower() == "exclusive"
+
+
+def _shm_failed(error: sqlite3.Error) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    return code in (
+        sqlite3.SQLITE_IOERR_SHMOPEN,
+        sqlite3.SQLITE_IOERR_SHMSIZE,
+        sqlite3.SQLITE_IOERR_SHMMAP,
+    )
+
+
+def _open(path: Path, *, create: bool, exclusive: bool) -> sqlite3.Connection:
+    """:func:`connect`'s steps; raises ``sqlite3.Error`` (or ConfigurationError: no WAL)."""
+    if create:
         conn = sqlite3.connect(
             str(path), timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
         )
-    except sqlite3.Error as error:
-        raise ConfigurationError(f"cannot open the fenced database {path}: {error}") from error
+    else:
+        conn = sqlite3.connect(
+            f"file:{quote(str(path.absolute()))}?mode=rw",
+            uri=True,
+            timeout=BUSY_TIMEOUT,
+            isolation_level=None,
+            check_same_thread=False,
+        )
     try:
+        if exclusive:  # before the first access: SQLite then never maps the -shm file
+            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
         # Only a new file takes it (before its first write): 1 KiB pages make each WAL frame a
         # quarter of the default, and a grant writes three.
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
@@ -232,9 +276,6 @@ def connect(path: Path) -> sqlite3.Connection:
         # RETURNING and subqueries use ephemeral tables: kept in memory, never in a temporary
         # file.
         conn.execute("PRAGMA temp_store=MEMORY")
-    except sqlite3.Error as error:
-        conn.close()
-        raise translate(error, "opening the database", where=str(path)) from error
     except BaseException:
         conn.close()
         raise
@@ -242,7 +283,11 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 def open_database(
-    path: Path, coordinator_id_for_new: str | None = None, *, marker: bool = True
+    path: Path,
+    coordinator_id_for_new: str | None = None,
+    *,
+    marker: bool = True,
+    create: bool = True,
 ) -> tuple[sqlite3.Connection, str]:
     """Create or open the database at ``path``; return the connection and the coordinator id.
 
@@ -253,14 +298,15 @@ def open_database(
     database lived there: then ConfigurationError, and nothing is created. A database of an
     older format is migrated in one transaction; a newer one is refused. ``marker``: keep the
     marker beside the database (False only for a transient copy, such as a restore's staging
-    file).
+    file). ``create=False`` (readers): a missing, empty or uninitialised database is a
+    ConfigurationError and nothing is created (see :func:`connect` for a full file system).
     """
     if coordinator_id_for_new is not None:
         validate_coordinator_id(coordinator_id_for_new)
-    sqlite_files.prepare_location(path)
-    conn = connect(path)
+    sqlite_files.prepare_location(path, create=create)
+    conn = connect(path, create=create)
     try:
-        coordinator_id = _prepare(conn, path, coordinator_id_for_new)
+        coordinator_id = _prepare(conn, path, coordinator_id_for_new, create=create)
         if marker:
             sqlite_files.mark(path, coordinator_id)
     except sqlite3.Error as error:
@@ -280,7 +326,7 @@ def _rollback_quietly(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
-def _prepare(conn: sqlite3.Connection, path: Path, new_id: str | None) -> str:
+def _prepare(conn: sqlite3.Connection, path: Path, new_id: str | None, *, create: bool) -> str:
     """Check identity and version; initialise (or migrate), all in one write transaction."""
     conn.execute("BEGIN IMMEDIATE")
     (app_id,) = conn.execute("PRAGMA application_id").fetchone()
@@ -293,6 +339,8 @@ def _prepare(conn: sqlite3.Connection, path: Path, new_id: str | None) -> str:
         version = _schema_version(conn, path)
     if version == 0:
         sqlite_files.refuse_if_marked(path)  # its content was lost: never start again silently
+        if not create:
+            raise ConfigurationError(f"the coordinator database {path} was never initialised")
     checked_version(version, SCHEMA_VERSION, str(path))
     for migration in MIGRATIONS:
         if migration.version > version:

@@ -1,11 +1,9 @@
-"""The SQL statements of the embedded coordinator, and the seeded defects of ``fenced verify``.
+"""The SQL statements of the embedded coordinator.
 
 Every statement that grants, releases, renews, hands off, queues or records is here, written
 against the schema of :mod:`.schema`; :mod:`.backend` and :mod:`.waiting` run them. Parameters
 are named: ``:now`` and ``:boot`` are the host clock's boot time and boot id, read by the caller
 right before the statement (``SQLiteBackend._params``); a lease is live iff :data:`_LIVE`.
-The seeded-defect statements (``_GRANT_REUSING_EPOCH``, ``_GRANT_KNOWN_REUSING_EPOCH``,
-``_RELEASE_ANY_OWNER``) are used only when :func:`fenced.core._mutants.active` says so.
 """
 
 from __future__ import annotations
@@ -61,35 +59,6 @@ UPDATE resources SET {_TAKE}
 WHERE name = :name AND {_FREE} AND {_NONE_AHEAD}
 RETURNING epoch, watched
 """
-
-
-# Seeded defects of `fenced verify --mutants` (mutants.active, off outside verify's workers).
-# Each statement is a correct one written out in full with one clause changed, so that editing
-# or reformatting the correct statement cannot silently turn the defect into the correct
-# program: tests/test_verify_hooks.py checks each against its correct statement (whitespace
-# aside) and that it still changes what the backend does.
-# "epoch-reuse": a grant after a lease that was not released (it expired: a crashed or paused
-# holder; or a restore ended it) keeps the last epoch instead of max(last, minimum) + 1.
-_TAKE_REUSING_EPOCH = f"""epoch = iif(resources.ended IS 'released',
-        max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1, epoch), owner = :owner,
-    holder = :holder,
-    ttl = :ttl, expires_at = :now + :ttl, boot_id = :boot, value = :value, granted_at = :wall,
-    ended = NULL, ended_at = NULL, end_recorded = 1"""
-_GRANT_REUSING_EPOCH = f"""
-INSERT INTO resources (name, epoch, owner, holder, ttl, expires_at, boot_id, value, granted_at,
-                       ended, ended_at, end_recorded, watched)
-SELECT :name, {_MINIMUM} + 1, :owner, :holder, :ttl, :now + :ttl, :boot, :value, :wall,
-       NULL, NULL, 1, EXISTS (SELECT 1 FROM watchers WHERE name = :name)
-WHERE {_NONE_AHEAD}
-ON CONFLICT (name) DO UPDATE SET {_TAKE_REUSING_EPOCH}
-WHERE {_FREE}
-RETURNING epoch, watched
-"""
-_GRANT_KNOWN_REUSING_EPOCH = f"""
-UPDATE resources SET {_TAKE_REUSING_EPOCH}
-WHERE name = :name AND {_FREE} AND {_NONE_AHEAD}
-RETURNING epoch, watched
-"""
 _FIRST_WAITER = f"FROM waiters WHERE name = :name AND {_LIVE_WAITER} ORDER BY id LIMIT 1"
 # The head waiter comes back with the answer (and whether the lease can be handed to it): it
 # is served without another round trip.
@@ -140,13 +109,6 @@ UPDATE resources SET
     reserved = max(reserved, max(epoch, {_MINIMUM}) + {_QUEUE_LENGTH} + :ahead),
     reserved_boot = :boot
 WHERE name = :name AND (reserved_boot IS :boot OR epoch >= reserved)
-"""
-# Seeded defect "release-without-owner" (see "epoch-reuse" above): _RELEASE without its
-# compare of owner and epoch: a release ends whatever lease is live.
-_RELEASE_ANY_OWNER = f"""
-UPDATE resources SET owner = NULL, ended = 'released', ended_at = :wall, end_recorded = 0
-WHERE name = :name AND {_LIVE}
-RETURNING watched, (SELECT json_array(id, addr, netns, owner IS NOT NULL) {_FIRST_WAITER})
 """
 _RENEW = f"""
 UPDATE resources SET ttl = :ttl, expires_at = :now + :ttl

@@ -19,7 +19,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fenced.coordinator.backend import GrantRequest, Ticket, owned_ticket
+from fenced.coordinator.backend import Granted, GrantRequest, Ticket, owned_ticket
 from fenced.coordinator.backends.sqlite.database import Database
 from fenced.coordinator.backends.sqlite.statements import (
     _DROP_EXPIRED_WAITERS,
@@ -259,18 +259,21 @@ class WaitingQueue:
                 with suppress(ValueError):
                     ticket._handed = int(fields[1])
 
-    def leave(self, ticket: Ticket) -> None:
+    def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
         """Leave the queue (idempotent). If the caller was first in line and the resource is
-        free, the next waiter is woken."""
+        free, the next waiter is woken. A lease a release handed to this ticket (found in the
+        same transaction that deletes its row, so no hand-off can follow) is returned with
+        ``take``, else released and passed on."""
         mine = self._own_ticket(ticket, ticket.resource)
         assert mine is not None
         if mine.ended:
-            return
+            return None
         head = None
         handed = None
+        now = 0.0
         try:
             with self._db.transaction(f"leaving the queue of {mine.resource}", durable=False) as c:
-                _, params = self._params(
+                now, params = self._params(
                     name=mine.resource, before=mine.waiter_id, owner=mine.owner
                 )
                 first = c.execute(_HEAD, params).fetchone() is None
@@ -284,11 +287,14 @@ class WaitingQueue:
         finally:
             self._forget_ticket(mine)
         if handed is not None and mine.owner is not None:
-            # A release handed the lease to this ticket after the caller's last try_grant: the
-            # caller gives up, so the lease goes on to the next waiter.
-            self.release(mine.resource, handed[0], mine.owner)
+            # A release handed the lease to this ticket after the caller's last try_grant.
+            epoch, holder, ttl, expires_at = handed[0], handed[1], handed[2], handed[3]
+            if take:
+                return Granted(epoch, mine.owner, holder, ttl, expires_at - now)
+            self.release(mine.resource, epoch, mine.owner)  # passed on to the next waiter
         if head is not None:
             self._wake_first(mine.resource, _Peer(head[0], head[1], head[2]))
+        return None
 
     def _own_ticket(self, ticket: Ticket | None, resource: str) -> SQLiteTicket | None:
         return owned_ticket(self, ticket, resource, SQLiteTicket)

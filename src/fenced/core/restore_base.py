@@ -1,4 +1,4 @@
-"""Restore-safe epochs. Pure.
+"""The restore base: the minimum epoch, from the wall clock, that a restore advances to. Pure.
 
 After a coordinator's state is restored from a backup, it must never hand out an epoch that a
 store could confuse with one issued by the lost, newer state. fenced does not rely on knowing
