@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import fmt_rate, fmt_ratio, fmt_time, jain, percentile, print_table, verdict
 
-from fenced.coordinator.backends.etcd.client import Transport, b64
+from fenced.coordinator.backends.etcd._client import Transport, b64
 from fenced.testing.etcd import EtcdCluster
 
 IMPLS = ["fenced", "aetcd Lock", "etcd v3lock", "tooz etcd3gw"]

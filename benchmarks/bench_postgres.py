@@ -59,10 +59,10 @@ import psycopg
 from _common import fmt_rate, fmt_ratio, fmt_time, median, percentile, print_table, verdict
 
 import fenced
-from fenced.coordinator.connect import connect
+from fenced.coordinator._connect import connect
+from fenced.fence._store import Store
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres.store import open_postgres_backend
-from fenced.fence.store import Store
+from fenced.fence.postgres._store import open_postgres_backend
 from fenced.testing.postgres import PostgresServer
 
 TTL = 30.0
@@ -279,7 +279,7 @@ class FencedPut(Impl):
     what = "store.put(token, 'k', 16 bytes), strict mode, token installed (sync commit)"
 
     def __init__(self, url: str, coordinator_id: str) -> None:
-        from fenced.core.clock import SystemClock
+        from fenced.core._clock import SystemClock
 
         options = StoreOptions(7 * 24 * 3600.0, 3600.0, 5.0, SystemClock())
         self.store = Store(open_postgres_backend(url, "strict", options), options)

@@ -32,7 +32,7 @@ from pathlib import Path
 from _common import fdatasync_loop
 
 from fenced.coordinator.backend import Granted, GrantRequest
-from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
+from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
 
 
 def backend_loop(directory: Path) -> tuple[Callable[[], None], Callable[[], None]]:

@@ -208,7 +208,7 @@ def test_the_wheel_has_the_license_the_package_data_and_the_extras(tmp_path: Pat
     assert license_text == (ROOT / "LICENSE").read_text()
     assert "Apache License" in license_text and "Copyright 2026 fenced maintainers" in license_text
     etcd = "fenced/coordinator/backends/etcd/"
-    for data in ("fenced/py.typed", f"{etcd}rpc.pyi", f"{etcd}etcd_rpc.binpb"):
+    for data in ("fenced/py.typed", f"{etcd}_rpc.pyi", f"{etcd}etcd_rpc.binpb"):
         assert data in names, data
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
     assert metadata["License-Expression"] == "Apache-2.0"

@@ -69,3 +69,49 @@ def test_no_public_name_shadows_a_builtin() -> None:
 
 def _is_exception(obj: object) -> bool:
     return isinstance(obj, type) and issubclass(obj, BaseException)
+
+
+PUBLIC_MODULES = {
+    "fenced",
+    "fenced.coordinator",
+    "fenced.coordinator.backend",
+    "fenced.fence",
+    "fenced.fence.backend",
+    "fenced.election",
+    "fenced.observe",
+    "fenced.observe.metrics",
+    "fenced.observe.timeline",
+    "fenced.verify",
+}
+"""Public modules besides ``fenced.testing`` (the public test kit, every module of it)."""
+
+
+def test_every_module_outside_the_public_api_is_private() -> None:
+    """A module a user may import without an underscore is one of the public ones (httpx's rule);
+    a new module must be public on purpose (add it here and to the README) or be ``_private``."""
+    import pathlib
+
+    root = pathlib.Path(fenced.__file__).parent
+    public = set()
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] in ("__init__", "__main__"):
+            parts = parts[:-1]
+        if any(part.startswith("_") for part in parts) or parts[:2] == ("fenced", "testing"):
+            continue
+        public.add(".".join(parts))
+    # packages that only hold private modules are namespaces, not API
+    namespaces = {
+        m for m in public - PUBLIC_MODULES if (root.parent / m.replace(".", "/")).is_dir()
+    }
+    assert public - namespaces == PUBLIC_MODULES
+
+
+def test_the_operations_api_is_public() -> None:
+    import fenced.coordinator
+    import fenced.fence
+    import fenced.observe
+
+    assert {"advance", "backup", "rebind", "restore"} <= set(fenced.coordinator.__all__)
+    assert "install_postgres_guard" in fenced.fence.__all__
+    assert {"Record", "RecordKind"} <= set(fenced.observe.__all__)

@@ -13,9 +13,9 @@ carries a fencing token.
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import connect
-from fenced.core.errors import (
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator._connect import connect
+from fenced.core._errors import (
     Busy,
     ConfigurationError,
     CorruptData,
@@ -33,8 +33,8 @@ from fenced.core.errors import (
     Unavailable,
     VersionConflict,
 )
-from fenced.core.lease import Lease, LeaseInfo, LeaseState
-from fenced.core.token import FencingToken
+from fenced.core._lease import Lease, LeaseInfo, LeaseState
+from fenced.core._token import FencingToken
 from fenced.election import (
     Elector,
     LeaderChange,
@@ -44,7 +44,7 @@ from fenced.election import (
     run_as_leader,
 )
 from fenced.fence import Item, Publication, Store, Version, guard, open_store
-from fenced.runtime.keeper import HeldLease
+from fenced.runtime._keeper import HeldLease
 
 __all__ = [
     "Busy",

@@ -2,7 +2,7 @@
 
 The command line needs the ``cli`` extra (click and rich); the library does not. Without them,
 :func:`main` prints one line saying how to install them and exits with 2 (bad usage), instead of
-a traceback from an import. It checks before importing :mod:`fenced.cli.main`, so an
+a traceback from an import. It checks before importing :mod:`fenced.cli._main`, so an
 ``ImportError`` raised by fenced itself is never mistaken for a missing extra.
 """
 
@@ -26,7 +26,7 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    from fenced.cli.main import main as run  # noqa: PLC0415 - only once click and rich are there
+    from fenced.cli._main import main as run  # noqa: PLC0415 - only once click and rich are there
 
     run()
 

@@ -1,13 +1,13 @@
 """docs/cli.md against the code: the exit codes, the environment variables, shell completion and
 the choices of ``fenced verify``.
 
-* The exit code table of docs/cli.md lists exactly the codes of :mod:`fenced.cli.exitcodes`, by
+* The exit code table of docs/cli.md lists exactly the codes of :mod:`fenced.cli._exitcodes`, by
   number and name, and each row's meaning contains the headline of the constant's docstring.
 * Every exit status the documents (docs/*.md, README.md) mention — ``exits 2``, ``Exit codes:
   0 …; **1** …``, ``| 75 | … |`` in a status table — is in that table (or is a shell
   convention: 126, 127, 128 + N, 130), and is not described with the words of another code
   (``**70** outcome unknown`` when 70 is ``INTERNAL_ERROR``).
-* The environment variable table of docs/cli.md is :data:`fenced.cli.app.ENVIRONMENT`, each
+* The environment variable table of docs/cli.md is :data:`fenced.cli._app.ENVIRONMENT`, each
   listed command reads the variable (and shows it in ``--help``), no other command does; a
   command run with ``FENCED_URL`` / ``FENCED_STORE`` set uses them, and the option wins.
 * ``_FENCED_COMPLETE`` prints the bash, zsh and fish scripts and completes commands and choices,
@@ -31,15 +31,15 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from fenced.cli import exitcodes
-from fenced.cli.app import ENVIRONMENT
-from fenced.cli.exitcodes import BAD_INPUT
-from fenced.cli.main import cli
-from fenced.coordinator.connect import DEFAULT_URL, connect
-from fenced.core.urls import url_of_path
-from fenced.fence.store import open_store
-from fenced.verify.cases import CASES
-from fenced.verify.mutants import CATALOGUE
+from fenced.cli import _exitcodes as exitcodes
+from fenced.cli._app import ENVIRONMENT
+from fenced.cli._exitcodes import BAD_INPUT
+from fenced.cli._main import cli
+from fenced.coordinator._connect import DEFAULT_URL, connect
+from fenced.core._urls import url_of_path
+from fenced.fence._store import open_store
+from fenced.verify._cases import CASES
+from fenced.verify._mutants import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_MD = ROOT / "docs" / "cli.md"
@@ -90,7 +90,7 @@ def documented_codes() -> dict[int, tuple[str, str]]:
 
 
 def module_codes() -> dict[str, tuple[int, str]]:
-    """The constants of fenced/cli/exitcodes.py: name → (value, docstring or "")."""
+    """The constants of fenced/cli/_exitcodes.py: name → (value, docstring or "")."""
     tree = ast.parse(Path(exitcodes.__file__).read_text())
     found: dict[str, tuple[int, str]] = {}
     body = tree.body

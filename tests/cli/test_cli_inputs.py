@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 import fenced
-from fenced.core.policy import MIN_TTL, LeasePolicy, validate_ttl
+from fenced.core._policy import MIN_TTL, LeasePolicy, validate_ttl
 from support.cli_processes import DEADLINE, FENCED, fenced_cmd, one_line_error, wait_for
 from support.small_disk import fill_up, mounted_tmpfs
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from fenced.cli.exitcodes import BAD_INPUT
-from fenced.cli.main import cli
-from fenced.coordinator.connect import connect
-from fenced.core.urls import url_of_path
-from fenced.fence.store import open_store
+from fenced.cli._exitcodes import BAD_INPUT
+from fenced.cli._main import cli
+from fenced.coordinator._connect import connect
+from fenced.core._urls import url_of_path
+from fenced.fence._store import open_store
 
 R = "exports/daily"
 

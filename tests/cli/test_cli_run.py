@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import fenced
-from fenced.runtime.child import ChildSupervisor, StartFailed
+from fenced.runtime._child import ChildSupervisor, StartFailed
 from support.cli_processes import DEADLINE, FENCED, fenced_cmd, one_line_error, wait_for
 
 pytestmark = pytest.mark.slow
@@ -391,7 +391,7 @@ def test_a_command_on_a_terminal_can_read_it_and_ctrl_z_stops_both(url: str) -> 
             pass
 
 
-# -- the supervisor itself, in-process (fenced.runtime.child) ------------------------------
+# -- the supervisor itself, in-process (fenced.runtime._child) ------------------------------
 
 
 class FakeLease:

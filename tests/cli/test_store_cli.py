@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import fenced.fence
-from fenced.cli.exitcodes import BAD_INPUT
-from fenced.cli.main import cli
+from fenced.cli._exitcodes import BAD_INPUT
+from fenced.cli._main import cli
 from fenced.testing.store_conformance import C2, R, token
 from support.store_damage import DAMAGES, damage_file_object, damage_sqlite_object, original
 

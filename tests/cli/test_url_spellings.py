@@ -24,8 +24,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import fenced
-from fenced.cli.main import cli
-from fenced.core.errors import ConfigurationError
+from fenced.cli._main import cli
+from fenced.core._errors import ConfigurationError
 
 R = "jobs/urls"
 

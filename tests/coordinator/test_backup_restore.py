@@ -30,12 +30,12 @@ from pathlib import Path
 import pytest
 
 import fenced
-from fenced.coordinator import restore as restoring
-from fenced.coordinator.backends.sqlite.backup import inspect_database
-from fenced.core.errors import ConfigurationError
-from fenced.core.records import RecordKind
-from fenced.core.restore_base import restore_base, restore_tick
-from fenced.core.token import MAX_EPOCH, validate_epoch
+from fenced.coordinator import _restore as restoring
+from fenced.coordinator.backends.sqlite._backup import inspect_database
+from fenced.core._errors import ConfigurationError
+from fenced.core._records import RecordKind
+from fenced.core._restore_base import restore_base, restore_tick
+from fenced.core._token import MAX_EPOCH, validate_epoch
 
 R = "exports/daily"
 FENCED = [sys.executable, "-m", "fenced"]
@@ -300,7 +300,7 @@ def test_advance_after_a_restore_behind_fenceds_back_uses_store_floors(area: Pat
 
 @pytest.fixture
 def memory() -> Iterator[fenced.Coordinator]:
-    from fenced.coordinator.backends.memory.backend import MemoryBackend
+    from fenced.coordinator.backends.memory._backend import MemoryBackend
 
     MemoryBackend.forget("restore-test")
     with fenced.connect("memory://restore-test") as coord:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 import fenced
-from fenced.core.errors import ConfigurationError
+from fenced.core._errors import ConfigurationError
 
 
 def test_a_remembered_policy_never_lets_a_bad_setting_through() -> None:

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator._connect import connect, open_backend
 from fenced.coordinator.backend import Blocked, CoordinatorBackend, Granted, GrantRequest, Ticket
-from fenced.coordinator.backends.etcd.backend import EtcdBackend
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import connect, open_backend
-from fenced.core.clock import ManualClock
-from fenced.core.errors import Busy
-from fenced.core.records import RecordKind
-from fenced.core.urls import url_of_path
+from fenced.coordinator.backends.etcd._backend import EtcdBackend
+from fenced.core._clock import ManualClock
+from fenced.core._errors import Busy
+from fenced.core._records import RecordKind
+from fenced.core._urls import url_of_path
 from fenced.testing.conformance import wait_for
 from fenced.testing.etcd import EtcdCluster
 from fenced.testing.faults import FaultyBackend

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fenced.coordinator.client import HISTORY_PAGE, Coordinator
-from fenced.coordinator.connect import connect
-from fenced.core.errors import ConfigurationError
-from fenced.core.records import RecordKind
-from fenced.core.urls import url_of_path
+from fenced.coordinator._client import HISTORY_PAGE, Coordinator
+from fenced.coordinator._connect import connect
+from fenced.core._errors import ConfigurationError
+from fenced.core._records import RecordKind
+from fenced.core._urls import url_of_path
 from fenced.testing.etcd import EtcdCluster
 from fenced.testing.postgres import PostgresServer
 

@@ -2,7 +2,7 @@
 
 The lease rules are written four times — in Python (the memory backend), SQL (SQLite), PL/pgSQL
 (PostgreSQL) and etcd transaction compares. The memory backend is the executable model
-(:mod:`fenced.coordinator.backends.memory.backend`). Each test here drives the model and one real
+(:mod:`fenced.coordinator.backends.memory._backend`). Each test here drives the model and one real
 backend (SQLite embedded; PostgreSQL and a 3-member etcd cluster started by the test session) with
 the same random operations at the backend contract (:mod:`fenced.coordinator.backend`): acquire with
 and without a ``request_id`` (fresh, replayed, replayed for another resource), renew, release and
@@ -54,21 +54,21 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from fenced.coordinator._connect import open_backend
 from fenced.coordinator.backend import Blocked, CoordinatorBackend, Granted, GrantRequest
-from fenced.coordinator.backends.etcd.backend import EtcdBackend
-from fenced.coordinator.backends.memory.backend import MemoryBackend
-from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
-from fenced.coordinator.connect import open_backend
-from fenced.core.clock import ManualClock, SystemClock
-from fenced.core.errors import (
+from fenced.coordinator.backends.etcd._backend import EtcdBackend
+from fenced.coordinator.backends.memory._backend import MemoryBackend
+from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
+from fenced.core._clock import ManualClock, SystemClock
+from fenced.core._errors import (
     ConfigurationError,
     FencedError,
     LeaseLost,
     OutcomeUnknown,
     Unavailable,
 )
-from fenced.core.lease import LeaseInfo
-from fenced.core.records import Record, RecordKind
+from fenced.core._lease import LeaseInfo
+from fenced.core._records import Record, RecordKind
 from fenced.testing.etcd import EtcdCluster
 from fenced.testing.postgres import PostgresServer
 

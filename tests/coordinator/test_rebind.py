@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import connect
-from fenced.coordinator.rebind import rebind
-from fenced.coordinator.restore import advance
-from fenced.core.errors import ConfigurationError, ForeignToken, NotInstalled, StaleToken
-from fenced.core.records import RecordKind
-from fenced.core.token import FencingToken
-from fenced.core.urls import url_of_path
-from fenced.fence.store import Store, open_store
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator._connect import connect
+from fenced.coordinator._rebind import rebind
+from fenced.coordinator._restore import advance
+from fenced.core._errors import ConfigurationError, ForeignToken, NotInstalled, StaleToken
+from fenced.core._records import RecordKind
+from fenced.core._token import FencingToken
+from fenced.core._urls import url_of_path
+from fenced.fence._store import Store, open_store
 from fenced.testing.postgres import PostgresServer
 
 R = "exports/daily"

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fenced.coordinator import hostclock
-from fenced.core.clock import RECHECK, ManualClock, SystemClock
-from fenced.core.errors import (
+from fenced.coordinator import _hostclock as hostclock
+from fenced.core._clock import RECHECK, ManualClock, SystemClock
+from fenced.core._errors import (
     Busy,
     ConfigurationError,
     FencedError,
@@ -28,10 +28,10 @@ from fenced.core.errors import (
     Rejected,
     StaleToken,
 )
-from fenced.core.lease import LeaseState, LeaseTracker
-from fenced.core.names import validate_key, validate_publication_name, validate_resource
-from fenced.core.policy import LeasePolicy, validate_ttl, validate_wait
-from fenced.core.token import MAX_EPOCH, FencingToken
+from fenced.core._lease import LeaseState, LeaseTracker
+from fenced.core._names import validate_key, validate_publication_name, validate_resource
+from fenced.core._policy import LeasePolicy, validate_ttl, validate_wait
+from fenced.core._token import MAX_EPOCH, FencingToken
 
 CID = "0123456789abcdef0123456789abcdef"
 segment = st.text(alphabet="abcXYZ019._-", min_size=1, max_size=12).filter(
@@ -199,7 +199,7 @@ def test_error_tree() -> None:
 
 
 def test_the_default_holder_label_is_host_and_pid_and_a_forked_child_gets_its_own() -> None:
-    from fenced.coordinator.client import default_holder
+    from fenced.coordinator._client import default_holder
 
     label = default_holder()
     assert label.endswith(f":{os.getpid()}") and default_holder() is label

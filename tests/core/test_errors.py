@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 import fenced
-from fenced.cli import exitcodes
-from fenced.cli.app import FencedGroup
-from fenced.core import errors
+from fenced.cli import _exitcodes as exitcodes
+from fenced.cli._app import FencedGroup
+from fenced.core import _errors as errors
 
 # -- the classes ---------------------------------------------------------------------------------
 
@@ -33,7 +33,7 @@ BUILTIN_BASE = {
     errors.NotFound: LookupError,
 }
 
-FENCED_PARENT = {  # the tree in the module docstring of fenced.core.errors
+FENCED_PARENT = {  # the tree in the module docstring of fenced.core._errors
     errors.ConfigurationError: errors.FencedError,
     errors.InvalidName: errors.ConfigurationError,
     errors.CorruptData: errors.ConfigurationError,

@@ -1,4 +1,4 @@
-"""The one URL parser (:mod:`fenced.core.urls`): every accepted spelling, what it means, and a
+"""The one URL parser (:mod:`fenced.core._urls`): every accepted spelling, what it means, and a
 one-line error naming the accepted spellings for everything else. Pure: no file is touched.
 
 ``sqlite:`` follows SQLAlchemy (three slashes relative, four absolute), ``file:`` RFC 8089,
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from fenced.core.errors import ConfigurationError
-from fenced.core.urls import LocalURL, parse_local, path_from_url, scheme_of, url_of_path
+from fenced.core._errors import ConfigurationError
+from fenced.core._urls import LocalURL, parse_local, path_from_url, scheme_of, url_of_path
 
 
 @pytest.mark.parametrize(

@@ -34,11 +34,11 @@ from typing import Any
 import pytest
 
 import fenced
-from fenced.coordinator.backends.memory.backend import MemoryBackend
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import open_backend
-from fenced.core.clock import ManualClock
-from fenced.core.records import Record, RecordKind
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator._connect import open_backend
+from fenced.coordinator.backends.memory._backend import MemoryBackend
+from fenced.core._clock import ManualClock
+from fenced.core._records import Record, RecordKind
 from fenced.election import LeaderChange, Observer, TermTracker
 from fenced.testing.faults import FaultyBackend
 

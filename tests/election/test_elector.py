@@ -19,8 +19,8 @@ import pytest
 from test_election import DEADLINE, NAME, SHARED_BACKENDS, TTL, Proc, _url_for, wait_for
 
 import fenced
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import open_backend
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator._connect import open_backend
 from fenced.testing.faults import FaultyBackend
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import fenced.fence
-from fenced.core.errors import ConfigurationError, ForeignToken, StaleToken
+from fenced.core._errors import ConfigurationError, ForeignToken, StaleToken
 from fenced.fence import guard
 from fenced.testing.store_conformance import C2, R, token
 
@@ -136,7 +136,7 @@ def test_bad_arguments(conn: sqlite3.Connection) -> None:
 
 RACER = """
 import json, os, sqlite3, sys, time
-from fenced.core.errors import StaleToken
+from fenced.core._errors import StaleToken
 from fenced.fence import guard
 from fenced.testing.store_conformance import token
 

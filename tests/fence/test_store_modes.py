@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fenced.core.errors import StaleToken
+from fenced.core._errors import StaleToken
 from fenced.fence import Store, open_store
 from fenced.testing.store_conformance import R, token
 from support.local_users import NOBODY, as_nobody, mode

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 import fenced.fence
-from fenced.core.errors import IdempotencyConflict, StaleToken, Unavailable
-from fenced.core.token import FencingToken
+from fenced.core._errors import IdempotencyConflict, StaleToken, Unavailable
+from fenced.core._token import FencingToken
 from fenced.fence import Store, open_store
 from fenced.testing.store_conformance import R, store_location, token
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import fenced
-from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
-from fenced.core.records import Record, RecordKind
+from fenced.core._errors import ConfigurationError, StaleToken, Unavailable
+from fenced.core._records import Record, RecordKind
 from fenced.fence import Capability
-from fenced.fence.file.store import JOURNAL, LOG, STATE
-from fenced.fence.sqlite.store import MIGRATIONS, SCHEMA_VERSION
+from fenced.fence.file._store import JOURNAL, LOG, STATE
+from fenced.fence.sqlite._store import MIGRATIONS, SCHEMA_VERSION
 from fenced.testing.store_conformance import R, token
 
 

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import fenced
-from fenced.core.errors import ConfigurationError
-from fenced.core.records import Record, RecordKind
+from fenced.core._errors import ConfigurationError
+from fenced.core._records import Record, RecordKind
 from fenced.observe.metrics import MetricsModel, register
 
 R = "jobs/metrics"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import fenced
-from fenced.core.records import Record, RecordKind
+from fenced.core._records import Record, RecordKind
 from fenced.observe.metrics import FencedCollector
 from fenced.observe.timeline import Timeline, build_timeline, read_timeline
 

@@ -1,4 +1,4 @@
-"""The runtime's keeper (:class:`fenced.runtime.keeper.HeldLease`) and the coordinator's
+"""The runtime's keeper (:class:`fenced.runtime._keeper.HeldLease`) and the coordinator's
 background diagnostics.
 
 The timing tests run under a :class:`ManualClock`: time passes only when the test moves it, and
@@ -19,16 +19,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from fenced.coordinator.backends.memory.backend import MemoryBackend
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import connect, open_backend
-from fenced.core.clock import ManualClock, SystemClock
-from fenced.core.errors import LeaseLost, LossReason, Unavailable
-from fenced.core.lease import Lease, LeaseState
-from fenced.core.records import RecordKind
-from fenced.core.token import FencingToken
-from fenced.runtime.diagnostics import DiagnosticSender
-from fenced.runtime.keeper import HeldLease
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator._connect import connect, open_backend
+from fenced.coordinator.backends.memory._backend import MemoryBackend
+from fenced.core._clock import ManualClock, SystemClock
+from fenced.core._errors import LeaseLost, LossReason, Unavailable
+from fenced.core._lease import Lease, LeaseState
+from fenced.core._records import RecordKind
+from fenced.core._token import FencingToken
+from fenced.runtime._diagnostics import DiagnosticSender
+from fenced.runtime._keeper import HeldLease
 from fenced.testing.conformance import wait_for
 from fenced.testing.postgres import PostgresServer
 from fenced.testing.proxy import TcpProxy

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import fenced
-from fenced.core.records import RecordKind
+from fenced.core._records import RecordKind
 
 
 def holder(args: argparse.Namespace) -> None:

@@ -14,7 +14,7 @@ STARTUP = 60.0
 
 # Imported before the start, outside the race: a cold ``import fenced`` takes ~150 ms, ten times
 # the work these tests race on, and would spread the processes' starts over more than that.
-PREPARE = "import fenced\nimport fenced.coordinator.backends.sqlite.backend\n"
+PREPARE = "import fenced\nimport fenced.coordinator.backends.sqlite._backend\n"
 
 _PRELUDE = """
 import os, sys, time

@@ -19,10 +19,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from fenced.core.errors import CorruptData
+from fenced.core._errors import CorruptData
 from fenced.fence import Store
-from fenced.fence.source import CHUNK_SIZE
-from fenced.fence.values import Publication
+from fenced.fence._source import CHUNK_SIZE
+from fenced.fence._values import Publication
 from fenced.testing.store_conformance import R
 
 DAMAGES = ("truncated", "flipped", "extended")

@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 
-from fenced.verify.cases import CASES, run_cases
-from fenced.verify.schedule import run_random
-from fenced.verify.target import Target
+from fenced.verify._cases import CASES, run_cases
+from fenced.verify._schedule import run_random
+from fenced.verify._target import Target
 
 __all__ = ["ONLY_EMBEDDED", "assert_mutants_pass", "assert_verify_passes"]
 

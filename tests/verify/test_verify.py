@@ -22,16 +22,16 @@ from typing import Any
 
 import pytest
 
-from fenced.core.clock import ManualClock
+from fenced.core._clock import ManualClock
 from fenced.fence import open_store
-from fenced.verify import seeded
-from fenced.verify.cases import CASES, run_cases
-from fenced.verify.checker import INVARIANTS, check_history
-from fenced.verify.mutants import CATALOGUE, DEFAULT_BUDGET, MutantResult, hunt
-from fenced.verify.recorder import Recorder, read_history
-from fenced.verify.schedule import PROFILES, run_random
-from fenced.verify.table import plain_mutants, to_json
-from fenced.verify.target import Target
+from fenced.verify import _seeded as seeded
+from fenced.verify._cases import CASES, run_cases
+from fenced.verify._checker import INVARIANTS, check_history
+from fenced.verify._mutants import CATALOGUE, DEFAULT_BUDGET, MutantResult, hunt
+from fenced.verify._recorder import Recorder, read_history
+from fenced.verify._schedule import PROFILES, run_random
+from fenced.verify._table import plain_mutants, to_json
+from fenced.verify._target import Target
 
 R = "verify/test"
 

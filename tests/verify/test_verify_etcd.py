@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from fenced.testing.etcd import EtcdCluster
-from fenced.verify.target import Target
+from fenced.verify._target import Target
 from support.verify_networked import assert_mutants_pass, assert_verify_passes
 
 

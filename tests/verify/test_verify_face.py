@@ -3,7 +3,7 @@
 * ``fenced.verify.run`` returns the rows of the practice table with their status, refuses bad
   selections before anything runs, and ``fenced.verify.check`` re-checks a kept history;
 * importing ``fenced.verify`` loads neither rich nor the worker module (the workers run
-  ``python -m fenced.verify.worker``, which imports the package first);
+  ``python -m fenced.verify._worker``, which imports the package first);
 * on a real terminal (a pseudo-terminal) of 80 columns the practice table is one block per case
   whose fields read back whole; on a wide one it is a table in which no word is cut.
 """
@@ -23,9 +23,9 @@ from rich.console import Console
 
 import fenced
 import fenced.verify
-from fenced.cli.verify_cmd import COLUMN_WIDTH, print_rich, table_widths
-from fenced.verify.cases import CASES
-from fenced.verify.table import FIELDS, STATUS, Row, plain_cases
+from fenced.cli._verify_cmd import COLUMN_WIDTH, print_rich, table_widths
+from fenced.verify._cases import CASES
+from fenced.verify._table import FIELDS, STATUS, Row, plain_cases
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -200,7 +200,7 @@ def test_the_public_names_of_fenced_verify() -> None:
 def test_importing_fenced_verify_loads_neither_rich_nor_the_worker() -> None:
     code = (
         "import sys, fenced.verify\n"
-        "assert 'fenced.verify.worker' not in sys.modules, 'worker'\n"
+        "assert 'fenced.verify._worker' not in sys.modules, 'worker'\n"
         "assert 'rich' not in sys.modules and 'click' not in sys.modules, 'cli'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -3,7 +3,7 @@
 A seeded defect that no longer changes anything (a rewritten statement, a moved check, a seam
 the library stopped using) would make the hunt run the correct program and call it a miss, or
 worse, a catch of something else. These unit tests build each defect as a verify worker does
-(:mod:`fenced.verify.seeded`), over the real backend and store objects, and drive the correct
+(:mod:`fenced.verify._seeded`), over the real backend and store objects, and drive the correct
 and the seeded variant side by side (milliseconds, no processes). Last, the library has no
 switch at all: no environment variable changes anything, in a verify worker or in any other
 process.
@@ -23,18 +23,18 @@ from pathlib import Path
 
 import pytest
 
+from fenced.coordinator._client import Coordinator
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest, Ticket
-from fenced.coordinator.backends.memory.backend import MemoryBackend
-from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
-from fenced.coordinator.client import Coordinator
-from fenced.core.clock import ManualClock
-from fenced.core.errors import LeaseLost, NotInstalled, StaleToken, Unavailable
+from fenced.coordinator.backends.memory._backend import MemoryBackend
+from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
+from fenced.core._clock import ManualClock
+from fenced.core._errors import LeaseLost, NotInstalled, StaleToken, Unavailable
 from fenced.fence import open_store
-from fenced.fence.store import Store
+from fenced.fence._store import Store
 from fenced.testing.store_conformance import R, token
-from fenced.verify import seeded
-from fenced.verify.recorder import read_history
-from fenced.verify.seeded import (
+from fenced.verify import _seeded as seeded
+from fenced.verify._recorder import read_history
+from fenced.verify._seeded import (
     CHECK_THEN_WRITE,
     DEADLINE_FROM_REPLY,
     DEDUP_AFTER_FENCE,
@@ -47,7 +47,7 @@ from fenced.verify.seeded import (
     SeededSQLiteBackend,
     SeededStore,
 )
-from fenced.verify.worker import WorkerConfig
+from fenced.verify._worker import WorkerConfig
 
 OWNER_A, OWNER_B, OWNER_C = "a" * 32, "b" * 32, "c" * 32
 ENV_VAR = "_FENCED_VERIFY_MUTANT"  # the variable that switched defects on once (and must not)
@@ -305,7 +305,7 @@ def test_an_environment_variable_switches_nothing_on_in_a_verify_worker(tmp_path
         margin=0.2,
     )
     done = subprocess.run(
-        [sys.executable, "-m", "fenced.verify.worker", config.to_json()],
+        [sys.executable, "-m", "fenced.verify._worker", config.to_json()],
         input='{"id": "w0/1", "op": "exit"}\n',
         capture_output=True,
         text=True,
@@ -320,7 +320,7 @@ def test_an_environment_variable_switches_nothing_on_in_a_verify_worker(tmp_path
     config.mutants = ["epoch-reuse"]  # what verify does: the configuration names the defects
     history.unlink()
     subprocess.run(
-        [sys.executable, "-m", "fenced.verify.worker", config.to_json()],
+        [sys.executable, "-m", "fenced.verify._worker", config.to_json()],
         input='{"id": "w0/1", "op": "exit"}\n',
         text=True,
         timeout=50,
@@ -337,8 +337,8 @@ def test_an_environment_variable_changes_nothing_in_a_normal_process(tmp_path: P
         f"""
         import importlib.util, json, sys
         from fenced.coordinator.backend import GrantRequest
-        from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
-        from fenced.core.errors import StaleToken
+        from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
+        from fenced.core._errors import StaleToken
         from fenced.fence import open_store
         from fenced.testing.store_conformance import token
 

@@ -17,9 +17,9 @@ import uuid
 
 import pytest
 
-from fenced.fence.store import open_store
+from fenced.fence._store import open_store
 from fenced.testing.postgres import PostgresServer
-from fenced.verify.target import Target
+from fenced.verify._target import Target
 from support.verify_networked import assert_mutants_pass, assert_verify_passes
 
 

@@ -2,7 +2,7 @@
 
 :func:`local_path` is what every command and backend opens a local coordinator or store with
 (``connect``, ``open_store``, ``backup``/``restore``, the ``fenced`` commands, verify). It parses
-with :func:`fenced.core.urls.parse_local` and makes the path absolute against the current
+with :func:`fenced.core._urls.parse_local` and makes the path absolute against the current
 directory *now*, so a later ``chdir`` does not move the database.
 
 The transition check: fenced once read ``sqlite:///x/y.db`` as ``/x/y.db`` (RFC 8089); it now
@@ -21,8 +21,8 @@ import stat
 from pathlib import Path
 from urllib.parse import quote
 
-from fenced.core.errors import ConfigurationError
-from fenced.core.urls import parse_local, url_of_path
+from fenced.core._errors import ConfigurationError
+from fenced.core._urls import parse_local, url_of_path
 
 __all__ = ["check_database_file", "is_fenced_database", "local_path"]
 
@@ -33,7 +33,7 @@ def local_path(url: str, scheme: str | None = None) -> Path:
     """The absolute path a ``sqlite:`` or ``file:`` URL names (``scheme``: the one expected).
 
     Raises :class:`~fenced.ConfigurationError` for a malformed URL (see
-    :mod:`fenced.core.urls`) and for the ambiguous ``sqlite:///x`` described in the module
+    :mod:`fenced.core._urls`) and for the ambiguous ``sqlite:///x`` described in the module
     docstring. Reads at most the headers of two files; creates nothing.
     """
     parsed = parse_local(url, scheme)

@@ -3,7 +3,7 @@
 A :class:`Migration` takes a database from ``version - 1`` to ``version``; a component lists its
 migrations in order and the newest version is ``migrations[-1].version``.
 :func:`checked_version` refuses a database written by a newer fenced with
-:class:`~fenced.core.errors.ConfigurationError` (the database is not touched), so an older fenced
+:class:`~fenced.core._errors.ConfigurationError` (the database is not touched), so an older fenced
 never reads a format it does not know.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fenced.core.errors import ConfigurationError
+from fenced.core._errors import ConfigurationError
 
 __all__ = ["Migration", "checked_version"]
 

@@ -54,7 +54,7 @@ from fenced._drivers.postgres_url import (
     ParsedURL,
     parse_url,
 )
-from fenced.core.errors import ConfigurationError, Unavailable
+from fenced.core._errors import ConfigurationError, Unavailable
 
 log = logging.getLogger("fenced.postgres")
 

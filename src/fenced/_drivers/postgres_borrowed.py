@@ -59,7 +59,7 @@ from fenced._drivers.postgres import (
     translate,
 )
 from fenced._drivers.postgres_url import parse_options
-from fenced.core.errors import ConfigurationError, Unavailable
+from fenced.core._errors import ConfigurationError, Unavailable
 
 __all__ = ["LISTEN_TAKE_TIMEOUT", "Borrowed", "lender"]
 

@@ -2,15 +2,15 @@
 
 :func:`translate` tells configuration problems (authentication, missing database, schema or
 table, privileges) from transient ones, and a failure before anything was sent
-(:class:`~fenced.core.errors.Unavailable`, nothing changed) from a broken connection after a
-change was sent (:class:`~fenced.core.errors.OutcomeUnknown`, it may have committed).
+(:class:`~fenced.core._errors.Unavailable`, nothing changed) from a broken connection after a
+change was sent (:class:`~fenced.core._errors.OutcomeUnknown`, it may have committed).
 """
 
 from __future__ import annotations
 
 import psycopg
 
-from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+from fenced.core._errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 
 __all__ = ["is_config_message", "translate"]
 

@@ -3,7 +3,7 @@
 :func:`migrate` creates a component's tables or upgrades them in one transaction under a
 transaction-level advisory lock (concurrent openers serialise; a crash mid-way leaves the
 previous version). A meta table of another format, or written by a newer fenced, is a
-:class:`~fenced.core.errors.ConfigurationError` and the schema is left untouched.
+:class:`~fenced.core._errors.ConfigurationError` and the schema is left untouched.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 
 from fenced._drivers.migrations import Migration, checked_version
-from fenced.core.errors import ConfigurationError
+from fenced.core._errors import ConfigurationError
 
 __all__ = ["migrate"]
 

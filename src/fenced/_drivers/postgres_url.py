@@ -3,10 +3,10 @@
 :func:`parse_url` takes fenced's own query parameters out of a URL; everything else goes to
 libpq unchanged (and is validated by it). SQLAlchemy's driver suffix ``+psycopg``
 (``postgresql+psycopg://``) is accepted; another driver is refused (see
-:func:`fenced.core.urls.scheme_of`). :func:`parse_options` reads the same fenced parameters
+:func:`fenced.core._urls.scheme_of`). :func:`parse_options` reads the same fenced parameters
 from a mapping, for a user's pool or engine handed in instead of a URL. A malformed URL, an
 unknown scheme, a bad schema name or an out-of-range option is a
-:class:`~fenced.core.errors.ConfigurationError`; passwords never appear in the URL shown in
+:class:`~fenced.core._errors.ConfigurationError`; passwords never appear in the URL shown in
 messages (:attr:`ParsedURL.display`).
 """
 
@@ -19,8 +19,8 @@ from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit
 
 import psycopg
 
-from fenced.core.errors import ConfigurationError
-from fenced.core.urls import scheme_of
+from fenced.core._errors import ConfigurationError
+from fenced.core._urls import scheme_of
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",

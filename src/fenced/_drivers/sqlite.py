@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fenced.core.errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
+from fenced.core._errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 
 __all__ = ["error_code", "is_busy", "retrying", "translate"]
 

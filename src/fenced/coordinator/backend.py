@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from fenced.core.errors import ConfigurationError
-from fenced.core.lease import LeaseInfo
-from fenced.core.records import Record, RecordKind
+from fenced.core._errors import ConfigurationError
+from fenced.core._lease import LeaseInfo
+from fenced.core._records import Record, RecordKind
 
 __all__ = [
     "CAP_RECORDS",

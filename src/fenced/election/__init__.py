@@ -22,16 +22,16 @@ protocols that say what it needs of a coordinator (``hold``, ``history``, ``curr
 ``campaign``/``leader``/``observe`` methods — typed, with no registry and no import cycle.
 """
 
-from fenced.election.campaign import MAX_VALUE_BYTES, Campaign, Leadership, validate_value
-from fenced.election.elector import Elector
-from fenced.election.observer import (
+from fenced.election._campaign import MAX_VALUE_BYTES, Campaign, Leadership, validate_value
+from fenced.election._elector import Elector
+from fenced.election._observer import (
     LeaderChange,
     LeaderChangeKind,
     LeaderInfo,
     Observer,
     TermTracker,
 )
-from fenced.election.run import run_as_leader, run_command_as_leader
+from fenced.election._run import run_as_leader, run_command_as_leader
 
 __all__ = [
     "MAX_VALUE_BYTES",

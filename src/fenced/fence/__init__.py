@@ -19,10 +19,27 @@ This package depends on :mod:`fenced.core` (and the private driver plumbing) onl
 nothing but tokens, so it can live in another process or service than the coordinator.
 """
 
+from typing import Any
+
+from fenced.fence._guard import guard
+from fenced.fence._store import Store, open_store
+from fenced.fence._values import Item, Mode, Publication, Version
 from fenced.fence.backend import Capability
-from fenced.fence.guard import guard
-from fenced.fence.store import Store, open_store
-from fenced.fence.values import Item, Mode, Publication, Version
+
+
+def install_postgres_guard(connection: Any, *, schema: str | None = None) -> None:
+    """Create the objects :func:`guard` needs in a PostgreSQL database, as an owner, once.
+
+    Same as the first ``guard`` call does when the role may ``CREATE``; needs the ``postgres``
+    extra. Raises what psycopg raises when the role may not create them.
+    """
+    from fenced.fence.postgres import _guard  # noqa: PLC0415 - psycopg only when asked
+
+    if schema is None:
+        _guard.install(connection)
+    else:
+        _guard.install(connection, schema=schema)
+
 
 __all__ = [
     "Capability",
@@ -32,5 +49,6 @@ __all__ = [
     "Store",
     "Version",
     "guard",
+    "install_postgres_guard",
     "open_store",
 ]

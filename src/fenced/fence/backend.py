@@ -1,8 +1,8 @@
-"""The narrow contract a store backend implements; :class:`~fenced.fence.store.Store` does the rest.
+"""The narrow contract a store backend implements; :class:`fenced.Store` does the rest.
 
 A backend only stores and retrieves. It makes no decision: validation, op ids, the fencing rules
-and the pointer rule live once, above the backends, in :class:`~fenced.fence.store.Store` and
-:mod:`fenced.fence.rules`. What a backend must guarantee:
+and the pointer rule live once, above the backends, in :class:`~fenced.fence._store.Store` and
+:mod:`fenced.fence._rules`. What a backend must guarantee:
 
 * :meth:`Backend.transaction` is the critical section of one fencing domain (one resource):
   everything read through the :class:`Transaction` is current and stays so until the block ends,
@@ -45,12 +45,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from fenced.core.clock import Clock
-from fenced.core.records import Record
-from fenced.core.token import FencingToken
-from fenced.fence.ops import OpRecord
-from fenced.fence.rules import Head, StoredObject
-from fenced.fence.values import Item, Mode, Publication, Version
+from fenced.core._clock import Clock
+from fenced.core._records import Record
+from fenced.core._token import FencingToken
+from fenced.fence._ops import OpRecord
+from fenced.fence._rules import Head, StoredObject
+from fenced.fence._values import Item, Mode, Publication, Version
 
 __all__ = [
     "DEFAULT_RECORD_LIMIT",
@@ -335,7 +335,7 @@ class CurrentPutBackend(Backend, Protocol):
 
         The store calls it for a put without ``op_id`` or ``if_version`` (and not due to
         prune) on a backend with :attr:`Capability.RECORDS`. It applies the same rule
-        (:func:`~fenced.fence.rules.admit_mutation`), writes the item and its ``accepted``
+        (:func:`~fenced.fence._rules.admit_mutation`), writes the item and its ``accepted``
         record (``detail`` plus the new ``version``) in one durable transaction. When the token
         would change the head (an implicit install) or is refused, it writes nothing and
         returns None: the store takes the general path, which installs or rejects and records

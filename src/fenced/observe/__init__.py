@@ -9,6 +9,7 @@ This layer sits above :mod:`fenced.coordinator` and :mod:`fenced.fence` and belo
 line; it only reads.
 """
 
+from fenced.core._records import Record, RecordKind
 from fenced.observe.timeline import (
     Event,
     Figures,
@@ -25,6 +26,8 @@ __all__ = [
     "Figures",
     "Gap",
     "Interval",
+    "Record",
+    "RecordKind",
     "Rejection",
     "Timeline",
     "build_timeline",

@@ -60,8 +60,8 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from fenced.core.errors import ConfigurationError, FencedError
-from fenced.core.records import Record, RecordKind
+from fenced.core._errors import ConfigurationError, FencedError
+from fenced.core._records import Record, RecordKind
 from fenced.observe.timeline import (
     RecordSource,
     StoreRecordSource,

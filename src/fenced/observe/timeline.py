@@ -36,8 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fenced.core.names import validate_resource
-from fenced.core.records import Record, RecordKind
+from fenced.core._names import validate_resource
+from fenced.core._records import Record, RecordKind
 
 __all__ = [
     "ENDINGS",

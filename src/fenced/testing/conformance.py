@@ -28,11 +28,11 @@ from typing import Any
 
 import pytest
 
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator._connect import open_backend
 from fenced.coordinator.backend import Granted, GrantRequest
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import open_backend
-from fenced.core.clock import ManualClock
-from fenced.core.errors import (
+from fenced.core._clock import ManualClock
+from fenced.core._errors import (
     Busy,
     ConfigurationError,
     InvalidName,
@@ -41,9 +41,9 @@ from fenced.core.errors import (
     OutcomeUnknown,
     StaleToken,
 )
-from fenced.core.lease import LeaseState
-from fenced.core.records import RecordKind
-from fenced.core.token import FencingToken
+from fenced.core._lease import LeaseState
+from fenced.core._records import RecordKind
+from fenced.core._token import FencingToken
 from fenced.testing.faults import FaultyBackend
 
 __all__ = ["CoordinatorConformance", "HistoryConformance", "ManualClockConformance", "wait_for"]

@@ -30,9 +30,9 @@ from fenced.coordinator.backend import (
     GrantRequest,
     Ticket,
 )
-from fenced.core.errors import OutcomeUnknown, Unavailable
-from fenced.core.lease import LeaseInfo
-from fenced.core.records import Record, RecordKind
+from fenced.core._errors import OutcomeUnknown, Unavailable
+from fenced.core._lease import LeaseInfo
+from fenced.core._records import Record, RecordKind
 
 __all__ = ["Fault", "FaultyBackend"]
 

@@ -15,7 +15,7 @@ refuses root). ::
 and ``full_page_writes``: commits survive the death of the server (the WAL reaches the OS), not of
 the machine. Benchmarks and durability tests use ``durable=True`` (PostgreSQL's defaults).
 Note that fenced raises ``synchronous_commit`` for its grants itself (see
-:mod:`fenced.coordinator.backends.postgres.backend`), so epochs survive
+:mod:`fenced.coordinator.backends.postgres._backend`), so epochs survive
 ``restart(mode="immediate")`` even on a non-durable server.
 
 :class:`PgBouncer` runs a private PgBouncer in front of a server (transaction pooling by default).

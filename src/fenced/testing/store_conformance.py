@@ -55,7 +55,7 @@ from pathlib import Path
 
 import pytest
 
-from fenced.core.errors import (
+from fenced.core._errors import (
     ConfigurationError,
     ForeignToken,
     InvalidName,
@@ -64,7 +64,7 @@ from fenced.core.errors import (
     VersionConflict,
 )
 from fenced.fence import Capability, Store, open_store
-from fenced.fence.values import Mode
+from fenced.fence._values import Mode
 from fenced.testing.store_fixtures import (
     C1,
     C2,

@@ -16,9 +16,9 @@ from typing import Any, ClassVar, Protocol
 import pytest
 
 from fenced._drivers.local import local_path
-from fenced.core.token import FencingToken
+from fenced.core._token import FencingToken
 from fenced.fence import Capability, Store
-from fenced.fence.values import Mode
+from fenced.fence._values import Mode
 
 __all__ = [
     "C1",

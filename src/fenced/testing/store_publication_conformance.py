@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fenced.core.clock import ManualClock
-from fenced.core.errors import (
+from fenced.core._clock import ManualClock
+from fenced.core._errors import (
     ConfigurationError,
     ForeignToken,
     InvalidName,
@@ -22,7 +22,7 @@ from fenced.core.errors import (
     StaleToken,
 )
 from fenced.fence import Capability, Publication, Store
-from fenced.fence.values import Mode
+from fenced.fence._values import Mode
 from fenced.testing.store_fixtures import C2, CapabilityConformance, MakeStore, R, token
 
 __all__ = ["PublicationConformance"]

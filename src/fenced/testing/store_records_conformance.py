@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import pytest
 
-from fenced.core.clock import ManualClock
-from fenced.core.errors import (
+from fenced.core._clock import ManualClock
+from fenced.core._errors import (
     ConfigurationError,
     ForeignToken,
     IdempotencyConflict,
@@ -24,7 +24,7 @@ from fenced.core.errors import (
     NotInstalled,
     StaleToken,
 )
-from fenced.core.records import Record, RecordKind
+from fenced.core._records import Record, RecordKind
 from fenced.fence import Capability, Store
 from fenced.testing.store_fixtures import C1, C2, CapabilityConformance, MakeStore, R, token
 

@@ -15,7 +15,7 @@ The randomized schedules and the seeded defects are the command's (``fenced veri
   delayed release, storage timeout, restore, old write before the new owner's first write);
 * :mod:`.schedule` and :mod:`.nemesis` — randomized mode: seeded fault schedules of several
   workers while a nemesis pauses, kills and restores, timed around TTL boundaries (backup and
-  restore, also for case 6, with :mod:`fenced.coordinator.restore`);
+  restore, also for case 6, with :mod:`fenced.coordinator._restore`);
 * :mod:`.worker`, :mod:`.faults`, :mod:`.processes` — the worker processes, the in-process wire
   faults and the recording of every call, the signals;
 * :mod:`.recorder` — one history file per run, CLOCK_MONOTONIC timestamps;
@@ -33,12 +33,12 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from fenced.core.errors import ConfigurationError
-from fenced.verify.checker import check_history
-from fenced.verify.recorder import read_history
-from fenced.verify.report import INVARIANTS, Report, Violation
-from fenced.verify.table import Row, Status
-from fenced.verify.target import Target
+from fenced.core._errors import ConfigurationError
+from fenced.verify._checker import check_history
+from fenced.verify._recorder import read_history
+from fenced.verify._report import INVARIANTS, Report, Violation
+from fenced.verify._table import Row, Status
+from fenced.verify._target import Target
 
 __all__ = ["INVARIANTS", "Report", "Row", "Status", "Violation", "check", "run"]
 
@@ -71,7 +71,7 @@ def run(
     histories of failed cases are always kept, and the row says where). A single string is one
     URL or one case number. ``progress`` is called with each row as soon as its case ends.
 
-    Each case starts real worker processes (``python -m fenced.verify.worker``) and sends them
+    Each case starts real worker processes (``python -m fenced.verify._worker``) and sends them
     real signals; the call takes a few seconds per case. It returns the rows in table order;
     ``row.status`` is ``"pass"``, ``"fail"`` or ``"unavailable"`` (the case cannot run on this
     target, e.g. case 6 against a coordinator verify did not create: neither a pass nor a
@@ -81,10 +81,10 @@ def run(
     case selection, an unusable URL (``memory://`` cannot be shared by processes), or two stores
     of the same mode; :class:`~fenced.Unavailable` if a coordinator or store cannot be reached.
     """
-    # Imported here: the worker processes run ``python -m fenced.verify.worker``, which imports
+    # Imported here: the worker processes run ``python -m fenced.verify._worker``, which imports
     # this package first; importing the cases (and so the worker module) here at import time
     # would load the worker module twice in every worker.
-    from fenced.verify.cases import CASES, run_cases  # noqa: PLC0415
+    from fenced.verify._cases import CASES, run_cases  # noqa: PLC0415
 
     chosen = None if cases is None else _names(cases, "cases")
     numbers = [case.number for case in CASES]

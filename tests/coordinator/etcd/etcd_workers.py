@@ -28,7 +28,7 @@ import uuid
 from typing import Any
 
 import fenced
-from fenced.core.clock import SystemClock
+from fenced.core._clock import SystemClock
 
 CLOCK = SystemClock()
 

@@ -29,11 +29,13 @@ from typing import Any
 import pytest
 
 import fenced
-import fenced.coordinator.backends.etcd.records as etcd_records
-from fenced.coordinator import restore as restoring
+import fenced.coordinator.backends.etcd._records as etcd_records
+from fenced.coordinator import _restore as restoring
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator._connect import connect, open_backend
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.backends.etcd.backend import EtcdBackend, EtcdTicket, parse_etcd_url
-from fenced.coordinator.backends.etcd.client import (
+from fenced.coordinator.backends.etcd._backend import EtcdBackend, EtcdTicket, parse_etcd_url
+from fenced.coordinator.backends.etcd._client import (
     KV,
     MaybeApplied,
     NotApplied,
@@ -41,17 +43,15 @@ from fenced.coordinator.backends.etcd.client import (
     WatchStream,
     b64,
 )
-from fenced.coordinator.backends.etcd.keys import (
+from fenced.coordinator.backends.etcd._keys import (
     SEQ_PER_REVISION,
     STAMP_LATER,
     records_from,
     records_value,
     stamped,
 )
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import connect, open_backend
-from fenced.core.clock import ManualClock, SystemClock
-from fenced.core.errors import (
+from fenced.core._clock import ManualClock, SystemClock
+from fenced.core._errors import (
     Busy,
     ConfigurationError,
     FencedError,
@@ -60,10 +60,10 @@ from fenced.core.errors import (
     StaleToken,
     Unavailable,
 )
-from fenced.core.lease import LeaseState
-from fenced.core.records import Record, RecordKind
-from fenced.core.restore_base import restore_base
-from fenced.core.token import FencingToken
+from fenced.core._lease import LeaseState
+from fenced.core._records import Record, RecordKind
+from fenced.core._restore_base import restore_base
+from fenced.core._token import FencingToken
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.etcd import EtcdCluster, free_ports
 from fenced.testing.proxy import TcpProxy

@@ -1,6 +1,6 @@
 """The etcd backend's gRPC transport against real etcd members: the gateway's JSON shapes in and
 out, and which failures may have been applied
-(``fenced.coordinator.backends.etcd.grpc_transport``)."""
+(``fenced.coordinator.backends.etcd._grpc_transport``)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from google.protobuf import descriptor_pb2, json_format
 from google.protobuf.message import Message
 
 import fenced
-from fenced.coordinator.backends.etcd import rpc
-from fenced.coordinator.backends.etcd.backend import EtcdBackend
-from fenced.coordinator.backends.etcd.client import (
+from fenced.coordinator.backends.etcd import _rpc as rpc
+from fenced.coordinator.backends.etcd._backend import EtcdBackend
+from fenced.coordinator.backends.etcd._client import (
     EtcdRejected,
     MaybeApplied,
     NotApplied,
@@ -26,9 +26,9 @@ from fenced.coordinator.backends.etcd.client import (
     b64,
     unb64,
 )
-from fenced.coordinator.backends.etcd.grpc_transport import GrpcTransport
-from fenced.coordinator.backends.etcd.messages import to_json, to_message
-from fenced.core.errors import ConfigurationError, Unavailable
+from fenced.coordinator.backends.etcd._grpc_transport import GrpcTransport
+from fenced.coordinator.backends.etcd._messages import to_json, to_message
+from fenced.core._errors import ConfigurationError, Unavailable
 from fenced.testing.conformance import wait_for
 from fenced.testing.etcd import EtcdCluster
 from fenced.testing.proxy import TcpProxy
@@ -338,7 +338,7 @@ def test_without_grpcio_the_error_says_what_to_install(etcd_cluster: EtcdCluster
 import sys
 sys.modules["grpc"] = None  # as if grpcio were not installed
 import fenced
-from fenced.core.errors import ConfigurationError
+from fenced.core._errors import ConfigurationError
 try:
     fenced.connect({etcd_cluster.url(prefix=prefix)!r})
 except ConfigurationError as error:

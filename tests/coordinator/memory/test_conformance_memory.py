@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fenced.coordinator.backends.memory.backend import MemoryBackend
+from fenced.coordinator.backends.memory._backend import MemoryBackend
 from fenced.testing.conformance import (
     CoordinatorConformance,
     HistoryConformance,

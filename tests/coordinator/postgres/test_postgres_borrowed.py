@@ -19,8 +19,8 @@ import sqlalchemy
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import fenced
-from fenced.core.clock import ManualClock
-from fenced.core.errors import ConfigurationError
+from fenced.core._clock import ManualClock
+from fenced.core._errors import ConfigurationError
 from fenced.testing.conformance import wait_for
 from fenced.testing.postgres import PostgresServer
 from support.postgres_pools import fresh_schema, pool_as_it_was, user_engine, user_pool

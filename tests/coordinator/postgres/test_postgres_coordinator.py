@@ -29,15 +29,15 @@ import psycopg
 import pytest
 
 from fenced._drivers.postgres import Pool, connect_listening, execute, parse_url
-from fenced.coordinator import restore as restoring
+from fenced.coordinator import _restore as restoring
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator._connect import connect, open_backend
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.backends.postgres import schema as postgres_schema
-from fenced.coordinator.backends.postgres.backend import PostgresBackend, PostgresTicket
-from fenced.coordinator.backends.postgres.listener import Listener, Subscription
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.connect import connect, open_backend
-from fenced.core.clock import ManualClock, SystemClock
-from fenced.core.errors import (
+from fenced.coordinator.backends.postgres import _schema as postgres_schema
+from fenced.coordinator.backends.postgres._backend import PostgresBackend, PostgresTicket
+from fenced.coordinator.backends.postgres._listener import Listener, Subscription
+from fenced.core._clock import ManualClock, SystemClock
+from fenced.core._errors import (
     Busy,
     ConfigurationError,
     LeaseLost,
@@ -45,13 +45,13 @@ from fenced.core.errors import (
     StaleToken,
     Unavailable,
 )
-from fenced.core.lease import Lease, LeaseState
-from fenced.core.records import RecordKind
-from fenced.core.restore_base import restore_base
+from fenced.core._lease import Lease, LeaseState
+from fenced.core._records import RecordKind
+from fenced.core._restore_base import restore_base
+from fenced.fence._store import Store
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres.store import open_postgres_backend
-from fenced.fence.store import Store
-from fenced.runtime.keeper import HeldLease
+from fenced.fence.postgres._store import open_postgres_backend
+from fenced.runtime._keeper import HeldLease
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.postgres import PgBouncer, PostgresServer
 from fenced.testing.proxy import TcpProxy

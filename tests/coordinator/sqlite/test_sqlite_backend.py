@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 
 from fenced._drivers.migrations import Migration
+from fenced.coordinator._client import Coordinator
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.backends.sqlite import schema as sqlite_schema
-from fenced.coordinator.backends.sqlite.backend import QUEUE_KEEPALIVE, SQLiteBackend, SQLiteTicket
-from fenced.coordinator.client import Coordinator
-from fenced.core.clock import ManualClock
-from fenced.core.errors import ConfigurationError, LeaseLost, LossReason, Unavailable
-from fenced.core.records import RecordKind
+from fenced.coordinator.backends.sqlite import _schema as sqlite_schema
+from fenced.coordinator.backends.sqlite._backend import QUEUE_KEEPALIVE, SQLiteBackend, SQLiteTicket
+from fenced.core._clock import ManualClock
+from fenced.core._errors import ConfigurationError, LeaseLost, LossReason, Unavailable
+from fenced.core._records import RecordKind
 from support.simultaneous import run_together
 
 R = "jobs/nightly"
@@ -206,7 +206,7 @@ def test_the_wal_is_kept_allocated_and_its_zero_tail_survives_a_crash(db_path: P
         """
         import os, sys
         from fenced.coordinator.backend import GrantRequest
-        from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
+        from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
         backend = SQLiteBackend(sys.argv[1])
         for i in range(5):
             g = backend.try_grant(GrantRequest("jobs/nightly", 10.0, "c" * 32, "child"), None)
@@ -234,7 +234,7 @@ def test_a_grant_is_fsynced_before_it_returns_and_a_release_is_not(
         """
         import os, sys
         from fenced.coordinator.backend import GrantRequest
-        from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
+        from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
         backend = SQLiteBackend(sys.argv[1])
         marks = os.open(os.devnull, os.O_WRONLY)
         for i in range(5):
@@ -588,8 +588,8 @@ def test_a_ticket_from_another_backend_or_resource_is_refused(
 CHILD_PRELUDE = """
 import json, sys, time
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.client import Coordinator
-from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
+from fenced.coordinator._client import Coordinator
+from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
 path, resource, out = sys.argv[1], sys.argv[2], sys.argv[3]
 backend = SQLiteBackend(path)
 request = GrantRequest(resource, 10.0, "c" * 32, "child")

@@ -31,14 +31,14 @@ from pathlib import Path
 import pytest
 
 import fenced
-from fenced.coordinator import restore as restoring
+from fenced.coordinator import _restore as restoring
+from fenced.coordinator._client import Coordinator
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
-from fenced.coordinator.backends.sqlite.backend import SQLiteBackend, SQLiteTicket
-from fenced.coordinator.backends.sqlite.files import marker_of
-from fenced.coordinator.backends.sqlite.wakeup import NETNS, Waker
-from fenced.coordinator.client import Coordinator
-from fenced.core.errors import Busy, ConfigurationError
-from fenced.core.records import RecordKind
+from fenced.coordinator.backends.sqlite._backend import SQLiteBackend, SQLiteTicket
+from fenced.coordinator.backends.sqlite._files import marker_of
+from fenced.coordinator.backends.sqlite._wakeup import NETNS, Waker
+from fenced.core._errors import Busy, ConfigurationError
+from fenced.core._records import RecordKind
 from support.local_users import NOBODY, as_nobody, mode
 
 R = "jobs/nightly"
@@ -305,7 +305,7 @@ def test_a_setgid_group_directory_shares_the_coordinator_with_its_group(
             """
             import sys
             from fenced.coordinator.backend import GrantRequest
-            from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
+            from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
             with SQLiteBackend(sys.argv[1]) as backend:
                 granted = backend.try_grant(GrantRequest("jobs/nightly", 5.0, "d" * 32, "d"), None)
                 print(granted.epoch)
@@ -372,7 +372,7 @@ def test_a_deleted_database_is_refused_while_its_marker_is_there(tmp_path: Path)
 _KILLED = """
 import sys, time
 from fenced.coordinator.backend import GrantRequest
-from fenced.coordinator.backends.sqlite.backend import SQLiteBackend
+from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
 backend = SQLiteBackend(sys.argv[1])
 for owner in ("1", "2", "3"):
     granted = backend.try_grant(GrantRequest("jobs/nightly", 60.0, owner * 32, "k"), None)

@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-from fenced.core.clock import ManualClock
-from fenced.core.errors import ConfigurationError, IdempotencyConflict, StaleToken, Unavailable
+from fenced.core._clock import ManualClock
+from fenced.core._errors import ConfigurationError, IdempotencyConflict, StaleToken, Unavailable
 from fenced.fence import Store, open_store
-from fenced.fence.background import drain, later
-from fenced.fence.file import gc as file_gc
-from fenced.fence.file import meta as file_meta
-from fenced.fence.file import store as file_store
-from fenced.fence.file.files import write_file
-from fenced.fence.file.layout import META
-from fenced.fence.file.store import CHECKPOINT_AT, JOURNAL, LOG, OPS, STATE
-from fenced.fence.values import Mode, Publication
+from fenced.fence._background import drain, later
+from fenced.fence._values import Mode, Publication
+from fenced.fence.file import _gc as file_gc
+from fenced.fence.file import _meta as file_meta
+from fenced.fence.file import _store as file_store
+from fenced.fence.file._files import write_file
+from fenced.fence.file._layout import META
+from fenced.fence.file._store import CHECKPOINT_AT, JOURNAL, LOG, OPS, STATE
 from fenced.testing.store_conformance import (
     MakeStore,
     R,

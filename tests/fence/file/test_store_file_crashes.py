@@ -2,7 +2,7 @@
 
 The workers are functions of this module, run as
 ``python tests/fence/file/test_store_file_crashes.py ROLE …``.
-They shrink :data:`fenced.fence.file.store.CHECKPOINT_AT` so that a kill often lands in a
+They shrink :data:`fenced.fence.file._store.CHECKPOINT_AT` so that a kill often lands in a
 checkpoint, and acknowledge each write (one line in a file) only after the store returned it.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 import fenced.fence
-from fenced.core.clock import SystemClock
-from fenced.core.records import RecordKind
+from fenced.core._clock import SystemClock
+from fenced.core._records import RecordKind
 from fenced.fence import Store, open_store
-from fenced.fence.file import journal as file_journal
-from fenced.fence.file import store as file_store
+from fenced.fence.file import _journal as file_journal
+from fenced.fence.file import _store as file_store
 from fenced.testing.conformance import wait_for
 from fenced.testing.store_conformance import R, token
 

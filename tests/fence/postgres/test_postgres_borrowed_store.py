@@ -18,7 +18,7 @@ import sqlalchemy
 from psycopg_pool import ConnectionPool
 
 import fenced
-from fenced.core.errors import ConfigurationError
+from fenced.core._errors import ConfigurationError
 from fenced.testing.conformance import wait_for
 from fenced.testing.postgres import PostgresServer
 from fenced.testing.store_conformance import token

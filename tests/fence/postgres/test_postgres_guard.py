@@ -19,9 +19,9 @@ import pytest
 import sqlalchemy
 from sqlalchemy import text
 
-from fenced.core.errors import ConfigurationError, ForeignToken, StaleToken
-from fenced.core.token import FencingToken
-from fenced.fence.postgres.guard import guard_postgres, guard_psycopg, guard_sqlalchemy, install
+from fenced.core._errors import ConfigurationError, ForeignToken, StaleToken
+from fenced.core._token import FencingToken
+from fenced.fence.postgres._guard import guard_postgres, guard_psycopg, guard_sqlalchemy, install
 from fenced.testing.postgres import PostgresServer
 
 C1 = "c1" * 16

@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from fenced._drivers import postgres as postgres_conn
-from fenced.cli.exitcodes import BAD_INPUT
-from fenced.cli.main import cli
-from fenced.core.clock import SystemClock
-from fenced.core.errors import (
+from fenced.cli._exitcodes import BAD_INPUT
+from fenced.cli._main import cli
+from fenced.core._clock import SystemClock
+from fenced.core._errors import (
     ConfigurationError,
     OutcomeUnknown,
     StaleToken,
@@ -32,11 +32,11 @@ from fenced.core.errors import (
 )
 from fenced.fence import Store
 from fenced.fence import open_store as fenced_open_store
+from fenced.fence._values import Mode
 from fenced.fence.backend import StoreOptions
-from fenced.fence.postgres import store as postgres_store
-from fenced.fence.postgres import transaction as postgres_transaction
-from fenced.fence.postgres.store import PostgresBackend, open_postgres_backend
-from fenced.fence.values import Mode
+from fenced.fence.postgres import _store as postgres_store
+from fenced.fence.postgres import _transaction as postgres_transaction
+from fenced.fence.postgres._store import PostgresBackend, open_postgres_backend
 from fenced.testing.conformance import wait_for
 from fenced.testing.postgres import PostgresServer
 from fenced.testing.proxy import TcpProxy

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 import fenced.fence
-import fenced.fence.store as store_module
-from fenced.core.clock import ManualClock
-from fenced.core.errors import ConfigurationError, StaleToken, Unavailable
-from fenced.core.records import RecordKind, detail_json
+import fenced.fence._store as store_module
+from fenced.core._clock import ManualClock
+from fenced.core._errors import ConfigurationError, StaleToken, Unavailable
+from fenced.core._records import RecordKind, detail_json
 from fenced.fence import Store, open_store
-from fenced.fence.sqlite import store as sqlite_store
-from fenced.fence.sqlite.store import MIGRATIONS, SCHEMA_VERSION, SqliteBackend
-from fenced.fence.values import Mode
+from fenced.fence._values import Mode
+from fenced.fence.sqlite import _store as sqlite_store
+from fenced.fence.sqlite._store import MIGRATIONS, SCHEMA_VERSION, SqliteBackend
 from fenced.testing.conformance import wait_for
 from fenced.testing.store_conformance import (
     MakeStore,
@@ -480,7 +480,7 @@ def test_the_one_call_put_records_what_the_general_path_records(tmp_path: Path) 
 _OPENER = """
 import sqlite3
 import fenced
-import fenced.fence.sqlite.store as sqlite_store
+import fenced.fence.sqlite._store as sqlite_store
 from fenced._drivers.sqlite import is_busy, retrying
 
 path = sys.argv[1]

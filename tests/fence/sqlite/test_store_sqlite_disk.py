@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fenced.core.errors import Unavailable
+from fenced.core._errors import Unavailable
 from fenced.fence import Store, open_store
-from fenced.fence.sqlite.store import RESERVE, WAL_LIMIT
+from fenced.fence.sqlite._store import RESERVE, WAL_LIMIT
 from fenced.testing.store_conformance import R, token
 from support.small_disk import fill_up, free_bytes, mounted_tmpfs
 

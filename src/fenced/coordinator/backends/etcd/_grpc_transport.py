@@ -1,0 +1,207 @@
+"""etcd's gRPC API for the etcd backend's requests (``grpcio``), with the gateway's JSON shapes.
+
+:class:`GrpcTransport` is a :class:`~fenced.coordinator.backends.etcd._client.Transport` whose
+single requests (range, txn, put, lease grant/revoke/keep-alive/time-to-live, status) go to
+etcd's gRPC API instead of its JSON gateway (a gRPC client inside each member that re-encodes
+every request and reply; see ``docs/etcd.md``, "Client"). Watches still stream from the gateway
+(the inherited :meth:`~Transport.open_stream`); failover between endpoints, the time budget and
+the errors are the inherited ones. :meth:`~Transport.call` takes and returns the gateway's JSON
+(bytes as base64, 64-bit integers as strings, enums by name: :mod:`.messages`);
+:meth:`~Transport.call_message` returns etcd's reply message as it came, and both accept
+messages inside the body or a body that is the request message (the backend sends its
+transactions as ``TxnRequest`` messages).
+
+Failure classification (per attempt at one endpoint)::
+
+    what happened                                         mutating request    read
+    ----------------------------------------------------  ------------------  --------------
+    no connection within connect_timeout (never sent)     next endpoint       next endpoint
+    gRPC: "failed to connect to all addresses" (the call  next endpoint       next endpoint
+      was refused by the channel, never sent)
+    etcd: no leader / too many requests / not capable     next endpoint       next endpoint
+    etcd: lease not found, compacted, invalid argument    EtcdRejected        EtcdRejected
+    any other failure once the call was started: dead-    MaybeApplied        next endpoint
+      line, connection lost, cancelled, a bad reply
+
+A call is started only on a channel that has connected; a new channel is first connected within
+``connect_timeout``, so a member that is down or cut off costs a :class:`NotApplied` and the next
+endpoint, not an unknown outcome. (A connected channel whose connection the member closed while
+idle reconnects by itself; if it cannot, grpc refuses the call before sending it.) After a
+failure that was not etcd's own answer, and after a connect timeout, the endpoint's channel is
+replaced (the old one is closed once calls still running on it have had their time): a
+connection that stopped answering is not used again, as the HTTP client never reuses a
+connection whose reply was lost. Each channel has
+subchannels of its own (``grpc.use_local_subchannel_pool``), so a replacement really reconnects.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from fenced.coordinator.backends.etcd._client import (
+    EtcdError,
+    Json,
+    NotApplied,
+    Transport,
+    _classify,
+    _Endpoint,
+)
+from fenced.coordinator.backends.etcd._messages import METHODS, to_json, to_message
+
+__all__ = ["GrpcTransport"]
+
+_METADATA = (("hasleader", "true"),)  # etcd's "require leader" (the gateway's Grpc-Metadata-)
+_OPTIONS = [
+    ("grpc.use_local_subchannel_pool", 1),  # a replaced channel makes a connection of its own
+    ("grpc.enable_http_proxy", 0),  # the endpoints are connected to directly, as over HTTP
+    ("grpc.max_receive_message_length", -1),  # etcd bounds its replies itself
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),  # a restarted member is found again within 1 s
+]
+_NOT_SENT = "failed to connect to all addresses"  # the channel refused the call: never sent
+_ETCD_ANSWERS = ("etcdserver:", "mvcc:", "auth:")  # how etcd's own errors begin
+
+
+# -- transport ------------------------------------------------------------------------------------
+
+
+class _Channel:
+    """One gRPC channel to one endpoint, whether it has connected yet, its call objects.
+
+    (No connectivity subscription: grpc's polling thread would then notice a request to connect
+    only at its next 0.2 s tick.)"""
+
+    def __init__(self, endpoint: _Endpoint) -> None:
+        self.channel = grpc.insecure_channel(str(endpoint), options=_OPTIONS)
+        self.connected = False
+        self.calls: dict[str, Callable[..., Any]] = {}
+
+    def method(self, path: str) -> Callable[..., Any]:
+        call = self.calls.get(path)
+        if call is None:
+            method, request, reply, streaming = METHODS[path]
+            make = self.channel.stream_stream if streaming else self.channel.unary_unary
+            call = make(
+                method,
+                request_serializer=request.SerializeToString,
+                response_deserializer=reply.FromString,
+            )
+            self.calls[path] = call
+        return call
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class GrpcTransport(Transport):
+    """Single requests over etcd's gRPC API, watches over its gateway (module docstring).
+
+    Thread-safe; one channel (one HTTP/2 connection) per endpoint carries every request of the
+    process to it. After :meth:`close`, calls raise :class:`NotApplied` at once and calls still
+    running are cancelled.
+    """
+
+    def __init__(
+        self, endpoints: list[tuple[str, int]], *, timeout: float, connect_timeout: float
+    ) -> None:
+        super().__init__(endpoints, timeout=timeout, connect_timeout=connect_timeout)
+        self._channels: dict[_Endpoint, _Channel] = {}
+        self._retired: set[_Channel] = set()
+
+    def _channel(self, endpoint: _Endpoint) -> _Channel:
+        with self._lock:
+            if self._closed:
+                raise NotApplied("the client is closed")
+            channel = self._channels.get(endpoint)
+            if channel is None:
+                channel = self._channels[endpoint] = _Channel(endpoint)
+            return channel
+
+    def _retire(self, endpoint: _Endpoint, channel: _Channel) -> None:
+        """Stop using ``channel``; close it once calls running on it have had their time."""
+        with self._lock:
+            if self._channels.get(endpoint) is not channel:
+                return
+            del self._channels[endpoint]
+            self._retired.add(channel)
+        timer = threading.Timer(self.timeout, self._close_retired, (channel,))
+        timer.daemon = True
+        timer.start()
+
+    def _close_retired(self, channel: _Channel) -> None:
+        with self._lock:
+            self._retired.discard(channel)
+        channel.close()
+
+    def close(self) -> None:
+        """Refuse new calls, cancel running ones, close the channels and the watch streams."""
+        super().close()
+        with self._lock:
+            channels = [*self._channels.values(), *self._retired]
+            self._channels.clear()
+            self._retired.clear()
+        for channel in channels:
+            channel.close()
+
+    def _encode(self, path: str, body: Json | Message) -> Any:
+        method = METHODS.get(path)
+        if method is None:
+            raise ValueError(f"etcd: no gRPC method for {path!r}")
+        return to_message(method[1], body)
+
+    def _once(
+        self, endpoint: _Endpoint, path: str, data: Any, timeout: float, mutating: bool
+    ) -> Message:
+        channel = self._channel(endpoint)
+        if not channel.connected:  # connect first: a call must not wait for a connection
+            wait = min(timeout, self.connect_timeout)
+            ready = grpc.channel_ready_future(channel.channel)
+            try:
+                ready.result(timeout=wait)
+            except grpc.FutureTimeoutError as error:
+                ready.cancel()
+                self._retire(endpoint, channel)  # the next attempt connects afresh
+                raise NotApplied(f"cannot connect within {wait:g}s") from error
+            channel.connected = True
+        call = channel.method(path)
+        try:
+            if METHODS[path][3]:
+                replies = call(iter((data,)), timeout=timeout, metadata=_METADATA)
+                try:
+                    reply = next(replies, None)
+                finally:
+                    replies.cancel()
+                if reply is None:
+                    raise _classify(0, f"{endpoint}: the stream ended without a reply", mutating)
+            else:
+                reply = call(data, timeout=timeout, metadata=_METADATA, wait_for_ready=False)
+        except grpc.RpcError as error:
+            raise self._failed(endpoint, channel, error, mutating) from error
+        self._prefer(endpoint)
+        message: Message = reply
+        return message
+
+    def _reply_json(self, reply: Any) -> Json:
+        return to_json(reply)
+
+    def _reply_message(self, path: str, reply: Any) -> Message:
+        del path
+        result: Message = reply
+        return result
+
+    def _failed(
+        self, endpoint: _Endpoint, channel: _Channel, error: grpc.RpcError, mutating: bool
+    ) -> EtcdError:
+        status = error.code()
+        details = str(error.details() or status.name)
+        if not details.startswith(_ETCD_ANSWERS):  # the connection failed, not etcd
+            self._retire(endpoint, channel)
+            if _NOT_SENT in details:
+                return NotApplied(f"{endpoint}: {details}", status.value[0])
+            details = f"{endpoint}: reply lost: {status.name}: {details}"
+        return _classify(int(status.value[0]), details, mutating)

@@ -1,0 +1,580 @@
+"""Randomized verification: seeded fault schedules of real worker processes, checked afterwards.
+
+One schedule (:class:`Schedule`, drawn entirely from its seed): 2-4 worker processes take leases
+on one fresh resource and do read-modify-writes of the chain value and publications in a strict
+and a monotonic store, for ``duration`` seconds, while
+
+* each worker's :class:`~fenced.verify._faults.FaultPlan` loses and delays replies and makes
+  calls unavailable (coordinator: grants, renewals, releases; stores: installs, writes,
+  publications), at seeded rates;
+* the :class:`~fenced.verify._nemesis.Nemesis` pauses, kills (and replaces) workers and, if
+  asked to and verify created the coordinator, backs it up and restores it, with timing biased
+  around TTL boundaries.
+
+Every worker records every call into the one history file; afterwards the verify process
+records the final state of both stores and the coordinator's (and stores') diagnostic records,
+and :func:`~fenced.verify._checker.check_history` judges the history.
+
+Schedule ``i`` of ``--random N --seed S`` has seed ``S + i``; ``fenced verify --random 1 --seed
+S+i`` replays it: the same workers, TTL, fault rates and nemesis plan. The interleaving of real
+processes is not reproducible exactly; a replay reproduces the *schedule*, and the kept history
+file documents the run that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import random
+import secrets
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fenced.coordinator import _restore as restoring
+from fenced.coordinator._connect import connect
+from fenced.core._errors import ConfigurationError, FencedError
+from fenced.fence._store import open_store
+from fenced.verify._checker import Report, check_history
+from fenced.verify._nemesis import Nemesis, NemesisPlan
+from fenced.verify._processes import Run, WorkerProcess
+from fenced.verify._recorder import Event, read_history
+from fenced.verify._target import Target
+from fenced.verify._worker import KEY, PUBLICATION, WorkerConfig, decode_chain
+
+__all__ = [
+    "DEFAULT_DURATION",
+    "PROFILES",
+    "Profile",
+    "RandomSummary",
+    "Schedule",
+    "ScheduleResult",
+    "backup_coordinator",
+    "collect_final",
+    "restore_coordinator",
+    "run_random",
+    "run_schedule",
+]
+
+DEFAULT_DURATION = 4.0
+"""Seconds of work per schedule (plus start-up and drain)."""
+BASE_RATES = {
+    "try_grant": 0.1,
+    "renew": 0.2,
+    "release": 0.25,
+    "fence": 0.05,
+    "put": 0.1,
+    "publish": 0.1,
+    "stop": 0.12,
+}
+"""Mean probability of a wire fault per call, by operation (scaled per schedule); ``stop``: of a
+worker stopping itself with SIGSTOP between its lease check and its send (resumed by the nemesis
+after a TTL-biased pause). A profile may add ``reconcile_stop``: of a worker stopping itself
+before it asks again about a write of unknown outcome (default: 3 × ``stop``)."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The fault mix of a schedule: rates, kinds, nemesis tempo, workload.
+
+    ``standard`` is the mix of ``--random``. The focused profiles make one kind of fault
+    frequent; ``fenced verify --mutants`` runs each seeded defect under the profile that
+    exposes it (see :mod:`fenced.verify._mutants`). A profile changes what happens, never what
+    the checker verifies.
+    """
+
+    name: str = "standard"
+    rates: dict[str, float] = field(default_factory=lambda: dict(BASE_RATES))
+    vary: bool = True
+    """Scale the rates by a seeded factor in 0.5-1.5 per schedule (capped at 0.9); a profile
+    designed to expose one defect keeps the rates it was designed with."""
+    kinds: dict[str, float] = field(default_factory=dict)
+    """Weights of the wire fault kinds (empty: the default weights of the fault plan)."""
+    strike_gap: float = 2.0
+    """Mean time between nemesis strikes, in ttl (``math.inf``: the nemesis does not strike;
+    it still resumes the workers that stop themselves)."""
+    kills: float = 0.15
+    """Share of the strikes that kill (the rest pause)."""
+    mix: dict[str, float] = field(default_factory=dict)
+    idle: float = 1.0
+    """Scales the workers' pauses between operations."""
+    ops: int = 6
+    """At most this many operations per lease."""
+    stores: tuple[str, str] | None = None
+    """The embedded store kinds of the strict and the monotonic role (None: alternate)."""
+    pad: int = 0
+    """Bytes of padding per written value (longer write transactions)."""
+    long_pauses: bool = False
+    """Nemesis pauses mostly outlast the lease (as the pauses of writes in flight do)."""
+    outlast: bool = False
+    """Every pause a worker starts itself (before a send, or while reconciling a write of
+    unknown outcome) outlasts the lease, so that a successor is granted and installs or writes
+    its epoch before the stale request arrives (otherwise a quarter of them are shorter)."""
+    write_stores: tuple[str, ...] = ()
+    """The stores (``S``, ``M``) the workers write to (empty: both). ``("S",)``: only the
+    strict store, where every successor installs its epoch, so that every stale write meets a
+    newer epoch (a monotonic store sees the successor's epoch only if the successor happened to
+    write there first)."""
+    commit_stops: float = 0.0
+    """Probability that a write to the strict store stops its worker inside the store's
+    critical section (checked, not yet committed) for longer than the lease, so that a
+    successor is granted and installs its epoch meanwhile (see
+    :class:`~fenced.verify._worker.StopInCommit`)."""
+
+    def describe(self) -> str:
+        return self.name
+
+
+def _rates(**overrides: float) -> dict[str, float]:
+    return {**BASE_RATES, **overrides}
+
+
+PROFILES: dict[str, Profile] = {
+    profile.name: profile
+    for profile in (
+        Profile(),
+        Profile(
+            "in-flight",
+            _rates(try_grant=0.0, fence=0.0, put=0.0, publish=0.0, stop=0.8),
+            vary=False,
+            strike_gap=math.inf,
+            mix={"rmw": 0.85, "observe": 0.15},
+            outlast=True,
+            write_stores=("S",),
+        ),
+        Profile(
+            "storm",
+            _rates(stop=0.0),
+            strike_gap=0.4,
+            kills=0.02,
+            idle=0.1,
+            ops=40,
+            stores=("file", "file"),
+            pad=256 * 1024,
+            long_pauses=True,
+            mix={"rmw": 0.6, "publish": 0.1, "observe": 0.3},
+        ),
+        Profile(
+            "in-commit",
+            {op: 0.0 for op in BASE_RATES},
+            vary=False,
+            strike_gap=math.inf,
+            stores=("file", "file"),
+            commit_stops=0.8,
+            mix={"rmw": 0.85, "observe": 0.15},
+            write_stores=("S",),
+        ),
+        Profile(
+            "reply-delays",
+            _rates(try_grant=0.9, renew=0.6, stop=0.0),
+            vary=False,
+            kinds={"delay_reply": 1.0},
+            strike_gap=math.inf,
+        ),
+        Profile(
+            "renewal-failures",
+            _rates(renew=0.8, stop=0.0),
+            vary=False,
+            kinds={"unavailable": 1.0, "lose_reply": 1.0},
+            strike_gap=math.inf,
+            idle=2.0,
+            ops=16,  # leases that last through several renewals
+        ),
+        Profile(
+            "late-releases",
+            {**{op: 0.0 for op in BASE_RATES}, "release": 1.0},
+            vary=False,
+            kinds={"delay_request": 1.0},
+            strike_gap=1.5,
+            kills=0.0,
+            long_pauses=True,
+        ),
+        Profile("expiries", vary=False, strike_gap=1.5, kills=0.3, long_pauses=True),
+        Profile(
+            "lost-writes",
+            # A retry's reply is lost as often as the first one's: 0.4 loses all three retries
+            # of a reconciliation (hiding its answer) in 6 % of them.
+            _rates(try_grant=0.0, fence=0.0, put=0.4, publish=0.4, stop=0.0, reconcile_stop=1.0),
+            vary=False,
+            kinds={"lose_reply": 1.0},
+            strike_gap=math.inf,
+            outlast=True,
+            write_stores=("S",),
+        ),
+        Profile(
+            "publications",
+            _rates(try_grant=0.0, fence=0.0, put=0.0, publish=0.0, stop=0.7),
+            vary=False,
+            strike_gap=math.inf,
+            mix={"publish": 0.8, "observe": 0.2},
+            outlast=True,
+            write_stores=("S",),
+        ),
+    )
+}
+"""Every fault profile by name."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One seeded schedule (see the module docstring)."""
+
+    seed: int
+    duration: float
+    workers: int
+    ttl: float
+    margin: float
+    rates: dict[str, float]
+    nemesis: NemesisPlan
+    profile: Profile = field(default_factory=Profile)
+
+    @classmethod
+    def draw(
+        cls,
+        seed: int,
+        duration: float = DEFAULT_DURATION,
+        *,
+        profile: Profile | None = None,
+        restores: bool = False,
+        restarts: bool = False,
+        wire: bool = False,
+    ) -> Schedule:
+        """The schedule of ``seed``: everything it does is drawn from ``random.Random(seed)``."""
+        profile = profile or PROFILES["standard"]
+        rng = random.Random(seed)
+        ttl = rng.choice((0.6, 0.8, 1.0))
+        scale = rng.uniform(0.5, 1.5) if profile.vary else 1.0
+        cap = 0.9 if profile.vary else 1.0
+        rates = {op: round(min(rate * scale, cap), 4) for op, rate in profile.rates.items()}
+        plan = NemesisPlan.draw(
+            rng,
+            duration=duration,
+            ttl=ttl,
+            gap=profile.strike_gap,
+            kills=profile.kills,
+            long_pauses=profile.long_pauses,
+            restores=restores,
+            restarts=restarts,
+            wire=wire,
+        )
+        workers = rng.randint(2, 4)
+        return cls(seed, duration, workers, ttl, round(ttl * 0.2, 4), rates, plan, profile)
+
+    def describe(self) -> str:
+        kinds = Counter(a.kind for a in self.nemesis.actions)
+        strikes = ", ".join(f"{n} {k}s" for k, n in sorted(kinds.items())) or "no strikes"
+        return (
+            f"seed {self.seed} ({self.profile.name}): {self.workers} workers, ttl {self.ttl:g}s, "
+            f"{self.duration:g}s, {strikes}"
+        )
+
+
+@dataclass
+class ScheduleResult:
+    """What one schedule did and what the checker said."""
+
+    schedule: Schedule
+    report: Report
+    history: Path
+    elapsed: float
+    stores: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok
+
+
+def collect_final(run: Run, coordinator: str, stores: dict[str, str], resource: str) -> None:
+    """Record the final state of every store and the diagnostic records (after the workers)."""
+    for role, url in sorted(stores.items()):
+        with open_store(url) as store:
+            item = store.get(resource, KEY)
+            chain = decode_chain(None if item is None else item.value)
+            latest = store.latest(resource, PUBLICATION)
+            pointer = None
+            if latest is not None:
+                pointer = {"epoch": latest.epoch, "object_id": latest.object_id}
+                pointer["sha"] = hashlib.sha256(store.read(resource, PUBLICATION)).hexdigest()
+            run.rec.emit(
+                "final",
+                store=role,
+                chain=chain,
+                version=0 if item is None else item.version,
+                pointer=pointer,
+                floor=store.floor(resource),
+            )
+            try:
+                records = [r.to_json() for r in store.history(resource)]
+            except (ConfigurationError, AttributeError) as error:
+                run.rec.emit("records", source=f"store:{role}", unavailable=str(error))
+            else:
+                run.rec.emit("records", source=f"store:{role}", records=records)
+    with connect(coordinator) as coord:
+        try:
+            coordinator_records = [r.to_json() for r in coord.history(resource)]
+        except (ConfigurationError, NotImplementedError) as error:
+            run.rec.emit("records", source="coordinator", unavailable=str(error))
+        else:
+            run.rec.emit("records", source="coordinator", records=coordinator_records)
+
+
+def backup_coordinator(run: Run, coordinator: str, dest: Path) -> None:
+    """Back up the embedded ``coordinator`` into ``dest`` while the workers run, recorded as a
+    ``backup`` event (:func:`fenced.coordinator._restore.backup`)."""
+    t0 = run.rec.now()
+    with _restore_warnings_hidden():
+        restoring.backup(coordinator, dest)
+    run.rec.emit("backup", t0=t0)
+
+
+def restore_coordinator(run: Run, src: Path, coordinator: str, **detail: Any) -> None:
+    """Put the backup ``src`` back as ``coordinator``, recorded as a ``restore`` event (with
+    ``detail``); a restore that raises is recorded with its error and the error propagates.
+
+    Verification restores **while worker processes run** (``force=True``: a restore otherwise
+    refuses while any process has the coordinator open): that is the fault injected. Processes
+    that had the database open keep working on the replaced file, invisible to the restored
+    coordinator, so callers start fresh workers afterwards and keep only a pre-restore holder
+    that is stopped with a write in flight, whose write the stores must reject.
+    """
+    t0 = run.rec.now()
+    try:
+        with _restore_warnings_hidden():
+            restoring.restore(coordinator, src, force=True)
+    except Exception as error:
+        run.rec.emit("restore", t0=t0, available=False, error=repr(error))
+        raise
+    run.rec.emit("restore", t0=t0, available=True, **detail)
+
+
+@contextlib.contextmanager
+def _restore_warnings_hidden() -> Iterator[None]:
+    """Hide the warning a restore logs (``fenced.coordinator``): expected here, not news."""
+    logger = logging.getLogger("fenced.coordinator")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def run_schedule(
+    schedule: Schedule,
+    target: Target,
+    workdir: Path,
+    *,
+    mutants: Iterable[str] = (),
+    restores: bool = False,
+) -> ScheduleResult:
+    """Run ``schedule`` with real processes in ``workdir``; check its history.
+
+    ``restores``: the nemesis backs up and restores the coordinator (only one that
+    :attr:`~fenced.verify._target.Target.restorable` allows).
+    """
+    chosen = sorted(mutants)
+    began = time.monotonic()
+    rundir = workdir / f"schedule-{schedule.seed}"
+    run = Run(rundir, f"schedule-{schedule.seed}", proxied=target.proxied)
+    coordinator = target.coordinator_url(rundir)
+    stores = target.store_urls(rundir, schedule.seed, schedule.profile.stores)
+    resource = f"verify/s{schedule.seed}-{secrets.token_hex(3)}"
+    modes = {"S": "strict", "M": "monotonic"}
+    overrun = target.lease_overrun(schedule.ttl)
+    run.rec.emit(
+        "meta",
+        kind="schedule",
+        seed=schedule.seed,
+        resource=resource,
+        ttl=schedule.ttl,
+        overrun=overrun,
+        margin=schedule.margin,
+        workers=schedule.workers,
+        rates=schedule.rates,
+        profile=schedule.profile.name,
+        mutants=chosen,
+        stores={role: {"url": url, "mode": modes[role]} for role, url in stores.items()},
+        coordinator=coordinator,
+    )
+    go = rundir / "go"
+    incarnations: Counter[int] = Counter()
+
+    def spawn(slot: int) -> WorkerProcess:
+        incarnation = incarnations[slot]
+        incarnations[slot] += 1
+        name = f"w{slot}" + (f".{incarnation}" if incarnation else "")
+        config = WorkerConfig(
+            name=name,
+            history="",
+            coordinator=coordinator,
+            resource=resource,
+            stores=stores,
+            fence=["S"],
+            ttl=schedule.ttl,
+            margin=schedule.margin,
+            mode="random",
+            seed=schedule.seed * 1000 + slot * 10 + incarnation,
+            go=str(go),
+            rates=schedule.rates,
+            kinds=schedule.profile.kinds,
+            mix=schedule.profile.mix,
+            idle=schedule.profile.idle,
+            ops=schedule.profile.ops,
+            pad=schedule.profile.pad,
+            write_stores=list(schedule.profile.write_stores),
+            commit_stops=schedule.profile.commit_stops,
+        )
+        return run.spawn(config, chosen)
+
+    backup_now: Callable[[], None] | None = None
+    restore_now: Callable[[], None] | None = None
+    if restores and target.restorable:
+        backup_path = rundir / "coordinator.backup"
+
+        def backup_now() -> None:
+            backup_coordinator(run, coordinator, backup_path)
+
+        def restore_now() -> None:
+            restore_coordinator(run, backup_path, coordinator)
+
+    try:
+        slots = {slot: spawn(slot) for slot in range(schedule.workers)}
+        waiting = {worker.name for worker in slots.values()}
+
+        def all_started(event: Event) -> bool:
+            if event["ev"] == "start":
+                waiting.discard(str(event["w"]))
+            return not waiting
+
+        run.wait_for(all_started, 60.0, "the workers to start")
+        nemesis = Nemesis(
+            run,
+            schedule.nemesis,
+            schedule.ttl,
+            slots,
+            spawn,
+            backup=backup_now,
+            restore=restore_now,
+            overrun=overrun,
+            outlast=schedule.profile.outlast,
+        )
+        end = nemesis.started + schedule.duration
+        temporary = go.with_suffix(".tmp")
+        temporary.write_text(repr(end))
+        temporary.rename(go)
+        while (now := time.monotonic()) < end:
+            time.sleep(max(0.001, min(nemesis.tick(), end - now, 0.05)))
+        nemesis.calm(time.monotonic() + 6 * schedule.ttl + 10.0)
+        collect_final(run, coordinator, stores, resource)
+    finally:
+        run.close()
+    report = check_history(read_history(run.history))
+    return ScheduleResult(schedule, report, run.history, time.monotonic() - began, stores)
+
+
+@dataclass
+class RandomSummary:
+    """The outcome of ``--random N --seed S``."""
+
+    seed: int
+    results: list[ScheduleResult] = field(default_factory=list)
+    kept: dict[int, Path] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> list[ScheduleResult]:
+        return [r for r in self.results if not r.ok]
+
+    def totals(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for result in self.results:
+            total.update(result.report.stats)
+        return total
+
+    def to_json(self, replay: str | None = None) -> dict[str, Any]:
+        """The JSON form; ``replay`` is the replay command template (``{seed}`` filled in)."""
+        totals = self.totals()
+        return {
+            "seed": self.seed,
+            "schedules": len(self.results),
+            "violations": sum(len(r.report.violations) for r in self.results),
+            "ok": self.ok,
+            "operations": totals["operations"],
+            "faults": totals["faults"],
+            "stale_writes_rejected": totals["stale writes rejected"],
+            "totals": dict(sorted(totals.items())),
+            "failed": [
+                {
+                    "seed": r.schedule.seed,
+                    "violations": [v.to_json() for v in r.report.violations],
+                    "history": str(self.kept.get(r.schedule.seed, r.history)),
+                    "replay": None if replay is None else replay.format(seed=r.schedule.seed),
+                }
+                for r in self.failed
+            ],
+        }
+
+
+def run_random(
+    count: int,
+    seed: int,
+    target: Target,
+    *,
+    duration: float = DEFAULT_DURATION,
+    profile: Profile | None = None,
+    mutants: Iterable[str] = (),
+    keep_history: Path | None = None,
+    restores: bool = False,
+    stop_on_failure: bool = False,
+    progress: Callable[[ScheduleResult], None] | None = None,
+) -> RandomSummary:
+    """Run schedules ``seed`` … ``seed + count - 1``; keep the history of every failing one.
+
+    Failing histories are copied to ``keep_history`` (or kept in a directory that is not
+    removed); with ``keep_history`` every history is copied there. ``restores``: as in
+    :func:`run_schedule`.
+    """
+    if count < 1:
+        raise ConfigurationError("--random needs at least 1 schedule")
+    summary = RandomSummary(seed)
+    chosen = list(mutants)
+    workdir = Path(tempfile.mkdtemp(prefix="fenced-verify-"))
+    failures_dir: Path | None = keep_history
+    try:
+        for index in range(count):
+            schedule = Schedule.draw(
+                seed + index,
+                duration,
+                profile=profile,
+                restores=restores and target.restorable,
+                wire=target.proxied,
+            )
+            result = run_schedule(schedule, target, workdir, mutants=chosen, restores=restores)
+            summary.results.append(result)
+            if keep_history is not None or not result.ok:
+                if failures_dir is None:
+                    failures_dir = Path(tempfile.mkdtemp(prefix="fenced-verify-failed-"))
+                failures_dir.mkdir(parents=True, exist_ok=True)
+                kept = failures_dir / result.history.name
+                shutil.copyfile(result.history, kept)
+                summary.kept[schedule.seed] = kept
+            shutil.rmtree(result.history.parent, ignore_errors=True)
+            if progress is not None:
+                progress(result)
+            if stop_on_failure and not result.ok:
+                break
+    except FencedError:
+        raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return summary
