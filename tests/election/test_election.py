@@ -714,6 +714,8 @@ def test_fenced_elect_and_fenced_leader(tmp_path: Path) -> None:
         return proc
 
     try:
+        assert fenced_cmd("leader", NAME, "--url", url).returncode == 2  # reads create nothing
+        fenced.connect(url).close()
         assert fenced_cmd("leader", NAME, "--url", url).returncode == 1
         watch = spawn("leader", NAME, "--watch", "--json", "--url", url)
         first = spawn(

@@ -144,6 +144,7 @@ def elect_command(
                 fence=stores,
                 holder=label,
                 on_elected=lambda leadership: terms.append(leadership.term),
+                url=coordinator_url,  # absolute, password kept: the command connects with it
             )
         except StartFailed as error:
             click.echo(f"fenced: {error}", err=True)
@@ -221,7 +222,7 @@ def leader_command(
     interrupted. --json prints one JSON object (per change with --watch).
     """
     election = validate_resource(name)
-    with connect(resolve_url(url)) as coord:
+    with connect(resolve_url(url), create=False) as coord:  # a read creates nothing
         if not watch:
             info = coord.leader(election)
             if as_json:

@@ -454,6 +454,7 @@ def rebind_command(
             f"This will {what}; the old coordinator's tokens are refused from then on. Go on?",
             abort=True,
         )
+    # the new coordinator may be created here: rebind then refuses, naming the advance step
     with _stores([store_url]) as stores, connect(url) as coord:
         report = rebinding.rebind(stores[0], coord, resources=names or None, previous=previous)
     if as_json:

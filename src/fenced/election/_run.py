@@ -106,6 +106,7 @@ def run_command_as_leader(
     env: Mapping[str, str] | None = None,
     handle_signals: bool = True,
     on_elected: Callable[[Leadership], object] | None = None,
+    url: str | None = None,
 ) -> ChildResult:
     """Wait to be elected leader of ``name``, run ``argv`` as a supervised child, step down.
 
@@ -116,10 +117,16 @@ def run_command_as_leader(
     Returns the :class:`~fenced.runtime._child.ChildResult`: ``result.lost`` is the loss if the
     term was lost before the command's exit was seen, else None. Raises
     :class:`~fenced.Busy` if not elected within ``wait``. ``handle_signals`` (main thread only)
-    forwards the supervisor's signals to the command, as ``fenced run`` does.
+    forwards the supervisor's signals to the command, as ``fenced run`` does. ``url`` is the
+    command's ``FENCED_URL`` (default ``coord.url``, which masks a password: pass the URL the
+    coordinator was opened with when the command must connect to it).
     """
     supervisor = ChildSupervisor(
-        argv, grace=grace, url=coord.url, env=env, handle_signals=handle_signals
+        argv,
+        grace=grace,
+        url=coord.url if url is None else url,
+        env=env,
+        handle_signals=handle_signals,
     )
     result: ChildResult | None = None
     try:
