@@ -19,9 +19,10 @@ import pytest
 import sqlalchemy
 from sqlalchemy import text
 
+import fenced.fence
 from fenced.core._errors import ConfigurationError, ForeignToken, StaleToken
 from fenced.core._token import FencingToken
-from fenced.fence.postgres._guard import guard_postgres, guard_psycopg, guard_sqlalchemy, install
+from fenced.fence.postgres._guard import guard_postgres, guard_psycopg, guard_sqlalchemy
 from fenced.testing.postgres import PostgresServer
 
 C1 = "c1" * 16
@@ -132,7 +133,7 @@ def test_the_fence_row_lock_is_held_until_the_caller_commits(dsn: str) -> None:
 
 def test_install_then_guard_with_another_schema(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
-        install(conn, schema="fencing")
+        fenced.fence.install_postgres_guard(conn, schema="fencing")  # the public name of install
         with conn.transaction():
             assert guard_psycopg(conn, tok(3), schema="fencing") == 3
         row = conn.execute("SELECT epoch FROM fencing.guard_fences").fetchone()

@@ -72,6 +72,7 @@ def test_the_fence_package_exports_exactly_its_public_names() -> None:
         "Store",
         "Version",
         "guard",
+        "install_postgres_guard",
         "open_store",
     }
 

@@ -12,7 +12,7 @@ import pytest
 
 from fenced.core._errors import Unavailable
 from fenced.fence import Store, open_store
-from fenced.fence.sqlite._store import RESERVE, WAL_LIMIT
+from fenced.fence.sqlite._space import RESERVE, WAL_LIMIT
 from fenced.testing.store_conformance import R, token
 from support.small_disk import fill_up, free_bytes, mounted_tmpfs
 

@@ -25,13 +25,10 @@
   schema, a corrupt or unwritable file is a :class:`ConfigurationError`.
 * **Threads and processes**: one connection per thread (and per process after a fork).
 * **Disk space**: deleted pages are freed, not overwritten (``secure_delete=FAST``: SQLite zeroes
-  only what it rewrites anyway), so deleting an object writes a few pages per MiB, not its bytes;
-  the WAL is truncated to :data:`WAL_LIMIT` when it restarts (``journal_size_limit``). A new
-  store is ``auto_vacuum=INCREMENTAL``: :meth:`SqliteBackend.gc` deletes in small transactions,
-  then hands the free pages back to the file system in steps of :data:`_RECLAIM_STEP`, with a
-  checkpoint after each. A write that adds data (a value, an object's chunk) first checks that
-  the file system keeps :data:`RESERVE` free beside it and the WAL (:class:`Unavailable` if
-  not, nothing changed), so the store never fills a disk past what gc needs to free it.
+  only what it rewrites anyway), so deleting an object writes a few pages per MiB, not its bytes.
+  A new store is ``auto_vacuum=INCREMENTAL``. The WAL's size limit, the free-space reserve of
+  writes that add data (:class:`Unavailable` if it is short, nothing changed) and gc are in
+  :mod:`fenced.fence.sqlite._space`.
 * **Files**: a new database is ``0600`` whatever the umask (``0660`` in a shared directory: see
   :mod:`fenced._drivers.permissions`); SQLite gives its ``-wal`` and ``-shm`` the same mode.
 """
@@ -40,67 +37,32 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import math
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import BinaryIO, cast
 
 from fenced._drivers.local import check_database_file
 from fenced._drivers.permissions import create_missing, new_file_mode
-from fenced._drivers.sqlite import error_code, is_busy, retrying, translate
-from fenced.core._errors import (
-    ConfigurationError,
-    CorruptData,
-    FencedError,
-    OutcomeUnknown,
-    Rejected,
-    Unavailable,
-)
+from fenced._drivers.sqlite import retrying, translate
+from fenced.core._errors import ConfigurationError, CorruptData, Rejected, Unavailable
 from fenced.core._records import Record, RecordKind, detail_json
 from fenced.core._token import FencingToken
 from fenced.core._urls import url_of_path
 from fenced.fence._chunks import ChunkReader
 from fenced.fence._ops import OpRecord
-from fenced.fence._rules import Head, StoredObject, admit_mutation, next_version, resolve_mode
+from fenced.fence._rules import Head, admit_mutation, next_version, resolve_mode
 from fenced.fence._translated import Translated
 from fenced.fence._values import Item, Mode, Publication, Version
 from fenced.fence.backend import ORDINARY, Capability, Chooser, FastPath, Intent, StoreOptions
+from fenced.fence.sqlite._ending import commit, rollback
+from fenced.fence.sqlite._space import WAL_LIMIT, Room, collect_garbage
 
-__all__ = ["RESERVE", "SCHEMA_VERSION", "WAL_LIMIT", "SqliteBackend", "open_sqlite_backend"]
-
-log = logging.getLogger("fenced.store")
+__all__ = ["SCHEMA_VERSION", "SqliteBackend", "open_sqlite_backend"]
 
 FORMAT = "fenced.sqlite-store"
-_MIB = 1024 * 1024
-RESERVE = 8 * _MIB
-"""Bytes a write that adds data leaves free on the store's file system, beyond twice its own
-size and the WAL: what gc needs to checkpoint the WAL and free space on a disk the store filled."""
-WAL_LIMIT = 4 * _MIB
-"""``journal_size_limit``: the WAL is truncated to this size (at most) when it restarts."""
-_ROOM_FOR = 1.0
-"""Seconds an answer of the file system's free space is used for (see :meth:`_Room.check`)."""
-_INCREMENTAL = 2
-"""``PRAGMA auto_vacuum`` of a store whose free pages gc can hand back (``INCREMENTAL``)."""
-_DELETE_BATCH = 16
-"""Chunk rows (1 MiB each) gc deletes per transaction."""
-_RECLAIM_STEP = 256
-"""Free pages gc hands back to the file system per transaction (``incremental_vacuum``): each
-may move one page of live data into a hole, so a step writes about this many pages to the WAL."""
-_FORGET_OBJECT = (
-    "DELETE FROM objects WHERE object_id = ? AND object_id NOT IN (SELECT object_id FROM pointers)"
-)
-_DELETE_CHUNKS = (
-    "DELETE FROM chunks WHERE rowid IN (SELECT rowid FROM chunks WHERE object_id = :id LIMIT :n)"
-    " AND NOT EXISTS (SELECT 1 FROM objects WHERE object_id = :id)"
-)
-_DEBRIS = (
-    "SELECT DISTINCT object_id FROM chunks WHERE object_id NOT IN (SELECT object_id FROM objects)"
-)
 
 _SCHEMA_1 = (
     "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -199,7 +161,7 @@ class _Writing:
     __slots__ = ("_conn", "_key", "_resource", "_room")
 
     def __init__(
-        self, conn: sqlite3.Connection, room: _Room, resource: str, key: str | None
+        self, conn: sqlite3.Connection, room: Room, resource: str, key: str | None
     ) -> None:
         self._conn = conn
         self._room = room
@@ -222,18 +184,11 @@ class _Writing:
 
     def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
         if error is not None:
-            _rollback(self._conn)
+            rollback(self._conn)
             if isinstance(error, sqlite3.Error):
                 raise translate(error, f"writing {self._resource!r}") from error
             return
-        _commit(self._conn, f"committing a write to {self._resource!r}")
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
-        # if ROLLBACK fails the transaction is gone anyway: SQLite rolls back on error or close
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
+        commit(self._conn, f"committing a write to {self._resource!r}")
 
 
 def open_sqlite_backend(path: str, mode: Mode | None, options: StoreOptions) -> SqliteBackend:
@@ -261,61 +216,6 @@ def _create_database(path: str) -> None:
         create_missing(path, new_file_mode(os.path.dirname(os.path.abspath(path))))
 
 
-def _mib(size: int) -> str:
-    """``size`` for a message: MiB with one decimal, or KiB below 1 MiB."""
-    return f"{size / _MIB:.1f} MiB" if size >= _MIB else f"{size / 1024:.1f} KiB"
-
-
-class _Room:
-    """The free-space check of the writes that add data (see :meth:`check`)."""
-
-    __slots__ = ("_budget", "_path", "_until")
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._budget = 0
-        self._until = 0.0
-
-    def forget(self) -> None:
-        """Ask the file system at the next write (gc changed what it would answer)."""
-        self._budget = 0
-
-    def check(self, size: int, what: str) -> None:
-        """Refuse (:class:`Unavailable`, before anything is written) a write of ``size`` bytes
-        that would leave less than :data:`RESERVE` free on the database's file system, counting
-        twice ``size`` (the WAL, then the database) and the WAL's present size (what a
-        checkpoint may still copy). A file system that cannot be asked refuses nothing.
-
-        The file system is asked again once this process's writes since the last answer may
-        have used an eighth of the room that answer left above the need (other processes may
-        write too), or a second after it: rarely while the disk has room, at every write near
-        the reserve.
-        """
-        cost = 2 * size
-        if cost < self._budget and time.monotonic() < self._until:
-            self._budget -= cost
-            return
-        try:
-            fs = os.statvfs(self._path)
-            try:
-                wal = os.stat(f"{self._path}-wal").st_size
-            except FileNotFoundError:
-                wal = 0
-        except OSError:
-            return
-        free = fs.f_bavail * fs.f_frsize
-        needed = cost + wal + RESERVE
-        if free < needed:
-            self._budget = 0
-            raise Unavailable(
-                f"{what}: only {_mib(free)} free on the file system of {self._path}, which "
-                f"needs {_mib(needed)} (twice the {_mib(size)} written, its {_mib(wal)} "
-                f"write-ahead log and the {_mib(RESERVE)} kept free so that gc can run); "
-                "nothing was changed: run gc or free space, then retry"
-            )
-        self._budget, self._until = (free - needed) // 8, time.monotonic() + _ROOM_FOR
-
-
 class SqliteBackend:
     """See the module docstring. Created by :func:`open_sqlite_backend`."""
 
@@ -328,7 +228,7 @@ class SqliteBackend:
         self.mode: Mode = "strict"
         self._busy_timeout = options.busy_timeout
         self._create = options.create
-        self._room = _Room(path)
+        self._room = Room(path)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[tuple[int, sqlite3.Connection]] = []
@@ -384,7 +284,7 @@ class SqliteBackend:
             try:
                 self.mode = self._migrate(conn, requested)
             except BaseException:
-                _rollback(conn)
+                rollback(conn)
                 raise
             conn.execute("COMMIT")
 
@@ -495,7 +395,7 @@ class SqliteBackend:
                     _insert_record(conn, record)
                     conn.execute("COMMIT")
                 except BaseException:
-                    _rollback(conn)
+                    rollback(conn)
                     raise
             finally:
                 conn.execute("PRAGMA synchronous=FULL")
@@ -612,10 +512,10 @@ class SqliteBackend:
                     (object_id, resource, count, size, now),
                 )
             except BaseException:
-                _rollback(conn)
+                rollback(conn)
                 self.discard(resource, object_id)
                 raise
-        _commit(conn, f"staging an object of {resource!r}")
+        commit(conn, f"staging an object of {resource!r}")
 
     def discard(self, resource: str, object_id: str) -> None:
         conn = self._conn()
@@ -624,155 +524,15 @@ class SqliteBackend:
             _delete_object(conn, object_id)
             conn.execute("COMMIT")
         except sqlite3.Error:
-            _rollback(conn)  # best effort: gc removes it later
+            rollback(conn)  # best effort: gc removes it later
 
     def gc(self, choose: Chooser, cutoff: float) -> int:
         """Remove the objects ``choose`` picks and the chunks of objects never sealed (staged
-        before ``cutoff``); then hand the free pages back to the file system.
-
-        1. A checkpoint, so that the WAL restarts: gc's commits then reuse its space.
-        2. Per resource, the victims are chosen in one read; each is deleted by transactions of
-           its own: its ``objects`` row (unless a pointer names it) and :data:`_DELETE_BATCH`
-           chunks, then the rest of its chunks in batches. Chunks without an ``objects`` row
-           staged before ``cutoff`` (a killed publisher's) go the same way.
-        3. A checkpoint, then (``auto_vacuum=INCREMENTAL``) steps of
-           ``incremental_vacuum(``:data:`_RECLAIM_STEP` ``)`` each followed by a checkpoint,
-           which truncates the file. While a reader's snapshot keeps a checkpoint from
-           finishing (an open stream), the reclaim stops (or does not start): the free pages
-           are reused by later writes, and the next gc hands back what is left. The reclaim is
-           best effort (a failure is logged).
-
-        Not one atomic step: failing part way, it leaves what it deleted deleted and every
-        other object as it was, and its :class:`Unavailable` says how many objects it removed
-        and, on a full disk, how much space to free before a gc can run again.
-        """
+        before ``cutoff``), then hand the free pages back to the file system: see
+        :func:`~fenced.fence.sqlite._space.collect_garbage`."""
         conn = self._conn()
-        removed = 0
         self._room.forget()
-        try:
-            self._checkpoint(conn)
-            resources = [row[0] for row in conn.execute("SELECT DISTINCT resource FROM objects")]
-            for resource in resources:
-                for object_id in self._victims(conn, resource, choose):
-                    if self._delete(conn, object_id, victim=True):
-                        removed += 1
-            for (object_id,) in conn.execute(_DEBRIS).fetchall():
-                staged = conn.execute(
-                    "SELECT staged_at FROM chunks WHERE object_id = ? LIMIT 1", (object_id,)
-                ).fetchone()
-                if staged is not None and staged[0] < cutoff:
-                    self._delete(conn, object_id, victim=False)
-            copied = self._checkpoint(conn)
-        except sqlite3.Error as error:
-            _rollback(conn)
-            raise self._gc_failure(conn, error, removed) from error
-        if copied:  # else a reader's snapshot holds the WAL: moving pages now would only grow it
-            self._reclaim(conn)
-        return removed
-
-    def _victims(self, conn: sqlite3.Connection, resource: str, choose: Chooser) -> list[str]:
-        """What ``choose`` picks among ``resource``'s objects, read in one snapshot."""
-        conn.execute("BEGIN")
-        try:
-            objects = [
-                StoredObject(
-                    object_id,
-                    idle_since=superseded_at or published_at or staged_at,
-                    name=name,
-                    epoch=epoch,
-                    published_at=published_at,
-                )
-                for object_id, staged_at, name, epoch, published_at, superseded_at in (
-                    conn.execute(
-                        "SELECT object_id, staged_at, name, epoch, published_at, superseded_at"
-                        " FROM objects WHERE resource = ?",
-                        (resource,),
-                    )
-                )
-            ]
-            current = {
-                row[0]
-                for row in conn.execute(
-                    "SELECT object_id FROM pointers WHERE resource = ?", (resource,)
-                )
-            }
-        finally:
-            _rollback(conn)
-        return list(choose(objects, current))
-
-    def _delete(self, conn: sqlite3.Connection, object_id: str, *, victim: bool) -> bool:
-        """Delete an object (``victim``: its row first, unless a pointer names it; else the
-        chunks of one that has no row), :data:`_DELETE_BATCH` chunks per transaction. A batch
-        deletes nothing of an object that has a row: a publisher may seal it meanwhile.
-        Returns False if the victim was a pointer target (then nothing is deleted)."""
-        first = victim
-        while True:
-            conn.execute("BEGIN IMMEDIATE")
-            if first and not conn.execute(_FORGET_OBJECT, (object_id,)).rowcount:
-                conn.execute("ROLLBACK")
-                return False
-            first = False
-            deleted = conn.execute(_DELETE_CHUNKS, {"id": object_id, "n": _DELETE_BATCH}).rowcount
-            conn.execute("COMMIT")
-            if deleted < _DELETE_BATCH:
-                return True
-
-    def _checkpoint(self, conn: sqlite3.Connection) -> bool:
-        """A passive checkpoint (it never waits); True if it copied the whole WAL, so that the
-        next write restarts it from the beginning."""
-        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        return bool(busy == 0 and frames == copied)
-
-    def _reclaim(self, conn: sqlite3.Connection) -> None:
-        """Hand the free pages back to the file system, in steps (see :meth:`gc`)."""
-        try:
-            if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
-                return  # a store made before fenced set it: its free pages are reused instead
-            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
-            for _ in range(math.ceil(free / _RECLAIM_STEP)):
-                # executescript steps the pragma to the end (execute would free one page)
-                conn.executescript(f"PRAGMA incremental_vacuum({_RECLAIM_STEP})")
-                if not self._checkpoint(conn):
-                    break  # a reader holds the WAL: later writes reuse the rest, or the next gc
-        except sqlite3.Error as error:
-            _rollback(conn)
-            log.warning(
-                "gc of %s: free pages not handed back to the file system: %s", self.path, error
-            )
-
-    def _gc_failure(
-        self, conn: sqlite3.Connection, error: sqlite3.Error, removed: int
-    ) -> FencedError:
-        """The error of a gc stopped by ``error`` after it removed ``removed`` objects."""
-        done = (
-            f"gc removed {removed} unreferenced objects before it stopped (the store is "
-            "consistent: every other object is as it was)"
-            if removed
-            else "gc removed nothing"
-        )
-        if error_code(error) == sqlite3.SQLITE_FULL:
-            return Unavailable(
-                f"collecting garbage: the disk is full ({error}); {done}; free "
-                f"{_mib(self._checkpoint_needs(conn))} on the file system of {self.path} (what "
-                "its write-ahead log needs to be copied into the database) and run gc again"
-            )
-        failure = translate(error, "collecting garbage", where=self.path)
-        if not isinstance(failure, Unavailable):
-            return failure
-        return Unavailable(
-            f"collecting garbage: the database failed ({error}); {done}; run gc again"
-        )
-
-    def _checkpoint_needs(self, conn: sqlite3.Connection) -> int:
-        """About what a checkpoint must add to the database file (the pages the WAL holds
-        beyond its end), plus 1 MiB for gc's own commits."""
-        try:
-            (pages,) = conn.execute("PRAGMA page_count").fetchone()
-            (page_size,) = conn.execute("PRAGMA page_size").fetchone()
-            grows = int(pages) * int(page_size) - os.path.getsize(self.path)
-        except (sqlite3.Error, OSError):
-            grows = 0
-        return max(grows, 0) + _MIB
+        return collect_garbage(conn, self.path, choose, cutoff)
 
     def close(self) -> None:
         with self._lock:
@@ -781,20 +541,6 @@ class SqliteBackend:
         for conn in mine:
             conn.close()
         self._local = threading.local()
-
-
-def _commit(conn: sqlite3.Connection, what: str) -> None:
-    try:
-        conn.execute("COMMIT")
-    except sqlite3.Error as error:
-        busy = is_busy(error)
-        _rollback(conn)
-        if busy:
-            raise Unavailable(f"{what}: the database is busy; nothing changed, retry") from error
-        raise OutcomeUnknown(
-            f"{what}: COMMIT failed ({error}); the change may or may not have been applied: "
-            "retry with the same op_id to find out"
-        ) from error
 
 
 def _insert_record(conn: sqlite3.Connection, record: Record) -> None:
@@ -834,7 +580,7 @@ def _pointer(conn: sqlite3.Connection, resource: str, name: str) -> Publication 
 class _SqliteTransaction:
     """The :class:`~fenced.fence.backend.Transaction` of one ``BEGIN IMMEDIATE`` transaction."""
 
-    def __init__(self, conn: sqlite3.Connection, room: _Room, resource: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, room: Room, resource: str) -> None:
         self._conn = conn
         self._room = room
         self._resource = resource
@@ -977,6 +723,6 @@ class _ChunkReader(ChunkReader):
 
     def close(self) -> None:
         if not self.closed:
-            _rollback(self._db)
+            rollback(self._db)
             self._db.close()
         super().close()
