@@ -785,16 +785,24 @@ def test_a_release_hands_the_resource_to_the_first_waiter(
 ) -> None:
     holder, waiter, backend, lease = _holder_and_waiter(open_coord, pg_url)
     sent: list[tuple[float, str]] = []
+    answered: list[float] = []
     call = backend._call
 
     def counted(doing: str, name: str, params: Any, **options: Any) -> Any:
         sent.append((time.monotonic(), name))
-        return call(doing, name, params, **options)
+        try:
+            return call(doing, name, params, **options)
+        finally:
+            answered.append(time.monotonic())
 
     monkeypatch.setattr(backend, "_call", counted)
     b = _Worker(lambda: waiter.acquire(R, ttl=20, wait=20, holder="b"))
     b.start()
     wait_for(lambda: _queued(pg_url) == 1, what="b's place in line to be committed")
+    # release just after one of b's keep-alives came back, so that its next one (a third of
+    # QUEUE_KEEPALIVE later) cannot fall between the release and the notification
+    seen = len(answered)
+    wait_for(lambda: len(answered) > seen, what="a keep-alive of b's place in line")
     released = DEADLINE_CLOCK.now()
     assert holder.release(lease)
     returned = DEADLINE_CLOCK.now()

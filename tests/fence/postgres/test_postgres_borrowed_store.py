@@ -81,11 +81,12 @@ def test_a_pooled_connection_the_server_ended_is_not_used(
         store.fence(token(1, R))
         pool_as_it_was(user_pool)
         with psycopg.connect(postgres_server.dsn(), autocommit=True) as admin:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            ended = admin.execute(  # the timeout: each returns once its backend has exited
+                "SELECT bool_and(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
                 "WHERE pid <> pg_backend_pid() AND datname = 'postgres' "
                 "AND backend_type = 'client backend'"
-            )
+            ).fetchone()
+            assert ended is not None and ended[0] is True
         assert store.put(token(1, R), "k", b"after").version == 1  # nothing was sent on one
     wait_for(lambda: not user_pool.closed and user_pool.get_stats()["pool_size"] >= 1, 10, "pool")
 
