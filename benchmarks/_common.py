@@ -12,7 +12,9 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
+
+from fenced.testing._lifecycle import StartStop
+from fenced.testing.postgres import free_port
 
 __all__ = [
     "RedisServer",
@@ -20,7 +22,6 @@ __all__ = [
     "fmt_rate",
     "fmt_ratio",
     "fmt_time",
-    "free_port",
     "jain",
     "median",
     "percentile",
@@ -108,14 +109,6 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
         print(line(row))
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
@@ -125,7 +118,7 @@ def _ping(port: int) -> bool:
         return False
 
 
-class RedisServer:
+class RedisServer(StartStop):
     """A private ``redis-server`` on a free loopback port in ``directory``, stopped by PID.
 
     No persistence (``save ""``, no AOF): what redis-py's Lock users typically run against.
@@ -181,14 +174,3 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(5)
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
 import os
 import platform
-import random
 import sqlite3
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 from _common import (
@@ -48,10 +46,27 @@ from _common import (
     print_table,
     verdict,
 )
+from _rounds import (
+    AcquireRelease,
+    Cycle,
+    FencedCycle,
+    HandoffMessages,
+    HandoffRound,
+    Results,
+    WorkerLock,
+    Workers,
+    cycle_rounds,
+    expect,
+    fenced_lock,
+    handoff_rounds,
+    interleaved,
+    print_cycles,
+    print_handoffs,
+    serve,
+)
 
 import fenced
 
-R_CYCLE = "bench/cycle"
 R_HANDOFF = "bench/handoff"
 R_FAIR = "bench/fair"
 TTL = 30.0
@@ -64,37 +79,7 @@ SQLITE_LEASE = "SQLite lease row (2 FULL commits)"
 
 
 # -- 1. uncontended cycles, in this process ---------------------------------------------------
-class CycleImpl(Protocol):
-    name: str
-    what: str
-
-    def acquire(self) -> None: ...
-
-    def release(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class FencedCycle:
-    name = FENCED
-    what = "fenced.connect(sqlite) acquire(ttl=30, wait=0) + release"
-
-    def __init__(self, url: str) -> None:
-        self._coord = fenced.connect(url)
-        self._lease: fenced.Lease | None = None
-
-    def acquire(self) -> None:
-        self._lease = self._coord.acquire(R_CYCLE, ttl=TTL, wait=0)
-
-    def release(self) -> None:
-        if self._lease is None or not self._coord.release(self._lease):
-            raise RuntimeError("fenced: release() did not release")
-
-    def close(self) -> None:
-        self._coord.close()
-
-
-class RedisCycle:
+class RedisCycle(AcquireRelease):
     name = REDIS
     what = "redis.Redis().lock(name, timeout=30): acquire(blocking=False) + release"
 
@@ -113,7 +98,7 @@ class RedisCycle:
         self._client.close()
 
 
-class FdatasyncCycle:
+class FdatasyncCycle(AcquireRelease):
     name = FDATASYNC
     what = "os.pwrite 4 KiB at offset 0 + os.fdatasync: the limit for one durable commit"
 
@@ -141,7 +126,7 @@ def _raw_sqlite(path: Path) -> sqlite3.Connection:
     return conn
 
 
-class SQLiteUpdateCycle:
+class SQLiteUpdateCycle(AcquireRelease):
     name = SQLITE_UPDATE
     what = "BEGIN IMMEDIATE; UPDATE one row; COMMIT (one durable commit per cycle)"
 
@@ -162,7 +147,7 @@ class SQLiteUpdateCycle:
         self._conn.close()
 
 
-class SQLiteLeaseCycle:
+class SQLiteLeaseCycle(AcquireRelease):
     name = SQLITE_LEASE
     what = "raw lease row: acquire and release are one FULL commit each (no fencing API)"
 
@@ -199,112 +184,25 @@ class SQLiteLeaseCycle:
         self._conn.close()
 
 
-@dataclass
-class CycleRound:
-    rate: float
-    cycles: list[float]
-    acquires: list[float]
-    releases: list[float]
-
-
-def run_cycles(impl: CycleImpl, seconds: float) -> CycleRound:
-    clock = time.perf_counter
-    cycles: list[float] = []
-    acquires: list[float] = []
-    releases: list[float] = []
-    start = t0 = clock()
-    end = start + seconds
-    while t0 < end:
-        impl.acquire()
-        t1 = clock()
-        impl.release()
-        t2 = clock()
-        acquires.append(t1 - t0)
-        releases.append(t2 - t1)
-        cycles.append(t2 - t0)
-        t0 = t2
-    return CycleRound(len(cycles) / (t0 - start), cycles, acquires, releases)
-
-
-def interleaved(names: Sequence[str], round_number: int) -> list[str]:
-    """A, B, C then C, B, A: every implementation runs early and late equally often."""
-    return list(names) if round_number % 2 == 0 else list(reversed(names))
-
-
-@dataclass
-class CycleResults:
-    rounds: dict[str, list[CycleRound]] = field(default_factory=dict)
-    what: dict[str, str] = field(default_factory=dict)
-
-    def rates(self, name: str) -> list[float]:
-        return [r.rate for r in self.rounds[name]]
-
-    def ratio(self, name: str, baseline: str) -> list[float]:
-        """Per-round ratios (the rounds were interleaved, so each pair shared conditions)."""
-        return [a / b for a, b in zip(self.rates(name), self.rates(baseline), strict=True)]
-
-
 def bench_cycles(
     directory: Path, url: str, redis_port: int, rounds: int, seconds: float
-) -> CycleResults:
-    impls: list[CycleImpl] = [
-        FencedCycle(url),
+) -> Results:
+    impls: list[Cycle] = [
+        FencedCycle(url, FENCED, "fenced.connect(sqlite) acquire(ttl=30, wait=0) + release"),
         RedisCycle(redis_port),
         FdatasyncCycle(directory),
         SQLiteUpdateCycle(directory),
         SQLiteLeaseCycle(directory),
     ]
-    by_name = {impl.name: impl for impl in impls}
-    results = CycleResults(
-        {impl.name: [] for impl in impls}, {impl.name: impl.what for impl in impls}
-    )
-    print(
-        f"\n[1/3] uncontended cycles: warm-up + {rounds} rounds x {len(impls)} x {seconds} s",
-        flush=True,
-    )
-    for impl in impls:  # warm-up, discarded
-        run_cycles(impl, min(seconds, 0.3))
-    for round_number in range(rounds):
-        for name in interleaved(list(by_name), round_number):
-            results.rounds[name].append(run_cycles(by_name[name], seconds))
-        print(
-            f"  round {round_number + 1}: "
-            + ", ".join(f"{n} {fmt_rate(results.rounds[n][-1].rate)}/s" for n in by_name),
-            flush=True,
-        )
-    for impl in impls:
-        impl.close()
-    return results
+    return cycle_rounds(impls, rounds, seconds, "[1/3] uncontended cycles")
 
 
-def report_cycles(results: CycleResults) -> None:
-    rows = []
-    for name, rounds in results.rounds.items():
-        rates = [r.rate for r in rounds]
-        cycles = [x for r in rounds for x in r.cycles]
-        rows.append([
-            name,
-            fmt_rate(median(rates)),
-            f"{fmt_rate(min(rates))} – {fmt_rate(max(rates))}",
-            fmt_time(percentile(cycles, 50)),
-            fmt_time(percentile(cycles, 99)),
-            fmt_time(percentile([x for r in rounds for x in r.acquires], 50)),
-            fmt_time(percentile([x for r in rounds for x in r.releases], 50)),
-            results.what[name],
-        ])  # fmt: skip
-    print_table(
+def report_cycles(results: Results) -> None:
+    print_cycles(
+        results,
         "1. Uncontended acquire+release cycle (1 client, 1 resource); median of rounds",
-        [
-            "implementation",
-            "cycles/s",
-            "rounds min–max",
-            "p50",
-            "p99",
-            "acquire p50",
-            "release p50",
-            "what",
-        ],
-        rows,
+        "cycles/s",
+        ("acquire p50", "release p50"),
     )
     for baseline, target in ((REDIS, 1.0), (FDATASYNC, 0.5)):
         ratios = results.ratio(FENCED, baseline)
@@ -316,34 +214,6 @@ def report_cycles(results: CycleResults) -> None:
 
 
 # -- worker processes for 2. and 3. -----------------------------------------------------------
-class WorkerLock:
-    """One implementation's lock as used by a worker process, per resource."""
-
-    def __init__(
-        self,
-        acquire: Callable[[str, float | None], None],
-        release: Callable[[str], None],
-        close: Callable[[], None],
-    ) -> None:
-        self.acquire = acquire
-        self.release = release
-        self.close = close
-
-
-def _fenced_lock(url: str) -> WorkerLock:
-    coord = fenced.connect(url)
-    leases: dict[str, fenced.Lease] = {}
-
-    def acquire(resource: str, wait: float | None) -> None:
-        leases[resource] = coord.acquire(resource, ttl=TTL, wait=wait)
-
-    def release(resource: str) -> None:
-        if not coord.release(leases.pop(resource)):
-            raise RuntimeError("fenced: release() did not release")
-
-    return WorkerLock(acquire, release, coord.close)
-
-
 def _redis_lock(port: int) -> WorkerLock:
     client = redis.Redis(host="127.0.0.1", port=port)
     locks: dict[str, Any] = {}
@@ -365,166 +235,33 @@ def _redis_lock(port: int) -> WorkerLock:
 
 def worker_main(conn: Connection, url: str, redis_port: int) -> None:
     """A worker process: obeys ("acquire" | "release" | "contend" | "exit", …) messages."""
-    locks = {FENCED: _fenced_lock(url), REDIS: _redis_lock(redis_port)}
-    conn.send(("ready",))
-    while True:
-        message = conn.recv()
-        command = message[0]
-        if command == "exit":
-            break
-        lock = locks[message[1]]
-        if command == "acquire":
-            _, _, resource, wait = message
-            conn.send(("entering",))
-            lock.acquire(resource, wait)
-            conn.send(("acquired", time.monotonic()))
-        elif command == "release":
-            resource = message[2]
-            before = time.monotonic()
-            lock.release(resource)
-            conn.send(("released", before, time.monotonic() - before))
-        elif command == "contend":
-            _, _, resource, start_at, seconds = message
-            conn.send(("contended", *contend(lock, resource, start_at, seconds)))
-    for lock in locks.values():
-        lock.close()
-
-
-def contend(
-    lock: WorkerLock, resource: str, start_at: float, seconds: float
-) -> tuple[int, list[float]]:
-    """Acquire (wait=None) / release in a loop; count grants inside [start_at, +seconds)."""
-    time.sleep(max(0.0, start_at - time.monotonic()))
-    end = start_at + seconds
-    count = 0
-    waits: list[float] = []
-    while True:
-        asked = time.monotonic()
-        if asked >= end:
-            break
-        lock.acquire(resource, None)
-        got = time.monotonic()
-        if got < end:
-            count += 1
-            waits.append(got - asked)
-        lock.release(resource)
-    return count, waits
-
-
-class Workers:
-    """Worker processes started with the spawn method (no inherited connections or threads)."""
-
-    def __init__(self, count: int, url: str, redis_port: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conns: list[Connection] = []
-        self.procs: list[multiprocessing.process.BaseProcess] = []
-        for _ in range(count):
-            parent, child = context.Pipe()
-            proc = context.Process(target=worker_main, args=(child, url, redis_port), daemon=True)
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        for conn in self.conns:
-            expect(conn, "ready", timeout=60)
-
-    def close(self) -> None:
-        for conn in self.conns:
-            conn.send(("exit",))
-        for proc in self.procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-
-
-def expect(conn: Connection, kind: str, timeout: float = 60.0) -> tuple[Any, ...]:
-    if not conn.poll(timeout):
-        raise RuntimeError(f"a worker sent no {kind!r} within {timeout} s")
-    message: tuple[Any, ...] = conn.recv()
-    if message[0] != kind:
-        raise RuntimeError(f"expected {kind!r} from a worker, got {message!r}")
-    return message
+    serve(conn, {FENCED: fenced_lock(url, TTL), REDIS: _redis_lock(redis_port)})
 
 
 # -- 2. handoff latency -----------------------------------------------------------------------
-@dataclass
-class HandoffRound:
-    latencies: list[float]
-    releases: list[float]
-
-
 # How long the holder keeps the lease after the waiter announced itself: long enough for the
 # waiter to be blocked in acquire(); for redis-py a uniform spread over its 100 ms poll so that
 # the release falls at a random phase of the waiter's sleep.
 GAPS = {FENCED: (0.005, 0.015), REDIS: (0.010, 0.110)}
 
 
-def handoff_round(
-    impl: str, a: Connection, b: Connection, count: int, rng: random.Random
-) -> HandoffRound:
-    latencies: list[float] = []
-    releases: list[float] = []
-    holder, waiter = a, b
-    holder.send(("acquire", impl, R_HANDOFF, 10.0))
-    expect(holder, "entering")
-    expect(holder, "acquired")
-    for _ in range(count):
-        waiter.send(("acquire", impl, R_HANDOFF, None))
-        expect(waiter, "entering")
-        time.sleep(rng.uniform(*GAPS[impl]))
-        holder.send(("release", impl, R_HANDOFF))
-        _, released_at, release_took = expect(holder, "released")
-        _, acquired_at = expect(waiter, "acquired")
-        latencies.append(acquired_at - released_at)
-        releases.append(release_took)
-        holder, waiter = waiter, holder
-    holder.send(("release", impl, R_HANDOFF))
-    expect(holder, "released")
-    return HandoffRound(latencies, releases)
-
-
 def bench_handoff(workers: Workers, rounds: int, total: int) -> dict[str, list[HandoffRound]]:
-    per_round = math.ceil(total / rounds)
-    names = [FENCED, REDIS]
-    results: dict[str, list[HandoffRound]] = {name: [] for name in names}
-    rng = random.Random(1)
-    a, b = workers.conns[:2]
-    print(f"\n[2/3] handoff: warm-up + {rounds} rounds x {per_round} handoffs", flush=True)
-    for name in names:
-        handoff_round(name, a, b, 10, rng)
-    for round_number in range(rounds):
-        for name in interleaved(names, round_number):
-            results[name].append(handoff_round(name, a, b, per_round, rng))
-        print(
-            f"  round {round_number + 1}: "
-            + ", ".join(
-                f"{n} p50 {fmt_time(percentile(results[n][-1].latencies, 50))}" for n in names
-            ),
-            flush=True,
+    messages = {
+        name: HandoffMessages(
+            hold=("acquire", name, R_HANDOFF, 10.0),
+            wait=("acquire", name, R_HANDOFF, None),
+            release=("release", name, R_HANDOFF),
+            gap=GAPS[name],
         )
-    return results
+        for name in (FENCED, REDIS)
+    }
+    return handoff_rounds(workers, messages, rounds, total, "[2/3] handoff")
 
 
 def report_handoff(results: dict[str, list[HandoffRound]]) -> None:
-    rows = []
-    for name, rounds in results.items():
-        lat = [x for r in rounds for x in r.latencies]
-        p50s = [percentile(r.latencies, 50) for r in rounds]
-        rows.append([
-            name,
-            str(len(lat)),
-            fmt_time(percentile(lat, 50)),
-            fmt_time(percentile(lat, 90)),
-            fmt_time(percentile(lat, 99)),
-            fmt_time(max(lat)),
-            f"{fmt_time(min(p50s))} – {fmt_time(max(p50s))}",
-            fmt_time(percentile([x for r in rounds for x in r.releases], 50)),
-        ])  # fmt: skip
-    print_table(
+    print_handoffs(
+        results,
         "2. Handoff latency (holder's release() called -> blocked waiter's acquire() returned)",
-        ["implementation", "n", "p50", "p90", "p99", "max", "p50 rounds min–max", "release() p50"],
-        rows,
     )
     lat = [x for r in results[FENCED] for x in r.latencies]
     p50, p99 = percentile(lat, 50), percentile(lat, 99)
@@ -628,7 +365,7 @@ def report_fairness(results: dict[str, list[FairRound]]) -> None:
 
 # -- summary ----------------------------------------------------------------------------------
 def report_summary(
-    cycles: CycleResults | None,
+    cycles: Results | None,
     handoff: dict[str, list[HandoffRound]] | None,
     fairness: dict[str, list[FairRound]] | None,
 ) -> None:
@@ -758,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 cycles = bench_cycles(directory, url, server.port, args.rounds, args.seconds)
                 report_cycles(cycles)
             if sections & {"handoff", "fairness"}:
-                workers = Workers(args.processes, url, server.port)
+                workers = Workers(args.processes, worker_main, url, server.port)
                 try:
                     if "handoff" in sections:
                         handoff = bench_handoff(workers, args.rounds, args.handoffs)

@@ -41,22 +41,35 @@ raw conditional update.
 from __future__ import annotations
 
 import argparse
-import math
-import multiprocessing
 import os
 import platform
-import random
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from _common import fmt_rate, fmt_ratio, fmt_time, median, percentile, print_table, verdict
+from _common import fmt_ratio, fmt_time, median, percentile, print_table, verdict
+from _rounds import (
+    AcquireRelease,
+    Cycle,
+    FencedCycle,
+    HandoffMessages,
+    HandoffRound,
+    Results,
+    WorkerLock,
+    Workers,
+    cycle_rounds,
+    fenced_lock,
+    handoff_rounds,
+    print_cycles,
+    print_handoffs,
+    serve,
+    timed_halves,
+)
 
 import fenced
 from fenced.coordinator._connect import connect
@@ -79,46 +92,24 @@ KEY = 4242
 # -- implementations of one "cycle" -----------------------------------------------------------
 
 
-class Impl:
-    """One thing measured in a loop: ``step()`` is one cycle (acquire+release, or one write)."""
-
-    name = ""
-    what = ""
-
-    def step(self) -> tuple[float, float]:
-        """Run one cycle; return the durations of its two halves (or (t, 0))."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release connections."""
-
-
-def _halves(first: Callable[[], object], second: Callable[[], object]) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    first()
-    t1 = time.perf_counter()
-    second()
-    return t1 - t0, time.perf_counter() - t1
-
-
-class Advisory(Impl):
+class Advisory(AcquireRelease):
     name = ADVISORY
     what = "psycopg 3, one connection: SELECT pg_advisory_lock / pg_advisory_unlock"
 
     def __init__(self, dsn: str) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
 
-    def step(self) -> tuple[float, float]:
-        return _halves(
-            lambda: self.conn.execute("SELECT pg_advisory_lock(%s)", (KEY,)).fetchone(),
-            lambda: self.conn.execute("SELECT pg_advisory_unlock(%s)", (KEY,)).fetchone(),
-        )
+    def acquire(self) -> None:
+        self.conn.execute("SELECT pg_advisory_lock(%s)", (KEY,)).fetchone()
+
+    def release(self) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock(%s)", (KEY,)).fetchone()
 
     def close(self) -> None:
         self.conn.close()
 
 
-class ToozLike(Impl):
+class ToozLike(AcquireRelease):
     name = TOOZ
     what = "new connection + pg_advisory_lock(k1, k2); unlock + close (tooz's driver)"
 
@@ -126,21 +117,18 @@ class ToozLike(Impl):
         self.dsn = dsn
         self.conn: psycopg.Connection[Any] | None = None
 
-    def _acquire(self) -> None:
+    def acquire(self) -> None:
         self.conn = psycopg.connect(self.dsn, autocommit=True)
         self.conn.execute("SELECT pg_advisory_lock(%s, %s)", (KEY, 7)).fetchone()
 
-    def _release(self) -> None:
+    def release(self) -> None:
         assert self.conn is not None
         self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (KEY, 7)).fetchone()
         self.conn.close()
         self.conn = None
 
-    def step(self) -> tuple[float, float]:
-        return _halves(self._acquire, self._release)
 
-
-class RawUpdate(Impl):
+class RawUpdate(Cycle):
     name = RAW_UPDATE
     what = "UPDATE fence SET epoch = $1 WHERE name = $2 AND epoch < $1 (sync commit)"
 
@@ -163,13 +151,13 @@ class RawUpdate(Impl):
             raise RuntimeError("the raw conditional update was not applied")
 
     def step(self) -> tuple[float, float]:
-        return _halves(self._update, lambda: None)
+        return timed_halves(self._update, lambda: None)
 
     def close(self) -> None:
         self.conn.close()
 
 
-class RawLeaseRow(Impl):
+class RawLeaseRow(AcquireRelease):
     name = RAW_LEASE
     what = "hand-written lease row: grant UPDATE (sync commit) + release UPDATE (async commit)"
 
@@ -185,7 +173,7 @@ class RawLeaseRow(Impl):
         )
         self.epoch = 0
 
-    def _acquire(self) -> None:
+    def acquire(self) -> None:
         row = self.conn.execute(
             "UPDATE raw_lease SET epoch = epoch + 1, owner = %s,"
             " expires_at = clock_timestamp() + interval '30 s'"
@@ -197,21 +185,18 @@ class RawLeaseRow(Impl):
             raise RuntimeError("the raw lease row was not granted")
         self.epoch = int(row[0])
 
-    def _release(self) -> None:
+    def release(self) -> None:
         self.cur.execute(
             "BEGIN; SET LOCAL synchronous_commit = off; UPDATE raw_lease SET owner = NULL"
             " WHERE name = 'r' AND owner = %s AND epoch = %s; COMMIT",
             ("me", self.epoch),
         )
 
-    def step(self) -> tuple[float, float]:
-        return _halves(self._acquire, self._release)
-
     def close(self) -> None:
         self.conn.close()
 
 
-class FloorCycle(Impl):
+class FloorCycle(AcquireRelease):
     name = FLOOR
     what = "raw conditional UPDATE (sync commit) + UPDATE on a synchronous_commit=off session"
 
@@ -226,7 +211,7 @@ class FloorCycle(Impl):
         row = self.sync.execute("SELECT epoch FROM raw_floor WHERE name = 'r'").fetchone()
         self.epoch = int(row[0]) if row else 0
 
-    def _acquire(self) -> None:
+    def acquire(self) -> None:
         self.epoch += 1
         cur = self.sync.execute(
             "UPDATE raw_floor SET epoch = %s, owner = %s WHERE name = %s AND epoch < %s",
@@ -235,7 +220,7 @@ class FloorCycle(Impl):
         if cur.rowcount != 1:
             raise RuntimeError("the floor's grant was not applied")
 
-    def _release(self) -> None:
+    def release(self) -> None:
         cur = self.lazy.execute(
             "UPDATE raw_floor SET owner = NULL WHERE name = %s AND epoch = %s",
             ("r", self.epoch),
@@ -243,38 +228,12 @@ class FloorCycle(Impl):
         if cur.rowcount != 1:
             raise RuntimeError("the floor's release was not applied")
 
-    def step(self) -> tuple[float, float]:
-        return _halves(self._acquire, self._release)
-
     def close(self) -> None:
         self.sync.close()
         self.lazy.close()
 
 
-class FencedCycle(Impl):
-    name = FENCED
-    what = "fenced.connect(postgresql) acquire(ttl=30, wait=0) + release"
-
-    def __init__(self, url: str) -> None:
-        self.coord = connect(url)
-        self.lease: fenced.Lease | None = None
-
-    def _acquire(self) -> None:
-        self.lease = self.coord.acquire("bench/cycle", ttl=TTL, wait=0)
-
-    def _release(self) -> None:
-        assert self.lease is not None
-        if not self.coord.release(self.lease):
-            raise RuntimeError("release() did not release")
-
-    def step(self) -> tuple[float, float]:
-        return _halves(self._acquire, self._release)
-
-    def close(self) -> None:
-        self.coord.close()
-
-
-class FencedPut(Impl):
+class FencedPut(Cycle):
     name = PUT
     what = "store.put(token, 'k', 16 bytes), strict mode, token installed (sync commit)"
 
@@ -287,223 +246,49 @@ class FencedPut(Impl):
         self.store.fence(self.token)
 
     def step(self) -> tuple[float, float]:
-        return _halves(lambda: self.store.put(self.token, "k", b"0123456789abcdef"), lambda: None)
+        return timed_halves(
+            lambda: self.store.put(self.token, "k", b"0123456789abcdef"), lambda: None
+        )
 
     def close(self) -> None:
         self.store.close()
-
-
-# -- rounds -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Round:
-    rate: float
-    cycles: list[float]
-    firsts: list[float]
-    seconds: list[float]
-
-
-def run(impl: Impl, seconds: float) -> Round:
-    cycles: list[float] = []
-    firsts: list[float] = []
-    secs: list[float] = []
-    start = time.perf_counter()
-    end = start + seconds
-    now = start
-    while now < end:
-        first, second = impl.step()
-        firsts.append(first)
-        secs.append(second)
-        cycles.append(first + second)
-        now = time.perf_counter()
-    return Round(len(cycles) / (now - start), cycles, firsts, secs)
-
-
-def interleaved(names: Sequence[str], round_number: int) -> list[str]:
-    return list(names) if round_number % 2 == 0 else list(reversed(names))
-
-
-@dataclass
-class Results:
-    rounds: dict[str, list[Round]] = field(default_factory=dict)
-    what: dict[str, str] = field(default_factory=dict)
-
-    def ratio(self, name: str, baseline: str) -> list[float]:
-        return [
-            a.rate / b.rate for a, b in zip(self.rounds[name], self.rounds[baseline], strict=True)
-        ]
-
-
-def bench(impls: list[Impl], rounds: int, seconds: float, title: str) -> Results:
-    results = Results({i.name: [] for i in impls}, {i.name: i.what for i in impls})
-    by_name = {i.name: i for i in impls}
-    print(f"\n{title}: warm-up + {rounds} rounds x {len(impls)} x {seconds} s", flush=True)
-    for impl in impls:
-        run(impl, min(seconds, 0.3))
-    for number in range(rounds):
-        for name in interleaved(list(by_name), number):
-            results.rounds[name].append(run(by_name[name], seconds))
-        print(
-            f"  round {number + 1}: "
-            + ", ".join(f"{n} {fmt_rate(results.rounds[n][-1].rate)}/s" for n in by_name),
-            flush=True,
-        )
-    for impl in impls:
-        impl.close()
-    return results
-
-
-def report(results: Results, title: str, halves: tuple[str, str]) -> None:
-    rows = []
-    for name, rounds in results.rounds.items():
-        rates = [r.rate for r in rounds]
-        cycles = [x for r in rounds for x in r.cycles]
-        rows.append([
-            name,
-            fmt_rate(median(rates)),
-            f"{fmt_rate(min(rates))} – {fmt_rate(max(rates))}",
-            fmt_time(percentile(cycles, 50)),
-            fmt_time(percentile(cycles, 99)),
-            fmt_time(percentile([x for r in rounds for x in r.firsts], 50)),
-            fmt_time(percentile([x for r in rounds for x in r.seconds], 50)),
-            results.what[name],
-        ])  # fmt: skip
-    print_table(
-        title,
-        ["implementation", "ops/s", "rounds min–max", "p50", "p99", *halves, "what"],
-        rows,
-    )
 
 
 # -- handoff between processes ----------------------------------------------------------------
 
 
 def worker_main(conn: Connection, url: str, dsn: str) -> None:
-    coord = connect(url)
     advisory = psycopg.connect(dsn, autocommit=True)
-    leases: dict[str, fenced.Lease] = {}
-    conn.send(("ready",))
-    while True:
-        message = conn.recv()
-        command = message[0]
-        if command == "exit":
-            break
-        impl = message[1]
-        if command == "acquire":
-            conn.send(("entering",))
-            if impl == FENCED:
-                leases["x"] = coord.acquire("bench/handoff", ttl=TTL, wait=None)
-            else:
-                advisory.execute("SELECT pg_advisory_lock(%s)", (KEY + 1,)).fetchone()
-            conn.send(("acquired", time.monotonic()))
-        elif command == "release":
-            before = time.monotonic()
-            if impl == FENCED:
-                if not coord.release(leases.pop("x")):
-                    raise RuntimeError("release() did not release")
-            else:
-                advisory.execute("SELECT pg_advisory_unlock(%s)", (KEY + 1,)).fetchone()
-            conn.send(("released", before, time.monotonic() - before))
-    coord.close()
-    advisory.close()
+
+    def lock(resource: str, wait: float | None) -> None:
+        advisory.execute("SELECT pg_advisory_lock(%s)", (KEY + 1,)).fetchone()
+
+    def unlock(resource: str) -> None:
+        advisory.execute("SELECT pg_advisory_unlock(%s)", (KEY + 1,)).fetchone()
+
+    serve(conn, {FENCED: fenced_lock(url, TTL), ADVISORY: WorkerLock(lock, unlock, advisory.close)})
 
 
-def expect(conn: Connection, kind: str, timeout: float = 60.0) -> tuple[Any, ...]:
-    if not conn.poll(timeout):
-        raise RuntimeError(f"a worker sent no {kind!r} within {timeout} s")
-    message: tuple[Any, ...] = conn.recv()
-    if message[0] != kind:
-        raise RuntimeError(f"expected {kind!r} from a worker, got {message!r}")
-    return message
-
-
-def handoff_round(
-    impl: str, a: Connection, b: Connection, count: int, rng: random.Random
-) -> tuple[list[float], list[float]]:
-    latencies: list[float] = []
-    releases: list[float] = []
-    holder, waiter = a, b
-    holder.send(("acquire", impl))
-    expect(holder, "entering")
-    expect(holder, "acquired")
-    for _ in range(count):
-        waiter.send(("acquire", impl))
-        expect(waiter, "entering")
-        time.sleep(rng.uniform(0.005, 0.015))  # the waiter is blocked in acquire by now
-        holder.send(("release", impl))
-        _, released_at, took = expect(holder, "released")
-        _, acquired_at = expect(waiter, "acquired")
-        latencies.append(acquired_at - released_at)
-        releases.append(took)
-        holder, waiter = waiter, holder
-    holder.send(("release", impl))
-    expect(holder, "released")
-    return latencies, releases
-
-
-def bench_handoff(
-    url: str, dsn: str, rounds: int, total: int
-) -> dict[str, list[tuple[list[float], list[float]]]]:
-    context = multiprocessing.get_context("spawn")
-    conns: list[Connection] = []
-    procs = []
-    for _ in range(2):
-        parent, child = context.Pipe()
-        proc = context.Process(target=worker_main, args=(child, url, dsn), daemon=True)
-        proc.start()
-        child.close()
-        conns.append(parent)
-        procs.append(proc)
-    for conn in conns:
-        expect(conn, "ready")
-    names = [FENCED, ADVISORY]
-    results: dict[str, list[tuple[list[float], list[float]]]] = {n: [] for n in names}
-    per_round = math.ceil(total / rounds)
-    rng = random.Random(1)
-    print(f"\n[3/3] handoff: warm-up + {rounds} rounds x {per_round} handoffs", flush=True)
+def bench_handoff(url: str, dsn: str, rounds: int, total: int) -> dict[str, list[HandoffRound]]:
+    messages = {
+        name: HandoffMessages(
+            hold=("acquire", name, "bench/handoff", None),
+            wait=("acquire", name, "bench/handoff", None),
+            release=("release", name, "bench/handoff"),
+            gap=(0.005, 0.015),  # the waiter is blocked in acquire by now
+        )
+        for name in (FENCED, ADVISORY)
+    }
+    workers = Workers(2, worker_main, url, dsn)
     try:
-        for name in names:
-            handoff_round(name, conns[0], conns[1], 10, rng)
-        for number in range(rounds):
-            for name in interleaved(names, number):
-                results[name].append(handoff_round(name, conns[0], conns[1], per_round, rng))
-            print(
-                f"  round {number + 1}: "
-                + ", ".join(
-                    f"{n} p50 {fmt_time(percentile(results[n][-1][0], 50))}" for n in names
-                ),
-                flush=True,
-            )
+        return handoff_rounds(workers, messages, rounds, total, "[3/3] handoff")
     finally:
-        for conn in conns:
-            conn.send(("exit",))
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-    return results
+        workers.close()
 
 
-def report_handoff(results: dict[str, list[tuple[list[float], list[float]]]]) -> None:
-    rows = []
-    for name, rounds in results.items():
-        lat = [x for r in rounds for x in r[0]]
-        p50s = [percentile(r[0], 50) for r in rounds]
-        rows.append([
-            name,
-            str(len(lat)),
-            fmt_time(percentile(lat, 50)),
-            fmt_time(percentile(lat, 90)),
-            fmt_time(percentile(lat, 99)),
-            fmt_time(max(lat)),
-            f"{fmt_time(min(p50s))} – {fmt_time(max(p50s))}",
-            fmt_time(percentile([x for r in rounds for x in r[1]], 50)),
-        ])  # fmt: skip
-    print_table(
-        "3. Handoff latency (holder releases -> waiter in another process holds)",
-        ["implementation", "n", "p50", "p90", "p99", "max", "round p50 min–max", "release p50"],
-        rows,
+def report_handoff(results: dict[str, list[HandoffRound]]) -> None:
+    print_handoffs(
+        results, "3. Handoff latency (holder releases -> waiter in another process holds)"
     )
 
 
@@ -513,7 +298,7 @@ def report_handoff(results: dict[str, list[tuple[list[float], list[float]]]]) ->
 def summary(
     cycles: Results | None,
     puts: Results | None,
-    handoff: dict[str, list[tuple[list[float], list[float]]]] | None,
+    handoff: dict[str, list[HandoffRound]] | None,
 ) -> None:
     rows: list[list[str]] = []
 
@@ -542,7 +327,7 @@ def summary(
     if puts is not None:
         ratio_row(puts, PUT, RAW_UPDATE, 0.7, "fenced put / raw conditional update")
     if handoff is not None:
-        lat = [x for r in handoff[FENCED] for x in r[0]]
+        lat = [x for r in handoff[FENCED] for x in r.latencies]
         p50 = percentile(lat, 50)
         rows.append(["fenced handoff p50", fmt_time(p50), "", "≤ 2 ms", verdict(p50 <= 0.002)])
     print_table(
@@ -597,32 +382,37 @@ def main(argv: Sequence[str] | None = None) -> None:
             coordinator_id = connect(url).coordinator_id
             cycles = puts = handoff = None
             if "cycles" in sections:
-                cycles = bench(
+                cycles = cycle_rounds(
                     [
                         Advisory(dsn),
                         ToozLike(dsn),
                         RawUpdate(dsn),
                         RawLeaseRow(dsn),
                         FloorCycle(dsn),
-                        FencedCycle(url),
+                        FencedCycle(
+                            url,
+                            FENCED,
+                            "fenced.connect(postgresql) acquire(ttl=30, wait=0) + release",
+                        ),
                     ],
                     args.rounds,
                     args.seconds,
                     "[1/3] uncontended cycles",
                 )
-                report(
+                print_cycles(
                     cycles,
                     "1. Uncontended cycle (1 client, 1 resource; the raw update is one write)",
+                    "ops/s",
                     ("acquire p50", "release p50"),
                 )
             if "put" in sections:
-                puts = bench(
+                puts = cycle_rounds(
                     [RawUpdate(dsn), FencedPut(url, coordinator_id)],
                     args.rounds,
                     args.seconds,
                     "[2/3] durable fenced writes",
                 )
-                report(puts, "2. One durable fenced write", ("write p50", "-"))
+                print_cycles(puts, "2. One durable fenced write", "ops/s", ("write p50", "-"))
             if "handoff" in sections:
                 handoff = bench_handoff(url, dsn, args.rounds, args.handoffs)
                 report_handoff(handoff)

@@ -16,14 +16,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import fenced
 from fenced.runtime._child import ChildSupervisor, StartFailed
-from support.cli_processes import DEADLINE, FENCED, fenced_cmd, one_line_error, wait_for
+from support.cli_processes import (
+    DEADLINE,
+    FENCED,
+    Start,
+    fenced_cmd,
+    one_line_error,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -33,29 +39,6 @@ R = "jobs/nightly"
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'fenced.db'}"
-
-
-Start = Callable[..., subprocess.Popen[str]]
-
-
-@pytest.fixture
-def start() -> Iterator[Start]:
-    """Start ``fenced ARGS…`` in the background; whatever is left is killed at teardown."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def spawn(*args: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [*FENCED, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        procs.append(proc)
-        return proc
-
-    yield spawn
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.send_signal(signal.SIGCONT)
-        proc.communicate()
 
 
 def alive(pid: int) -> bool:
@@ -138,9 +121,9 @@ def test_a_command_that_cannot_start_costs_no_epoch(url: str, tmp_path: Path) ->
 # -- not acquired, bad input ---------------------------------------------------------------
 
 
-def test_not_acquired_within_wait_exits_75(url: str, tmp_path: Path, start: Start) -> None:
+def test_not_acquired_within_wait_exits_75(url: str, tmp_path: Path, start_fenced: Start) -> None:
     started = tmp_path / "started"
-    holder = start(
+    holder = start_fenced(
         "run", R, "--url", url, "--holder", "the-holder", "--", "sh", "-c",
         f"touch {started}; exec sleep 60",
     )  # fmt: skip
@@ -225,9 +208,9 @@ def _lose_lease_while_running(
 
 
 def test_a_lost_lease_terminates_the_command_and_exits_76(
-    url: str, tmp_path: Path, start: Start
+    url: str, tmp_path: Path, start_fenced: Start
 ) -> None:
-    a, child = _lose_lease_while_running(url, tmp_path, start, TRAP_TERM, grace="10")
+    a, child = _lose_lease_while_running(url, tmp_path, start_fenced, TRAP_TERM, grace="10")
     _, stderr = a.communicate(timeout=DEADLINE)
     assert a.returncode == 76
     assert (tmp_path / "term.log").read_text().splitlines() == ["TERM"]
@@ -240,9 +223,9 @@ def test_a_lost_lease_terminates_the_command_and_exits_76(
 
 
 def test_a_command_that_ignores_sigterm_gets_sigkill_after_grace(
-    url: str, tmp_path: Path, start: Start
+    url: str, tmp_path: Path, start_fenced: Start
 ) -> None:
-    a, child = _lose_lease_while_running(url, tmp_path, start, IGNORE_TERM, grace="0.5")
+    a, child = _lose_lease_while_running(url, tmp_path, start_fenced, IGNORE_TERM, grace="0.5")
     _, stderr = a.communicate(timeout=DEADLINE)
     assert a.returncode == 76
     assert "SIGKILL" in stderr
@@ -253,10 +236,10 @@ def test_a_command_that_ignores_sigterm_gets_sigkill_after_grace(
 
 
 def test_sigterm_to_fenced_run_is_forwarded_to_the_command(
-    url: str, tmp_path: Path, start: Start
+    url: str, tmp_path: Path, start_fenced: Start
 ) -> None:
     pid_file = tmp_path / "child.pid"
-    a = start(
+    a = start_fenced(
         "run", R, "--url", url, "--", "sh", "-c",
         TRAP_TERM.format(pid=pid_file, log=tmp_path / "term.log"),
     )  # fmt: skip
@@ -270,10 +253,10 @@ def test_sigterm_to_fenced_run_is_forwarded_to_the_command(
 
 
 def test_sigint_to_fenced_run_is_forwarded_to_the_command(
-    url: str, tmp_path: Path, start: Start
+    url: str, tmp_path: Path, start_fenced: Start
 ) -> None:
     started = tmp_path / "started"
-    a = start("run", R, "--url", url, "--", "sh", "-c", f"touch {started}; exec sleep 60")
+    a = start_fenced("run", R, "--url", url, "--", "sh", "-c", f"touch {started}; exec sleep 60")
     wait_for(started.exists, "the child")
     a.send_signal(signal.SIGINT)
     a.communicate(timeout=DEADLINE)

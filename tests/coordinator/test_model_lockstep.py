@@ -504,40 +504,60 @@ class Lockstep(RuleBasedStateMachine):
 
     VARIANTS = st.sampled_from(("own",) * 4 + ("wrong-owner", "older-epoch", "newer-epoch"))
 
+    def _as_holder(
+        self,
+        op: str,
+        recent: int,
+        variant: str,
+        client: int,
+        call: Callable[[CoordinatorBackend, Grant, int, str], object],
+        *others: object,
+    ) -> tuple[Grant, int, Answer, Span]:
+        """``call(side, grant, epoch, owner)`` on both sides (:meth:`_both`) for the
+        ``recent``-th latest grant, with its own epoch and owner or a forged or stale pair
+        (``variant``); ``op`` and ``others`` (the call's other arguments) name it in a failure.
+        Returns the grant, the epoch presented, the backend's answer and the call's span."""
+        grant = self._grant(recent)
+        epoch, owner = self._as(grant, variant)
+        shown = ", ".join([grant.resource, str(epoch), variant, *map(repr, others)])
+        _, theirs, span = self._both(
+            f"{op}({shown})",
+            (grant.resource,),
+            lambda: call(self.model, grant, epoch, owner),
+            lambda: call(self.clients[client], grant, epoch, owner),
+            grant.ttl,  # the bound of a renewal's answer (the other answers hold no time)
+        )
+        return grant, epoch, theirs, span
+
     @precondition(lambda self: self._grants)
     @rule(recent=RECENT, variant=VARIANTS, client=CLIENTS)
     def renew(self, recent: int, variant: str, client: int) -> None:
-        grant = self._grant(recent)
-        epoch, owner = self._as(grant, variant)
-        name = grant.resource
-        _, theirs, span = self._both(
-            f"renew({name}, {epoch}, {variant})",
-            (name,),
-            lambda: self.model.renew(name, epoch, owner, grant.ttl),
-            lambda: self.clients[client].renew(name, epoch, owner, grant.ttl),
-            grant.ttl,
+        grant, epoch, theirs, span = self._as_holder(
+            "renew",
+            recent,
+            variant,
+            client,
+            lambda side, grant, epoch, owner: side.renew(grant.resource, epoch, owner, grant.ttl),
         )
         if isinstance(theirs.value, float):
             self._seen["renewed"] += 1
-            self.time.live(name, epoch, grant.ttl, span, theirs.value)
+            self.time.live(grant.resource, epoch, grant.ttl, span, theirs.value)
         else:
             self._seen["renew-rejected"] += 1
 
     @precondition(lambda self: self._grants)
     @rule(recent=RECENT, variant=VARIANTS, client=CLIENTS)
     def release(self, recent: int, variant: str, client: int) -> None:
-        grant = self._grant(recent)
-        epoch, owner = self._as(grant, variant)
-        name = grant.resource
-        _, theirs, _ = self._both(
-            f"release({name}, {epoch}, {variant})",
-            (name,),
-            lambda: self.model.release(name, epoch, owner),
-            lambda: self.clients[client].release(name, epoch, owner),
+        grant, _, theirs, _ = self._as_holder(
+            "release",
+            recent,
+            variant,
+            client,
+            lambda side, grant, epoch, owner: side.release(grant.resource, epoch, owner),
         )
         if theirs.value is True:
             self._seen["released"] += 1
-            self.time.gone(name)
+            self.time.gone(grant.resource)
         else:
             self._seen["release-refused"] += 1
 
@@ -549,14 +569,13 @@ class Lockstep(RuleBasedStateMachine):
         client=CLIENTS,
     )
     def proclaim(self, recent: int, variant: str, value: str, client: int) -> None:
-        grant = self._grant(recent)
-        epoch, owner = self._as(grant, variant)
-        name = grant.resource
-        _, theirs, _ = self._both(
-            f"proclaim({name}, {epoch}, {variant}, {value!r})",
-            (name,),
-            lambda: self.model.proclaim(name, epoch, owner, value),
-            lambda: self.clients[client].proclaim(name, epoch, owner, value),
+        _, _, theirs, _ = self._as_holder(
+            "proclaim",
+            recent,
+            variant,
+            client,
+            lambda side, grant, epoch, owner: side.proclaim(grant.resource, epoch, owner, value),
+            value,
         )
         self._seen["proclaimed" if theirs.error is None else "proclaim-rejected"] += 1
 

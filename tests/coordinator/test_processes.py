@@ -15,12 +15,10 @@ whose wall clocks disagree by a day.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 import pytest
 
 import fenced
+from support.worker_processes import WorkerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -37,50 +36,13 @@ R = "jobs/nightly"
 STARTUP = 20.0  # seconds a worker may take to start on a loaded 2-core machine
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    # A killed worker may leave a partial last line; the complete ones are all there is.
-    return [json.loads(line) for line in lines if line.endswith("}")]
-
-
-class Worker:
-    """One worker process and its event file."""
+class Worker(WorkerProcess):
+    """One worker process of ``workers.py`` on ``R``, its event file and its ready file."""
 
     def __init__(self, tmp: Path, name: str, mode: str, url: str, *options: str) -> None:
-        self.name = name
-        self.out = tmp / f"{name}.events"
         self.ready = tmp / f"{name}.ready"
-        self.log = tmp / f"{name}.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(WORKERS),
-                    mode,
-                    "--url",
-                    url,
-                    "--resource",
-                    R,
-                    "--out",
-                    str(self.out),
-                    "--ready",
-                    str(self.ready),
-                    "--holder",
-                    name,
-                    *options,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        return [e for e in read_events(self.out) if kind is None or e["event"] == kind]
+        options = ("--resource", R, "--ready", str(self.ready), *options)
+        super().__init__(WORKERS, tmp, name, mode, url, *options)
 
     def wait_event(
         self, kind: str, timeout: float, after: float = 0.0, *, describe: str = ""
@@ -118,16 +80,6 @@ class Worker:
         log = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
         return f"events={self.events()[-10:]!r} log={log!r}"
 
-    def stop(self) -> None:
-        """Make sure the process is gone (resumed first if it was paused) and reaped."""
-        if self.proc.poll() is None:
-            for signum in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    self.signal(signum)
-                except ProcessLookupError:
-                    break
-        self.proc.wait(10)
-
 
 Spawn = Callable[..., Worker]
 
@@ -154,7 +106,7 @@ def spawn(tmp_path: Path, url: str) -> Iterator[Spawn]:
 
     yield start
     for worker in started:
-        worker.stop()
+        worker.kill()
 
 
 def wait_ready(workers: list[Worker]) -> None:

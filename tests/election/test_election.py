@@ -24,7 +24,6 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,14 +39,15 @@ from fenced.coordinator.backends.memory._backend import MemoryBackend
 from fenced.core._clock import ManualClock
 from fenced.core._records import Record, RecordKind
 from fenced.election import LeaderChange, Observer, TermTracker
+from fenced.testing._threads import ResultThread
 from fenced.testing.faults import FaultyBackend
+from support.cli_processes import DEADLINE, FENCED, Start, fenced_cmd, wait_for
+from support.worker_processes import WorkerProcess
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WORKERS = HERE / "election_workers.py"
-FENCED = [sys.executable, "-m", "fenced"]
 NAME = "scheduler/leader"
-DEADLINE = 20.0  # seconds any awaited condition may take on a loaded 2-core machine
 
 SHARED_BACKENDS = ["sqlite", "postgresql", "etcd"]  # the servers: support/*_fixtures.py
 ALL_BACKENDS = ["memory", *SHARED_BACKENDS]
@@ -112,14 +112,6 @@ def store(tmp_path: Path) -> Iterator[fenced.Store]:
     opened.close()
 
 
-def wait_for(condition: Callable[[], object], what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-
-
 def changes_of(observer: Observer, count: int, timeout: float = DEADLINE) -> list[LeaderChange]:
     got: list[LeaderChange] = []
     deadline = time.monotonic() + timeout
@@ -133,22 +125,6 @@ def changes_of(observer: Observer, count: int, timeout: float = DEADLINE) -> lis
 
 def summary(changes: list[LeaderChange]) -> list[tuple[str, int, str | None]]:
     return [(c.kind.value, c.term, c.reason) for c in changes]
-
-
-class _Thread(threading.Thread):
-    """A thread that keeps its target's result or exception."""
-
-    def __init__(self, target: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self._fn = target
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as error:
-            self.error = error
 
 
 # -- in-process, on every backend ----------------------------------------------------------
@@ -195,12 +171,12 @@ def test_a_candidate_that_gives_up_leaves_the_queue(
     patient = Coordinator(in_line[1])
     try:
         with first.campaign(NAME, "first", ttl=TTL[backend] * 5) as leader:
-            gave_up = _Thread(
+            gave_up = ResultThread(
                 lambda: quitter.campaign(NAME, "quitter", ttl=5, wait=0.5).__enter__()
             )
             gave_up.start()
             wait_for(queued(in_line[0]), "the quitter to queue")
-            waiting = _Thread(lambda: patient.campaign(NAME, "patient", ttl=5).__enter__())
+            waiting = ResultThread(lambda: patient.campaign(NAME, "patient", ttl=5).__enter__())
             waiting.start()
             wait_for(queued(in_line[1]), "the patient candidate to queue")
             assert gave_up.is_alive(), gave_up.error  # in line ahead of it until the clock moves
@@ -472,60 +448,17 @@ def test_term_tracker_is_idempotent_by_term_when_a_history_is_read_again() -> No
 # -- real processes ------------------------------------------------------------------------
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    # A killed process may leave a partial last line; the complete ones are all there is.
-    return [json.loads(line) for line in lines if line.endswith("}")]
+class Proc(WorkerProcess):
+    """One worker process (``tests/election/election_workers.py``) for ``NAME``, its event file,
+    and its control files in ``tmp``."""
 
-
-class Proc:
-    """One worker process (``tests/election/election_workers.py``) and its event file."""
-
-    def __init__(self, tmp: Path, label: str, mode: str, url: str, *options: str) -> None:
-        self.label = label
-        self.out = tmp / f"{label}.events"
-        self.log = tmp / f"{label}.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(WORKERS),
-                    mode,
-                    "--url",
-                    url,
-                    "--name",
-                    NAME,
-                    "--out",
-                    str(self.out),
-                    "--holder",
-                    label,
-                    "--control",
-                    str(tmp),
-                    *options,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        found = read_events(self.out)
-        return found if kind is None else [e for e in found if e["event"] == kind]
+    def __init__(self, tmp: Path, name: str, mode: str, url: str, *options: str) -> None:
+        options = ("--name", NAME, "--control", str(tmp), *options)
+        super().__init__(WORKERS, tmp, name, mode, url, *options)
 
     def first(self, kind: str) -> dict[str, Any] | None:
         found = self.events(kind)
         return found[0] if found else None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.send_signal(signal.SIGCONT)  # a stopped process dies only once continued
-        self.proc.wait()
 
 
 @pytest.fixture
@@ -604,14 +537,14 @@ def test_five_candidate_processes_kill_pause_proclaim_resign(
         assert second.first("stale-write")["answer"] == "StaleToken"  # type: ignore[index]
 
         # 3. proclaim: a new value, same term
-        (tmp_path / f"{third.label}.proclaim").write_text("10.0.0.99:80")
+        (tmp_path / f"{third.name}.proclaim").write_text("10.0.0.99:80")
         wait_for(lambda: third.first("proclaimed"), "the proclamation")
         with fenced.connect(shared_url) as coord:
             info = coord.leader(NAME)
         assert info is not None and (info.term, info.value) == (elected3["term"], "10.0.0.99:80")
 
         # 4. resign: the next candidate in the queue is elected promptly
-        (tmp_path / f"{third.label}.resign").touch()
+        (tmp_path / f"{third.name}.resign").touch()
         fourth, elected4 = leader_of(elected3["term"])
         resigning = third.first("resigning")
         assert resigning is not None
@@ -621,21 +554,21 @@ def test_five_candidate_processes_kill_pause_proclaim_resign(
 
     terms = [elected1["term"], elected2["term"], elected3["term"], elected4["term"]]
     assert terms == sorted(set(terms)), f"terms must strictly increase: {terms}"
-    assert len({first.label, second.label, third.label, fourth.label}) == 4
+    assert len({first.name, second.name, third.name, fourth.name}) == 4
 
     # 5. observers in other processes saw every term, once, in order; the proclamation too
     def saw_last_term(observer: Proc) -> Callable[[], bool]:
         return lambda: any(c["term"] == terms[-1] for c in observer.events("change"))
 
     for o in observers:
-        wait_for(saw_last_term(o), f"{o.label} to see term {terms[-1]}")
+        wait_for(saw_last_term(o), f"{o.name} to see term {terms[-1]}")
         changes = o.events("change")
         elected = [(c["term"], c["holder"]) for c in changes if c["kind"] == "elected"]
         assert elected == [
-            (terms[0], first.label),
-            (terms[1], second.label),
-            (terms[2], third.label),
-            (terms[3], fourth.label),
+            (terms[0], first.name),
+            (terms[1], second.name),
+            (terms[2], third.name),
+            (terms[3], fourth.name),
         ]
         proclaimed = [(c["term"], c["value"]) for c in changes if c["kind"] == "proclaimed"]
         assert proclaimed == [(terms[2], "10.0.0.99:80")]
@@ -673,12 +606,6 @@ def test_resign_hands_over_to_the_next_candidate_promptly(
 # -- the command line ----------------------------------------------------------------------
 
 
-def fenced_cmd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*FENCED, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
 def _waiting(url: str) -> list[str]:
     """The holders queued for NAME in an embedded coordinator (``sqlite:////abs/path``)."""
     conn = sqlite3.connect(f"file:{url.removeprefix('sqlite:///')}?mode=ro", uri=True)
@@ -690,7 +617,7 @@ def _waiting(url: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_fenced_elect_and_fenced_leader(tmp_path: Path) -> None:
+def test_fenced_elect_and_fenced_leader(tmp_path: Path, start_fenced: Start) -> None:
     url = f"sqlite:///{tmp_path / 'coordinator.db'}"
     go = tmp_path / "go"
     child = (
@@ -704,93 +631,78 @@ def test_fenced_elect_and_fenced_leader(tmp_path: Path) -> None:
         "    time.sleep(0.01)\n"
         "sys.exit(int(sys.argv[3]))\n"
     )
-    started: list[subprocess.Popen[str]] = []
+    assert fenced_cmd("leader", NAME, "--url", url).returncode == 2  # reads create nothing
+    fenced.connect(url).close()
+    assert fenced_cmd("leader", NAME, "--url", url).returncode == 1
+    watch = start_fenced("leader", NAME, "--watch", "--json", "--url", url)
+    first = start_fenced(
+        "elect",
+        NAME,
+        "--value",
+        "a:1",
+        "--ttl",
+        "5",
+        "--url",
+        url,
+        "--holder",
+        "A",
+        "--",
+        sys.executable,
+        "-c",
+        child,
+        str(tmp_path / "a.out"),
+        str(go),
+        "7",
+    )
+    wait_for((tmp_path / "a.out").exists, "the first child")
+    token, epoch = (tmp_path / "a.out").read_text().split()
+    assert fenced.FencingToken.parse(token).epoch == int(epoch) == 1
+    shown = fenced_cmd("leader", NAME, "--json", "--url", url)
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["format"] == 1
+    assert document["leader"]["holder"] == "A" and document["leader"]["value"] == "a:1"
+    assert document["leader"]["term"] == 1 and 0 < document["leader"]["expires_in"] <= 5
+    human = fenced_cmd("leader", NAME, "--url", url)
+    assert "term 1" in human.stdout and "holder A" in human.stdout and "a:1" in human.stdout
 
-    def spawn(*args: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [*FENCED, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        started.append(proc)
-        return proc
+    second = start_fenced(
+        "elect",
+        NAME,
+        "--value",
+        "b:2",
+        "--ttl",
+        "5",
+        "--url",
+        url,
+        "--holder",
+        "B",
+        "--",
+        sys.executable,
+        "-c",
+        child,
+        str(tmp_path / "b.out"),
+        str(go),
+        "0",
+    )
+    wait_for(lambda: _waiting(url) == ["B"], "B to queue behind A")
+    assert not (tmp_path / "b.out").exists()  # B waits: its command runs only once it leads
+    go.touch()  # both children exit once started: the first with 7, then the second with 0
+    assert first.wait(DEADLINE) == 7  # the child's own status
+    assert second.wait(DEADLINE) == 0
+    assert (tmp_path / "b.out").read_text().split()[1] == "2"
 
-    try:
-        assert fenced_cmd("leader", NAME, "--url", url).returncode == 2  # reads create nothing
-        fenced.connect(url).close()
-        assert fenced_cmd("leader", NAME, "--url", url).returncode == 1
-        watch = spawn("leader", NAME, "--watch", "--json", "--url", url)
-        first = spawn(
-            "elect",
-            NAME,
-            "--value",
-            "a:1",
-            "--ttl",
-            "5",
-            "--url",
-            url,
-            "--holder",
-            "A",
-            "--",
-            sys.executable,
-            "-c",
-            child,
-            str(tmp_path / "a.out"),
-            str(go),
-            "7",
-        )
-        wait_for((tmp_path / "a.out").exists, "the first child")
-        token, epoch = (tmp_path / "a.out").read_text().split()
-        assert fenced.FencingToken.parse(token).epoch == int(epoch) == 1
-        shown = fenced_cmd("leader", NAME, "--json", "--url", url)
-        assert shown.returncode == 0, shown.stderr
-        document = json.loads(shown.stdout)
-        assert document["format"] == 1
-        assert document["leader"]["holder"] == "A" and document["leader"]["value"] == "a:1"
-        assert document["leader"]["term"] == 1 and 0 < document["leader"]["expires_in"] <= 5
-        human = fenced_cmd("leader", NAME, "--url", url)
-        assert "term 1" in human.stdout and "holder A" in human.stdout and "a:1" in human.stdout
-
-        second = spawn(
-            "elect",
-            NAME,
-            "--value",
-            "b:2",
-            "--ttl",
-            "5",
-            "--url",
-            url,
-            "--holder",
-            "B",
-            "--",
-            sys.executable,
-            "-c",
-            child,
-            str(tmp_path / "b.out"),
-            str(go),
-            "0",
-        )
-        wait_for(lambda: _waiting(url) == ["B"], "B to queue behind A")
-        assert not (tmp_path / "b.out").exists()  # B waits: its command runs only once it leads
-        go.touch()  # both children exit once started: the first with 7, then the second with 0
-        assert first.wait(DEADLINE) == 7  # the child's own status
-        assert second.wait(DEADLINE) == 0
-        assert (tmp_path / "b.out").read_text().split()[1] == "2"
-
-        lines: list[dict[str, Any]] = []
-        assert watch.stdout is not None
-        while len(lines) < 4:
-            lines.append(json.loads(watch.stdout.readline()))
-        assert [(line["kind"], line["term"], line["holder"]) for line in lines] == [
-            ("elected", 1, "A"),
-            ("ended", 1, "A"),
-            ("elected", 2, "B"),
-            ("ended", 2, "B"),
-        ]
-        assert all(line["format"] == 1 and line["name"] == NAME for line in lines)
-    finally:
-        for proc in started:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate()
+    lines: list[dict[str, Any]] = []
+    assert watch.stdout is not None
+    while len(lines) < 4:
+        lines.append(json.loads(watch.stdout.readline()))
+    assert [(line["kind"], line["term"], line["holder"]) for line in lines] == [
+        ("elected", 1, "A"),
+        ("ended", 1, "A"),
+        ("elected", 2, "B"),
+        ("ended", 2, "B"),
+    ]
+    assert all(line["format"] == 1 and line["name"] == NAME for line in lines)
 
 
 @pytest.mark.slow

@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from test_election import DEADLINE, NAME, SHARED_BACKENDS, TTL, Proc, _url_for, wait_for
+from test_election import NAME, SHARED_BACKENDS, TTL, Proc, _url_for
 
 import fenced
 from fenced.coordinator._client import Coordinator
 from fenced.coordinator._connect import open_backend
 from fenced.testing.faults import FaultyBackend
+from support.cli_processes import DEADLINE, wait_for
 
 
 def coordinator_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
@@ -324,7 +325,7 @@ def test_elector_processes_through_kill_pause_and_stop(
         def answers() -> list[str]:
             return [w["answer"] for w in leader.events("wrote") if w["term"] == new_term]
 
-        wait_for(answers, f"{leader.label}'s write")
+        wait_for(answers, f"{leader.name}'s write")
         assert answers() == ["accepted"]  # the new term's writes are accepted
         return found[0]
 
@@ -332,7 +333,7 @@ def test_elector_processes_through_kill_pause_and_stop(
         def seen() -> bool:
             return any(e["term"] == term for e in proc.events("new-leader"))
 
-        wait_for(seen, f"{proc.label}'s on_new_leader of term {term}")
+        wait_for(seen, f"{proc.name}'s on_new_leader of term {term}")
 
     def token(proc: Proc, term: int) -> fenced.FencingToken:
         (started,) = [e for e in proc.events("started") if e["term"] == term]
@@ -362,8 +363,8 @@ def test_elector_processes_through_kill_pause_and_stop(
         # 3. stop() of the leader: on_stopped once, then stop() returns; the handover is a
         #    release, and the resumed old leader, campaigning again, is elected
         saw(third, term3)  # before it stops observing
-        (tmp_path / f"{third.label}.stop").touch()
-        wait_for(lambda: third.first("run-returned"), f"{third.label}'s run() to return")
+        (tmp_path / f"{third.name}.stop").touch()
+        wait_for(lambda: third.first("run-returned"), f"{third.name}'s run() to return")
         stopped = third.events("stopped")
         assert [(e["term"], e["lost"]) for e in stopped] == [(term3, False)]
         assert third.first("stop-returned")["stopped"] is True  # type: ignore[index]
@@ -372,8 +373,8 @@ def test_elector_processes_through_kill_pause_and_stop(
         assert fourth is second  # it campaigned again after its lost term
 
         saw(second, term4)
-        (tmp_path / f"{second.label}.stop").touch()
-        wait_for(lambda: second.first("run-returned"), f"{second.label}'s run() to return")
+        (tmp_path / f"{second.name}.stop").touch()
+        wait_for(lambda: second.first("run-returned"), f"{second.name}'s run() to return")
 
         terms = [term1, term2, term3, term4]
         assert terms == sorted(set(terms))
@@ -396,8 +397,8 @@ def test_elector_processes_through_kill_pause_and_stop(
 
     # on_new_leader saw every leader once, in order, in every process that lived through them
     # (the third stopped observing when its run() returned: term 4 may have come before that)
-    leaders = [(term1, first.label), (term2, second.label), (term3, third.label)]
-    leaders.append((term4, second.label))
+    leaders = [(term1, first.name), (term2, second.name), (term3, third.name)]
+    leaders.append((term4, second.name))
 
     def new_leaders(proc: Proc) -> list[tuple[int, str]]:
         return [(e["term"], e["holder"]) for e in proc.events("new-leader")]

@@ -25,6 +25,7 @@ import fenced.fence
 from fenced.core._errors import IdempotencyConflict, StaleToken, Unavailable
 from fenced.core._token import FencingToken
 from fenced.fence import Store, open_store
+from fenced.testing.conformance import wait_for
 from fenced.testing.store_conformance import R, store_location, token
 
 SRC = str(Path(fenced.fence.__file__).resolve().parents[2])
@@ -121,14 +122,6 @@ WORKERS: dict[str, Callable[..., None]] = {
 def spawn(*args: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, __file__, *args], env=env)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def lines(path: Path) -> list[dict[str, object]]:

@@ -1,5 +1,6 @@
 """The ``sqlite3`` plumbing of every SQLite component (the embedded coordinator, the SQLite store
-and its guard): waiting for another process's write lock, and translating driver errors.
+and its guard): waiting for another process's write lock, ending a transaction, and translating
+driver errors.
 
 SQLite's own busy handler sleeps 1-100 ms between attempts, and some steps bypass it altogether
 (switching a new database file to WAL answers ``SQLITE_BUSY`` at once while another process opens
@@ -7,10 +8,15 @@ the same file). :func:`retrying` waits in short sleeps instead.
 
 :func:`translate` is the one mapping of a ``sqlite3.Error`` to the fenced error a caller can act
 on; the caller raises it ``from`` the driver's error, so the cause stays attached.
+
+:func:`commit` and :func:`rollback` end a transaction: a failed ``COMMIT`` is rolled back before
+its error goes on, and a rollback never raises (SQLite rolls a transaction back anyway on error
+or close).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections.abc import Callable
@@ -18,7 +24,7 @@ from typing import Any, TypeVar
 
 from fenced.core._errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 
-__all__ = ["error_code", "is_busy", "retrying", "translate"]
+__all__ = ["commit", "error_code", "is_busy", "retrying", "rollback", "translate"]
 
 T = TypeVar("T")
 _FIRST_PAUSE = 50e-6
@@ -59,6 +65,25 @@ def retrying(step: Callable[..., T], *args: Any, timeout: float) -> T:
             if not is_busy(error) or time.monotonic() >= deadline:
                 raise
         pause = min(pause * 2, _MAX_PAUSE)
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the transaction of ``conn``, if one is open; never raises."""
+    if conn.in_transaction:
+        # if ROLLBACK fails the transaction is gone anyway: SQLite rolls back on error or close
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def commit(conn: sqlite3.Connection) -> None:
+    """``COMMIT`` the transaction of ``conn``. If that fails, the transaction is rolled back
+    and the driver's error propagates, for the caller to translate as a commit's (the change
+    may or may not have reached the database, unless it was busy)."""
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error:
+        rollback(conn)
+        raise
 
 
 def translate(

@@ -25,22 +25,15 @@ import sys
 import click
 
 from fenced.cli._app import OneLineUsageCommand, cli, url_option
-from fenced.cli._exitcodes import LEASE_LOST, NOT_FOUND
-from fenced.cli._run_cmd import (
-    DEFAULT_TTL,
-    check_store_urls,
-    open_fence_stores,
-    parse_seconds,
-    report_loss,
-)
-from fenced.coordinator._connect import absolute_url, connect, resolve_url
-from fenced.core._errors import ConfigurationError
+from fenced.cli._checks import check_command, check_supervision, supervision_options
+from fenced.cli._exitcodes import NOT_FOUND
+from fenced.cli._run_cmd import exit_as_command, exit_start_failed, open_fence_stores
+from fenced.coordinator._connect import connect, resolve_url
 from fenced.core._names import validate_resource
-from fenced.core._policy import validate_holder, validate_ttl, validate_wait
 from fenced.election import LeaderChange, LeaderChangeKind, LeaderInfo
 from fenced.election._campaign import validate_value
 from fenced.election._run import run_command_as_leader
-from fenced.runtime._child import DEFAULT_GRACE, StartFailed, validate_grace
+from fenced.runtime._child import StartFailed
 
 __all__ = ["JSON_FORMAT", "elect_command", "leader_command"]
 
@@ -61,34 +54,11 @@ JSON_FORMAT = 1
     metavar="VALUE",
     help="The value this candidate advertises while it leads (an address, a URL...).",
 )
-@click.option(
-    "--ttl",
-    default=f"{DEFAULT_TTL:g}",
-    show_default=True,
-    metavar="SECONDS",
-    help="Term lifetime; renewed every ttl/3 while the command runs.",
-)
-@click.option(
-    "--wait",
-    default="forever",
-    show_default=True,
-    metavar="SECONDS|forever",
-    help="How long to wait to be elected. Not elected in time: exit 75.",
-)
-@click.option("--holder", metavar="LABEL", help="Holder label shown by leader [default: host:pid].")
-@click.option(
-    "--grace",
-    default=f"{DEFAULT_GRACE:g}",
-    show_default=True,
-    metavar="SECONDS",
-    help="After a loss: seconds between SIGTERM and SIGKILL.",
-)
-@click.option(
-    "--fence",
-    "fence_urls",
-    multiple=True,
-    metavar="STORE_URL",
-    help="Install the new term at this store before the command starts (repeatable).",
+@supervision_options(
+    ttl_help="Term lifetime; renewed every ttl/3 while the command runs.",
+    wait_help="How long to wait to be elected. Not elected in time: exit 75.",
+    holder_help="Holder label shown by leader [default: host:pid].",
+    fence_help="Install the new term at this store before the command starts (repeatable).",
 )
 @url_option()
 @click.pass_context
@@ -116,43 +86,36 @@ def elect_command(
     (it got SIGTERM, then SIGKILL after --grace); 2 bad input; 3 a --fence store refused
     the term; 126/127 the command could not be executed / was not found.
     """
-    election = validate_resource(name)
-    if not command:
-        raise ConfigurationError(
-            "missing command (usage: fenced elect NAME --value VALUE [OPTIONS] -- CMD [ARGS]...)"
-        )
+    election = check_command(
+        name, command, "fenced elect NAME --value VALUE [OPTIONS] -- CMD [ARGS]..."
+    )
     advertised = validate_value(value)
-    ttl_value = validate_ttl(parse_seconds("--ttl", ttl))
-    wait_value = validate_wait(parse_seconds("--wait", wait, forever=True))
-    grace_value = validate_grace(parse_seconds("--grace", grace))
-    label = None if holder is None else validate_holder(holder)
-    coordinator_url = absolute_url(resolve_url(url))  # checked before anything is created
-    check_store_urls(fence_urls)
+    checked = check_supervision(
+        ttl=ttl, wait=wait, grace=grace, holder=holder, url=url, fence_urls=fence_urls
+    )
     terms: list[int] = []
     with contextlib.ExitStack() as stack:
-        stores = open_fence_stores(fence_urls, stack)  # before the coordinator, as fenced run
-        coord = stack.enter_context(connect(coordinator_url))
+        stores = open_fence_stores(
+            checked.fence_urls, stack
+        )  # before the coordinator, as fenced run
+        coord = stack.enter_context(connect(checked.url))
         try:
             result = run_command_as_leader(
                 coord,
                 election,
                 command,
                 value=advertised,
-                ttl=ttl_value,
-                wait=wait_value,
-                grace=grace_value,
+                ttl=checked.ttl,
+                wait=checked.wait,
+                grace=checked.grace,
                 fence=stores,
-                holder=label,
+                holder=checked.holder,
                 on_elected=lambda leadership: terms.append(leadership.term),
-                url=coordinator_url,  # absolute, password kept: the command connects with it
+                url=checked.url,  # absolute, password kept: the command connects with it
             )
         except StartFailed as error:
-            click.echo(f"fenced: {error}", err=True)
-            ctx.exit(error.exit_status)
-    if result.lost is not None:
-        report_loss(f"leadership of {election} (term {terms[0] if terms else 0})", result)
-        ctx.exit(LEASE_LOST)
-    ctx.exit(result.exit_status)
+            exit_start_failed(ctx, error)
+    exit_as_command(ctx, result, f"leadership of {election} (term {terms[0] if terms else 0})")
 
 
 def _shown(value: str | None) -> str:

@@ -7,76 +7,31 @@ after a death by signal N) when the lease was held throughout; 75 when the lease
 within ``--wait``; 76 when it was lost while the command ran; 2 for bad input; 3 when a ``--fence``
 store refused the new epoch; 126/127 when the command cannot be started or is not found.
 
-Also home of :func:`parse_seconds`, shared by the commands of this package.
+Its options and their checks are shared with ``fenced elect`` (:mod:`fenced.cli._checks`), as
+are :func:`open_fence_stores`, :func:`exit_start_failed` and :func:`exit_as_command`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
+from typing import NoReturn
 
 import click
 
 from fenced.cli._app import OneLineUsageCommand, cli, url_option
-from fenced.cli._exitcodes import LEASE_LOST
-from fenced.coordinator._connect import absolute_url, connect, resolve_url
-from fenced.core._errors import ConfigurationError, LeaseLost
-from fenced.core._names import validate_resource
-from fenced.core._policy import validate_holder, validate_ttl, validate_wait
-from fenced.runtime._child import (
-    DEFAULT_GRACE,
-    ChildResult,
-    ChildSupervisor,
-    StartFailed,
-    validate_grace,
+from fenced.cli._checks import (
+    check_command,
+    check_store_urls,
+    check_supervision,
+    supervision_options,
 )
+from fenced.cli._exitcodes import LEASE_LOST
+from fenced.coordinator._connect import connect
+from fenced.core._errors import LeaseLost
+from fenced.runtime._child import ChildResult, ChildSupervisor, StartFailed
 from fenced.runtime._hold import Fenceable
 
-__all__ = [
-    "DEFAULT_TTL",
-    "check_store_urls",
-    "open_fence_stores",
-    "parse_seconds",
-    "report_loss",
-    "run_command",
-]
-
-DEFAULT_TTL = 30.0
-"""Default ``--ttl`` of ``fenced run`` in seconds."""
-
-_FOREVER = ("forever", "inf", "infinity", "none")
-
-
-def parse_seconds(option: str, text: str, *, forever: bool = False) -> float | None:
-    """Parse a number of seconds given on the command line; None for "forever" if allowed.
-
-    Raises :class:`ConfigurationError` naming ``option`` for anything else (a one-line message).
-    """
-    cleaned = text.strip().lower()
-    if forever and cleaned in _FOREVER:
-        return None
-    try:
-        value = float(cleaned)
-    except ValueError:
-        hint = " or 'forever'" if forever else ""
-        raise ConfigurationError(
-            f"{option} must be a number of seconds{hint}, got {text!r}"
-        ) from None
-    if forever and value == math.inf:
-        return None
-    if not math.isfinite(value):
-        raise ConfigurationError(f"{option} must be a finite number of seconds, got {text!r}")
-    return value
-
-
-def check_store_urls(urls: tuple[str, ...]) -> None:
-    """Refuse a malformed ``--fence`` URL before anything is opened or created (ConfigurationError;
-    reads at most file headers)."""
-    if urls:
-        from fenced.fence._registry import check_url  # noqa: PLC0415 - only needed with --fence
-
-        for url in urls:
-            check_url(url)
+__all__ = ["exit_as_command", "exit_start_failed", "open_fence_stores", "run_command"]
 
 
 def open_fence_stores(urls: tuple[str, ...], stack: contextlib.ExitStack) -> list[Fenceable]:
@@ -95,8 +50,23 @@ def open_fence_stores(urls: tuple[str, ...], stack: contextlib.ExitStack) -> lis
     return stores
 
 
-def report_loss(what: str, result: ChildResult) -> None:
-    """Say in one line that ``what`` (e.g. "lease on R (epoch 7)") was lost while the child ran."""
+def exit_start_failed(ctx: click.Context, error: StartFailed) -> NoReturn:
+    """Say why the command could not be started; exit with 126 or 127."""
+    click.echo(f"fenced: {error}", err=True)
+    ctx.exit(error.exit_status)
+
+
+def exit_as_command(ctx: click.Context, result: ChildResult, what: str) -> NoReturn:
+    """Exit with the command's status; or, if ``what`` (e.g. "lease on R (epoch 7)") was lost
+    before its exit was seen, say so and exit with :data:`LEASE_LOST`."""
+    if result.lost is not None:
+        _report_loss(what, result)
+        ctx.exit(LEASE_LOST)
+    ctx.exit(result.exit_status)
+
+
+def _report_loss(what: str, result: ChildResult) -> None:
+    """Say in one line that ``what`` was lost while the child ran."""
     assert result.lost is not None
     why = f"({result.lost.reason.value}: {result.lost.detail})"
     sent = " and ".join(sig.name for sig in result.signalled)
@@ -120,34 +90,11 @@ def report_loss(what: str, result: ChildResult) -> None:
 )
 @click.argument("resource")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARG]...")
-@click.option(
-    "--ttl",
-    default=f"{DEFAULT_TTL:g}",
-    show_default=True,
-    metavar="SECONDS",
-    help="Lease lifetime; renewed every ttl/3 while the command runs.",
-)
-@click.option(
-    "--wait",
-    default="forever",
-    show_default=True,
-    metavar="SECONDS|forever",
-    help="How long to wait for the lease; 0 tries once. Not acquired in time: exit 75.",
-)
-@click.option("--holder", metavar="LABEL", help="Holder label shown by status [default: host:pid].")
-@click.option(
-    "--grace",
-    default=f"{DEFAULT_GRACE:g}",
-    show_default=True,
-    metavar="SECONDS",
-    help="After a loss: seconds between SIGTERM and SIGKILL.",
-)
-@click.option(
-    "--fence",
-    "fence_urls",
-    multiple=True,
-    metavar="STORE_URL",
-    help="Install the new epoch at this store before the command starts (repeatable).",
+@supervision_options(
+    ttl_help="Lease lifetime; renewed every ttl/3 while the command runs.",
+    wait_help="How long to wait for the lease; 0 tries once. Not acquired in time: exit 75.",
+    holder_help="Holder label shown by status [default: host:pid].",
+    fence_help="Install the new epoch at this store before the command starts (repeatable).",
 )
 @url_option()
 @click.pass_context
@@ -175,41 +122,32 @@ def run_command(
     the epoch; 126/127 the command could not be executed / was not found.
     """
     # everything is validated before any I/O
-    name = validate_resource(resource)
-    if not command:
-        raise ConfigurationError(
-            "missing command (usage: fenced run RESOURCE [OPTIONS] -- CMD [ARGS]...)"
-        )
-    ttl_value = validate_ttl(parse_seconds("--ttl", ttl))
-    wait_value = validate_wait(parse_seconds("--wait", wait, forever=True))
-    grace_value = validate_grace(parse_seconds("--grace", grace))
-    label = None if holder is None else validate_holder(holder)
-    # absolute: the command's FENCED_URL names this coordinator wherever the command cds to
-    coordinator_url = absolute_url(resolve_url(url))
-    check_store_urls(fence_urls)
-    supervisor = ChildSupervisor(command, grace=grace_value, url=coordinator_url)
+    name = check_command(resource, command, "fenced run RESOURCE [OPTIONS] -- CMD [ARGS]...")
+    checked = check_supervision(
+        ttl=ttl, wait=wait, grace=grace, holder=holder, url=url, fence_urls=fence_urls
+    )
+    supervisor = ChildSupervisor(command, grace=checked.grace, url=checked.url)
     try:
         supervisor.check_command()
     except StartFailed as error:
         supervisor.close()
-        click.echo(f"fenced: {error}", err=True)
-        ctx.exit(error.exit_status)
+        exit_start_failed(ctx, error)
 
     result: ChildResult | None = None
     epoch = 0
     with contextlib.ExitStack() as stack:
         stack.callback(supervisor.close)
         # the stores first: one that cannot be opened leaves no coordinator created for nothing
-        stores = open_fence_stores(fence_urls, stack)
-        coord = stack.enter_context(connect(coordinator_url))
+        stores = open_fence_stores(checked.fence_urls, stack)
+        coord = stack.enter_context(connect(checked.url))
         try:
             with coord.hold(
                 name,
-                ttl_value,
-                wait=wait_value,
+                checked.ttl,
+                wait=checked.wait,
                 fence=stores,
                 on_lost=supervisor.on_lost,
-                holder=label,
+                holder=checked.holder,
             ) as held:
                 epoch = held.epoch
                 result = supervisor.run(held)
@@ -219,10 +157,6 @@ def run_command(
             # else: noticed when releasing, after the command's exit; result.lost says whether
             # that was while the command ran
         except StartFailed as error:
-            click.echo(f"fenced: {error}", err=True)
-            ctx.exit(error.exit_status)
+            exit_start_failed(ctx, error)
     assert result is not None
-    if result.lost is not None:
-        report_loss(f"lease on {name} (epoch {epoch})", result)
-        ctx.exit(LEASE_LOST)
-    ctx.exit(result.exit_status)
+    exit_as_command(ctx, result, f"lease on {name} (epoch {epoch})")

@@ -25,8 +25,8 @@ from typing import IO, Any, NoReturn, TypeVar, cast
 import click
 
 from fenced.cli._app import ENVIRONMENT, OneLineUsageCommand, cli
+from fenced.cli._checks import parse_seconds
 from fenced.cli._exitcodes import NOT_FOUND
-from fenced.cli._run_cmd import parse_seconds
 from fenced.core._errors import ConfigurationError
 from fenced.core._token import FencingToken
 from fenced.fence import Store, open_store

@@ -25,7 +25,7 @@ from rich.table import Table
 
 import fenced.verify
 from fenced.cli._app import OneLineUsageCommand, cli
-from fenced.cli._run_cmd import parse_seconds
+from fenced.cli._checks import parse_seconds
 from fenced.core._errors import ConfigurationError
 from fenced.verify._cases import CASES
 from fenced.verify._mutants import (

@@ -16,7 +16,6 @@ import os
 import secrets
 import socket
 from collections.abc import Iterable
-from types import TracebackType
 
 from fenced.coordinator.backend import (
     CAP_REQUEST_ID,
@@ -27,6 +26,7 @@ from fenced.coordinator.backend import (
     Ticket,
 )
 from fenced.core._clock import Clock, SystemClock
+from fenced.core._closing import Closing
 from fenced.core._errors import Busy, ConfigurationError, LeaseLost, LossReason
 from fenced.core._lease import Lease, LeaseInfo
 from fenced.core._names import validate_resource
@@ -106,7 +106,7 @@ def _validate_request_id(request_id: object) -> str | None:
     return request_id
 
 
-class Coordinator:
+class Coordinator(Closing):
     """Grants leases with fencing tokens on named resources. Thread-safe.
 
     Create with :func:`fenced.connect`. Use as a context manager or call :meth:`close`.
@@ -460,17 +460,6 @@ class Coordinator:
         """
         self._reports.close(REPORT_DRAIN)
         self._backend.close()
-
-    def __enter__(self) -> Coordinator:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<Coordinator {self.url}>"

@@ -50,9 +50,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Protocol, TypeVar
 
+from fenced.core._closing import Closing
 from fenced.core._errors import OutcomeUnknown, Unavailable
 from fenced.core._lease import LeaseInfo
 from fenced.core._records import Record, RecordKind
@@ -284,7 +284,7 @@ class Watcher(Protocol):
     def watch(self, resource: str, after: int, timeout: float) -> None: ...
 
 
-class Observer:
+class Observer(Closing):
     """The iterator returned by ``coord.observe(name)``; see the module docstring.
 
     Iterate it (``for change in observer``: blocks until the next change, ends after
@@ -380,17 +380,6 @@ class Observer:
     def close(self) -> None:
         """Stop: iteration ends and :meth:`get` returns None (within :data:`RECHECK` seconds)."""
         self._closed.set()
-
-    def __enter__(self) -> Observer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- internals ------------------------------------------------------------------------
     def _watch(self, after: int, timeout: float) -> bool:

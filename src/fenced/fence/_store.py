@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO, TypeVar, cast
 
 from fenced.core._clock import Clock, SystemClock
+from fenced.core._closing import Closing
 from fenced.core._errors import (
     ConfigurationError,
     ForeignToken,
@@ -173,7 +174,7 @@ def open_store(
     return Store(registry.open_backend(url, mode, validated), validated)
 
 
-class Store:
+class Store(Closing):
     """A fenced store. Thread-safe; many processes may open the same URL at once.
 
     Every method that takes a token checks it atomically with its change and raises, without
@@ -557,17 +558,6 @@ class Store:
         if not self._closed:
             self._closed = True
             self._backend.close()
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- the backend, the critical section, records ----------------------------------------
 

@@ -44,6 +44,7 @@ from fenced.core._errors import (
 from fenced.core._lease import LeaseState
 from fenced.core._records import RecordKind
 from fenced.core._token import FencingToken
+from fenced.testing._threads import ResultThread
 from fenced.testing.faults import FaultyBackend
 
 __all__ = ["CoordinatorConformance", "HistoryConformance", "ManualClockConformance", "wait_for"]
@@ -58,24 +59,6 @@ def wait_for(condition: Callable[[], object], timeout: float = 5.0, what: str = 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what or condition}")
         time.sleep(0.005)
-
-
-class _Thread(threading.Thread):
-    """A thread that keeps its target's result or exception."""
-
-    def __init__(self, target: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self._fn = target
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.finished_at = 0.0
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as error:
-            self.error = error
-        self.finished_at = time.monotonic()
 
 
 def _enqueued(backend: FaultyBackend) -> Callable[[], bool]:
@@ -181,7 +164,7 @@ class CoordinatorConformance:
     ) -> None:
         waiter_coord, backend = faulty
         held = coord.acquire(R, ttl=30, wait=0)
-        waiter = _Thread(lambda: waiter_coord.acquire(R, ttl=5, wait=20))
+        waiter = ResultThread(lambda: waiter_coord.acquire(R, ttl=5, wait=20))
         waiter.start()
         wait_for(lambda: backend.calls.get("enqueue", 0) >= 1, what="the waiter to queue")
         released_at = time.monotonic()
@@ -205,7 +188,7 @@ class CoordinatorConformance:
         order: list[str] = []
         lock = threading.Lock()
         clients: list[Coordinator] = []
-        threads: list[_Thread] = []
+        threads: list[ResultThread] = []
         backends: list[FaultyBackend] = []
         for name in ("b", "c", "d"):
             backend = FaultyBackend(open_backend(url))
@@ -219,7 +202,7 @@ class CoordinatorConformance:
                     order.append(name)
                 client.release(lease)
 
-            thread = _Thread(work)
+            thread = ResultThread(work)
             thread.start()
             threads.append(thread)
             wait_for(_enqueued(backend), what=f"{name} to queue")

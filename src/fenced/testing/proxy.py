@@ -34,8 +34,9 @@ import socket
 import threading
 import time
 from collections import deque
-from types import TracebackType
 from typing import Literal
+
+from fenced.testing._lifecycle import StartStop
 
 __all__ = ["Mode", "TcpProxy"]
 
@@ -74,7 +75,7 @@ class _Pair:
                 sock.close()
 
 
-class TcpProxy:
+class TcpProxy(StartStop):
     """Forwards ``127.0.0.1:port`` to ``target_host:target_port``; see the module docstring."""
 
     def __init__(
@@ -272,17 +273,6 @@ class TcpProxy:
                     pair.pending.append((time.monotonic() + self._delay, data))
                 else:
                     pair.client.sendall(data)
-
-    def __enter__(self) -> TcpProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"<TcpProxy 127.0.0.1:{self.port} -> {self.target[0]}:{self.target[1]} {self._mode}>"

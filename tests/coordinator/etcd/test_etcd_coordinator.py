@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
 import os
 import signal
 import socket
@@ -30,7 +29,6 @@ import pytest
 
 import fenced
 import fenced.coordinator.backends.etcd._records as etcd_records
-from fenced.coordinator import _restore as restoring
 from fenced.coordinator._client import Coordinator
 from fenced.coordinator._connect import connect, open_backend
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
@@ -50,7 +48,7 @@ from fenced.coordinator.backends.etcd._keys import (
     records_value,
     stamped,
 )
-from fenced.core._clock import ManualClock, SystemClock
+from fenced.core._clock import ManualClock
 from fenced.core._errors import (
     Busy,
     ConfigurationError,
@@ -67,11 +65,10 @@ from fenced.core._token import FencingToken
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.etcd import EtcdCluster, free_ports
 from fenced.testing.proxy import TcpProxy
+from support.coordinators import DEADLINE_CLOCK, restore_again_and_again
+from support.worker_processes import read_events
 
 R = "exports/daily"
-DEADLINE_CLOCK = SystemClock()
-"""The clock of lease deadlines (``Clock.now``): compare deadlines with it, never with
-``time.monotonic()``, which stops while the host is suspended."""
 
 
 def _prefix() -> str:
@@ -111,20 +108,6 @@ def cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
         own.stop()
 
 
-@pytest.fixture
-def opened() -> Iterator[Callable[[str], Coordinator]]:
-    """``connect(url)``; every coordinator is closed at the end of the test."""
-    coords: list[Coordinator] = []
-
-    def make(url: str) -> Coordinator:
-        coords.append(connect(url))
-        return coords[-1]
-
-    yield make
-    for coord in coords:
-        coord.close()
-
-
 class Worker:
     """A worker process of ``tests/coordinator/etcd/etcd_workers.py`` and its JSON-lines output."""
 
@@ -136,11 +119,7 @@ class Worker:
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        if not self.out.exists():
-            return []
-        lines = self.out.read_text().splitlines()
-        found = [json.loads(line) for line in lines if line.strip()]
-        return [e for e in found if name is None or e["event"] == name]
+        return [e for e in read_events(self.out) if name is None or e["event"] == name]
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -196,11 +175,11 @@ def test_an_unreachable_cluster_is_unavailable_not_a_hang() -> None:
 
 
 def test_a_dead_first_endpoint_fails_over(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     dead = free_ports(1)[0]
     url = f"etcd://127.0.0.1:{dead}," + ",".join(etcd_cluster.endpoints) + f"?prefix={_prefix()}"
-    coord = opened(url)
+    coord = open_coord(url)
     lease = coord.acquire(R, ttl=5, wait=0)
     assert coord.release(lease)
 
@@ -222,12 +201,12 @@ def test_a_foreign_value_under_the_prefix_is_a_configuration_error(
 
 
 def test_the_time_left_on_a_pooled_etcd_lease_counts_a_suspended_host(
-    etcd_url: str, opened: Callable[[str], Coordinator]
+    etcd_url: str, open_coord: Callable[[str], Coordinator]
 ) -> None:
     """etcd kept counting while the host slept: 0.8 s of suspend after the grant, a lease of
     ttl 2 has at most 1.2 s left, both in ``current`` and in the replay of its request_id (the
     holder's deadline), where ``time.monotonic()`` would not have seen the 0.8 s."""
-    backend = _etcd(opened(etcd_url))
+    backend = _etcd(open_coord(etcd_url))
     clock = ManualClock(now=time.monotonic())
     backend._clock = clock  # before the first etcd lease is taken
     request = GrantRequest(R, 2.0, "7" * 32, "a", request_id="suspended")
@@ -242,11 +221,11 @@ def test_the_time_left_on_a_pooled_etcd_lease_counts_a_suspended_host(
 
 
 def test_expiry_is_decided_by_the_etcd_lease(
-    etcd_url: str, opened: Callable[[str], Coordinator]
+    etcd_url: str, open_coord: Callable[[str], Coordinator]
 ) -> None:
     """ttl 0.4 becomes an etcd lease of etcd's minimum TTL (1 s here); it expires 1-1.5 s after
     its last keep-alive, and renew reports that TTL (the Coordinator caps the deadline at ttl)."""
-    coord = opened(etcd_url)
+    coord = open_coord(etcd_url)
     lease = coord.acquire(R, ttl=0.4, wait=0, safety_margin=0.05)
     assert lease.deadline - DEADLINE_CLOCK.now() <= 0.4
     backend = _etcd(coord)
@@ -264,9 +243,9 @@ def test_expiry_is_decided_by_the_etcd_lease(
 
 
 def test_one_etcd_lease_carries_one_grant_and_renewing_one_never_extends_another(
-    etcd_url: str, opened: Callable[[str], Coordinator]
+    etcd_url: str, open_coord: Callable[[str], Coordinator]
 ) -> None:
-    coord = opened(etcd_url)
+    coord = open_coord(etcd_url)
     a = coord.acquire("res/a", ttl=1, wait=0)
     b = coord.acquire("res/b", ttl=1, wait=0)
     backend = _etcd(coord)
@@ -305,7 +284,7 @@ class _WatchedLock:
 
 
 def test_a_late_renew_never_returns_to_the_pool_an_etcd_lease_that_a_new_grant_carries(
-    etcd_url: str, opened: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
+    etcd_url: str, open_coord: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A forced interleaving: a renew of A stops just after it found the pooled etcd lease that
     carries A; then A is released and B granted. The release waits for that renew (renew and
@@ -314,7 +293,7 @@ def test_a_late_renew_never_returns_to_the_pool_an_etcd_lease_that_a_new_grant_c
     find A gone and return to the pool the etcd lease that B's grant carried meanwhile: C's grant
     would share it, and renewing C would keep B alive."""
     patience = 20.0  # seconds any awaited step may take on a loaded machine
-    coord = opened(etcd_url)
+    coord = open_coord(etcd_url)
     backend = _etcd(coord)
     a = coord.acquire("res/a", ttl=5, wait=0)
     carrying_a = _lease_id(backend, "res/a")
@@ -369,11 +348,11 @@ def test_a_late_renew_never_returns_to_the_pool_an_etcd_lease_that_a_new_grant_c
 
 
 def test_a_waiter_that_gives_up_leaves_no_key_behind(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     prefix = _prefix()
     url = etcd_cluster.url(prefix=prefix)
-    holder, waiter = opened(url), opened(url)
+    holder, waiter = open_coord(url), open_coord(url)
     lease = holder.acquire(R, ttl=10, wait=0)
     with pytest.raises(Busy):
         waiter.acquire(R, ttl=5, wait=0.3)
@@ -671,10 +650,10 @@ def test_a_stream_yields_its_lines_across_chunk_boundaries() -> None:
 
 
 def test_a_compacted_start_revision_makes_the_waiter_re_read(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     url = etcd_cluster.url(prefix=_prefix())
-    holder, waiter = opened(url), opened(url)
+    holder, waiter = open_coord(url), open_coord(url)
     lease = holder.acquire(R, ttl=10, wait=0)
     raw = Transport(
         [("127.0.0.1", etcd_cluster.members[0].client_port)], timeout=2, connect_timeout=1
@@ -753,11 +732,11 @@ def test_a_stopped_holder_loses_the_lease_and_its_stale_writes_are_rejected(
     etcd_cluster: EtcdCluster,
     tmp_path: Path,
     workers: list[Worker],
-    opened: Callable[[str], Coordinator],
+    open_coord: Callable[[str], Coordinator],
 ) -> None:
     url = etcd_cluster.url(prefix=_prefix(), timeout=1)
     store = fenced.open_store(f"sqlite:///{tmp_path}/store.db", "strict")
-    coord = opened(url)
+    coord = open_coord(url)
     holder = Worker(tmp_path / "h.jsonl", "hold", "--url", url, "--ttl", "1", "--seconds", "20")
     workers.append(holder)
     wait_for(lambda: holder.events("held"), timeout=10, what="the holder")
@@ -782,10 +761,10 @@ def test_a_stopped_holder_loses_the_lease_and_its_stale_writes_are_rejected(
 
 @pytest.mark.slow
 def test_a_restart_of_the_whole_cluster_with_leases_held(
-    cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     url = cluster.url(prefix="/fenced", timeout=1, connect_timeout=0.3)
-    coord, other = opened(url), opened(url)
+    coord, other = open_coord(url), open_coord(url)
     states: list[LeaseState] = []
     with coord.hold(R, ttl=6, wait=0) as held:
         epoch = held.epoch
@@ -807,15 +786,15 @@ def test_a_restart_of_the_whole_cluster_with_leases_held(
 
 @pytest.mark.slow
 def test_lost_and_delayed_replies_through_a_tcp_proxy(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     prefix = _prefix()
     member = etcd_cluster.leader()
-    direct = opened(etcd_cluster.url(prefix=prefix))
+    direct = open_coord(etcd_cluster.url(prefix=prefix))
     with TcpProxy("127.0.0.1", member.client_port) as proxy:
-        proxied = opened(f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}&timeout=1")
+        proxied = open_coord(f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}&timeout=1")
         # the client's own deadline (20 s) never ends a request first: only the proxy does
-        patient = opened(f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}&timeout=20")
+        patient = open_coord(f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}&timeout=20")
         # a lost grant reply: OutcomeUnknown, and the retry with the request_id finds the grant.
         # The warm-up leaves an idle etcd lease of ttl 5 in the pool and the request_id
         # retention lease, so the grant's transaction is the acquire's only request. Its reply
@@ -894,10 +873,10 @@ def _attempt(call: Callable[[], object]) -> object:
 
 @pytest.mark.slow
 def test_snapshot_restore_then_advance_puts_every_later_epoch_above_the_earlier_ones(
-    cluster: EtcdCluster, tmp_path: Path, opened: Callable[[str], Coordinator]
+    cluster: EtcdCluster, tmp_path: Path, open_coord: Callable[[str], Coordinator]
 ) -> None:
     url = cluster.url(prefix="/fenced", timeout=2)
-    coord = opened(url)
+    coord = open_coord(url)
     store = fenced.open_store(f"sqlite:///{tmp_path}/store.db", "strict")
     for _ in range(41):
         coord.release(coord.acquire(R, ttl=5, wait=0))
@@ -908,7 +887,7 @@ def test_snapshot_restore_then_advance_puts_every_later_epoch_above_the_earlier_
         assert held.epoch == 43
         store.put(held.token, "k", b"by 43")
     cluster.restore(snapshot)
-    restored = opened(url)
+    restored = open_coord(url)
     assert restored.coordinator_id == coord.coordinator_id
     assert restored.last_epoch(R) == 41  # etcd went back: epoch 42 would be handed out again
     floor = store.floor(R)
@@ -932,25 +911,13 @@ def test_restoring_one_snapshot_again_and_again_never_repeats_a_token(
     """``etcdctl snapshot restore`` of the same snapshot three times in a few seconds, each
     followed by the advance step (``fenced restore --advance``) and grants: every first grant is
     above every earlier one."""
-    url = cluster.url(prefix="/fenced", timeout=2)
-    with connect(url) as coord:
-        for _ in range(3):
-            coord.release(coord.acquire(R, ttl=5, wait=0))
-    snapshot = cluster.snapshot_save(tmp_path / "snap.db")
-    issued = [3]
-    for _ in range(3):
-        cluster.restore(snapshot)
-        with connect(url) as restored:
-            assert restored.last_epoch(R) == 3  # the state the restore replaced is gone
-            restoring.advance(restored)
-            first = restored.acquire(R, ttl=5, wait=0)
-            assert all(first.epoch > epoch for epoch in issued), (first.epoch, issued)
-            for _ in range(2):
-                restored.release(first)
-                issued.append(first.epoch)
-                first = restored.acquire(R, ttl=5, wait=0)
-            restored.release(first)
-            issued.append(first.epoch)
+    snapshot = tmp_path / "snap.db"
+    restore_again_and_again(
+        cluster.url(prefix="/fenced", timeout=2),
+        R,
+        lambda: cluster.snapshot_save(snapshot),
+        lambda: cluster.restore(snapshot),
+    )
 
 
 # -- a partition in a network-namespace lab -------------------------------------------------------
@@ -1126,14 +1093,14 @@ def _count_requests(backend: EtcdBackend) -> list[tuple[float, str, bool]]:
 
 
 def test_a_release_hands_the_lease_to_the_head_in_its_own_transaction(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     """The release puts the head's grant (epoch + 1, on the etcd lease the waiter created when
     it queued); the waiter returns from the watch event, without a write of its own (a read
     may coincide: the catch-up read of its watch, or its periodic recheck, on a busy machine)."""
     prefix = _prefix()
     url = etcd_cluster.url(prefix=prefix)
-    holder, waiter = opened(url), opened(url)
+    holder, waiter = open_coord(url), open_coord(url)
     held = _etcd(holder)
     requests = _count_requests(_etcd(waiter))
     lease = holder.acquire(R, ttl=10, wait=0)
@@ -1161,7 +1128,7 @@ def test_a_release_hands_the_lease_to_the_head_in_its_own_transaction(
 
 @pytest.mark.parametrize("api", ["grpc", "gateway"])
 def test_a_handoff_built_ahead_is_stamped_at_the_release_and_rebuilt_when_stale(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator], api: str
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator], api: str
 ) -> None:
     """The holder's process builds the handoff to a new head when its view of the line changes
     (off the release's path); the release sends that transaction with its records' time set
@@ -1169,7 +1136,7 @@ def test_a_handoff_built_ahead_is_stamped_at_the_release_and_rebuilt_when_stale(
     a proclaim moved the lease key and the resource's record number)."""
     prefix = _prefix()
     url = etcd_cluster.url(prefix=prefix, api=api)
-    holder, waiter = opened(url), opened(url)
+    holder, waiter = open_coord(url), open_coord(url)
     held = _etcd(holder)
     built_by: list[str] = []
     build = held._release_plan
@@ -1226,7 +1193,7 @@ def test_records_built_ahead_get_their_time_wherever_the_pattern_appears_in_stri
 
 
 def test_a_caller_whose_process_sees_a_waiter_queues_without_a_failed_grant(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     """A process that watches the line of a resource (it took it twice) and sees a waiter in
     it queues a new acquire at once: one write (its queue key), not a grant attempt that etcd
@@ -1234,7 +1201,7 @@ def test_a_caller_whose_process_sees_a_waiter_queues_without_a_failed_grant(
     that will not wait still asks etcd."""
     prefix = _prefix()
     url = etcd_cluster.url(prefix=prefix)
-    holder, first, late = opened(url), opened(url), opened(url)
+    holder, first, late = open_coord(url), open_coord(url), open_coord(url)
     for _ in range(2):
         assert late.release(late.acquire(R, ttl=10, wait=0))
     seen = _etcd(late)
@@ -1259,13 +1226,13 @@ def test_a_caller_whose_process_sees_a_waiter_queues_without_a_failed_grant(
 
 
 def test_a_waiter_that_leaves_after_being_handed_the_lease_hands_it_on(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     """The waiter gave up (its acquire timed out) just as the release handed it the lease: its
     leave() releases that grant, handing it on to the next waiter."""
     prefix = _prefix()
     url = etcd_cluster.url(prefix=prefix)
-    holder, leaver, third = opened(url), opened(url), opened(url)
+    holder, leaver, third = open_coord(url), open_coord(url), open_coord(url)
     lease = holder.acquire(R, ttl=10, wait=0)
     held = _etcd(holder)
     held._watch_queue(R)
@@ -1293,11 +1260,11 @@ def test_a_waiter_that_leaves_after_being_handed_the_lease_hands_it_on(
 
 
 def test_a_lease_handed_to_a_waiter_with_a_request_id_is_found_again_by_that_id(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     prefix = _prefix()
     url = etcd_cluster.url(prefix=prefix)
-    holder, waiter, other = opened(url), opened(url), opened(url)
+    holder, waiter, other = open_coord(url), open_coord(url), open_coord(url)
     lease = holder.acquire(R, ttl=10, wait=0)
     _etcd(holder)._watch_queue(R)
     with ThreadPoolExecutor(1) as pool:
@@ -1321,13 +1288,13 @@ def test_a_head_waiter_that_times_out_as_the_lease_is_released_never_blocks_it(
     etcd_cluster: EtcdCluster,
     tmp_path: Path,
     workers: list[Worker],
-    opened: Callable[[str], Coordinator],
+    open_coord: Callable[[str], Coordinator],
 ) -> None:
     """Releases land around the waiter's give-up time: whether it got the lease (and released it)
     or gave up (and its leave() released a lease handed to it), the next acquire is prompt."""
     prefix = _prefix()
     url = etcd_cluster.url(prefix=prefix)
-    holder = opened(url)
+    holder = open_coord(url)
     _etcd(holder)._watch_queue(R)
     outcomes = []
     for i in range(8):
@@ -1393,12 +1360,12 @@ def test_a_head_waiter_dead_or_stopped_at_the_release_is_handed_a_grant_that_exp
     etcd_cluster: EtcdCluster,
     tmp_path: Path,
     workers: list[Worker],
-    opened: Callable[[str], Coordinator],
+    open_coord: Callable[[str], Coordinator],
 ) -> None:
     """The release hands the lease to the head, whose process nobody keeps alive any more: the
     grant expires with its etcd lease (TTL 2 s) and the next waiter gets the next epoch. A stopped
     head, continued, sees that grant ended and queues again."""
-    holder = opened(etcd_cluster.url(prefix=_prefix()))
+    holder = open_coord(etcd_cluster.url(prefix=_prefix()))
     head, third, epoch = _dead_head_scenario(etcd_cluster, tmp_path, workers, holder, sig)
     kinds = [(r.kind, r.epoch, r.holder) for r in holder.history(R)]
     assert [kind[:2] for kind in kinds[-4:]] == [
@@ -1441,12 +1408,12 @@ def test_epochs_stay_unique_while_8_processes_contend_and_hand_over(
 
 
 def test_changes_of_different_resources_never_conflict(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     """No key is written by every change: while another client changes other resources, a
     client's grant and release of its own resource each succeed at the first transaction."""
     url = etcd_cluster.url(prefix=_prefix())
-    mine, other = opened(url), opened(url)
+    mine, other = open_coord(url), open_coord(url)
     mine.release(mine.acquire("a", ttl=5, wait=0))  # caches the state of "a"
     for _ in range(3):
         other.release(other.acquire("b", ttl=5, wait=0))
@@ -1470,11 +1437,13 @@ def test_changes_of_different_resources_never_conflict(
 
 
 def test_records_are_read_in_pages_that_end_inside_a_transaction(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
+    etcd_cluster: EtcdCluster,
+    open_coord: Callable[[str], Coordinator],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One advance transaction records the restore of several resources (one etcd revision);
     pages of 3 records split it, and every suffix of the history is still read whole."""
-    coord = opened(etcd_cluster.url(prefix=_prefix()))
+    coord = open_coord(etcd_cluster.url(prefix=_prefix()))
     for name in ("a", "b", "c", "d", "e"):
         coord.release(coord.acquire(name, ttl=5, wait=0))
     coord.backend.advance(1000, {}, {"reason": "advance"})
@@ -1491,11 +1460,13 @@ def test_records_are_read_in_pages_that_end_inside_a_transaction(
 
 
 def test_each_resource_keeps_its_newest_records(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
+    etcd_cluster: EtcdCluster,
+    open_coord: Callable[[str], Coordinator],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(etcd_records, "RECORDS_KEPT", 4)
     monkeypatch.setattr(etcd_records, "_PRUNE_EVERY", 2)
-    coord = opened(etcd_cluster.url(prefix=_prefix()))
+    coord = open_coord(etcd_cluster.url(prefix=_prefix()))
     coord.release(coord.acquire("b", ttl=5, wait=0))
     for _ in range(5):
         coord.release(coord.acquire("a", ttl=5, wait=0))
@@ -1513,12 +1484,14 @@ def test_each_resource_keeps_its_newest_records(
 
 
 def test_a_restore_recorded_after_a_grant_keeps_that_grant(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator], monkeypatch: pytest.MonkeyPatch
+    etcd_cluster: EtcdCluster,
+    open_coord: Callable[[str], Coordinator],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An advance records most resources after its own transaction; a resource granted in
     between keeps that grant's state, so its next epoch is still new."""
     url = etcd_cluster.url(prefix=_prefix())
-    coord, other = opened(url), opened(url)
+    coord, other = open_coord(url), open_coord(url)
     for name in ("a", "b"):
         coord.release(coord.acquire(name, ttl=5, wait=0))
     monkeypatch.setattr(etcd_records, "_RESTORE_CHUNK", 1)  # "b" is recorded after the advance
@@ -1547,12 +1520,12 @@ def test_a_restore_recorded_after_a_grant_keeps_that_grant(
 
 
 def test_only_a_caller_that_will_not_queue_pays_for_the_precise_remaining_time(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     """``Busy.remaining`` of ``wait=0`` asks etcd for the holder's etcd lease's time to live; a
     caller that queues (``wait`` > 0) does not need it and makes no such request."""
     url = etcd_cluster.url(prefix=_prefix())
-    holder, other = opened(url), opened(url)
+    holder, other = open_coord(url), open_coord(url)
     held = holder.acquire(R, ttl=10, wait=0)
     requests = _count_requests(_etcd(other))
     with pytest.raises(Busy) as busy:
@@ -1567,12 +1540,12 @@ def test_only_a_caller_that_will_not_queue_pays_for_the_precise_remaining_time(
 
 
 def test_a_record_key_of_another_shape_is_a_configuration_error(
-    etcd_cluster: EtcdCluster, opened: Callable[[str], Coordinator]
+    etcd_cluster: EtcdCluster, open_coord: Callable[[str], Coordinator]
 ) -> None:
     """A value under ``P/log/`` that is not fenced's list of records (a list of objects
     without the fields) is a one-line ConfigurationError, not a KeyError from deep inside."""
     prefix = _prefix()
-    coord = opened(etcd_cluster.url(prefix=prefix))
+    coord = open_coord(etcd_cluster.url(prefix=prefix))
     coord.release(coord.acquire(R, ttl=5, wait=0))
     raw = _raw(etcd_cluster)
     try:

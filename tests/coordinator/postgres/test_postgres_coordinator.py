@@ -29,7 +29,6 @@ import psycopg
 import pytest
 
 from fenced._drivers.postgres import Pool, connect_listening, execute, parse_url
-from fenced.coordinator import _restore as restoring
 from fenced.coordinator._client import Coordinator
 from fenced.coordinator._connect import connect, open_backend
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
@@ -52,14 +51,13 @@ from fenced.fence._store import Store
 from fenced.fence.backend import StoreOptions
 from fenced.fence.postgres._store import open_postgres_backend
 from fenced.runtime._keeper import HeldLease
+from fenced.testing._threads import ResultThread
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.postgres import PgBouncer, PostgresServer
 from fenced.testing.proxy import TcpProxy
+from support.coordinators import DEADLINE_CLOCK, restore_again_and_again
 
 R = "exports/daily"
-DEADLINE_CLOCK = SystemClock()
-"""The clock of lease deadlines (``Clock.now``): compare deadlines with it, never with
-``time.monotonic()``, which stops while the host is suspended."""
 
 
 def _schema() -> str:
@@ -69,20 +67,6 @@ def _schema() -> str:
 @pytest.fixture
 def pg_url(postgres_server: PostgresServer) -> str:
     return postgres_server.url("postgres", schema=_schema())
-
-
-@pytest.fixture
-def open_coord() -> Iterator[Callable[[str], Coordinator]]:
-    """``connect(url)``; every coordinator is closed at the end of the test, even on failure."""
-    opened: list[Coordinator] = []
-
-    def make(url: str) -> Coordinator:
-        opened.append(connect(url))
-        return opened[-1]
-
-    yield make
-    for coord in opened:
-        coord.close()
 
 
 class TestPostgresCoordinator(CoordinatorConformance):
@@ -95,22 +79,6 @@ class TestPostgresHistory(HistoryConformance):
     @pytest.fixture
     def url(self, pg_url: str) -> str:
         return pg_url
-
-
-class _Worker(threading.Thread):
-    def __init__(self, target: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self._fn = target
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done_at = 0.0
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as error:
-            self.error = error
-        self.done_at = time.monotonic()
 
 
 def _options() -> StoreOptions:
@@ -172,11 +140,11 @@ def test_a_server_restart_in_the_middle_of_held_leases(
             released_at.append(time.monotonic())
         return epoch
 
-    a = _Worker(hold)
+    a = ResultThread(hold)
     a.start()
     assert ready.wait(5)
     before = observer.last_epoch(R)
-    b = _Worker(lambda: waiter.acquire(R, ttl=5, wait=30))
+    b = ResultThread(lambda: waiter.acquire(R, ttl=5, wait=30))
     b.start()
     wait_for(lambda: waiter.backend.listener_state == "listening", what="the waiter listening")  # type: ignore[attr-defined]
     wait_for(lambda: _queued(url) == 1, what="the waiter to queue")
@@ -193,8 +161,8 @@ def test_a_server_restart_in_the_middle_of_held_leases(
     b.join(10)
     assert b.error is None, b.error
     assert b.result.epoch == before + 1
-    assert b.done_at >= released_at[0]  # never two holders
-    assert b.done_at - released_at[0] < 3  # woken by the release, not by the expiry
+    assert b.finished_at >= released_at[0]  # never two holders
+    assert b.finished_at - released_at[0] < 3  # woken by the release, not by the expiry
     assert LeaseState.LOST not in held_states
     kinds = [r.kind for r in observer.history(R)]
     assert kinds[-3:] == [RecordKind.GRANTED, RecordKind.RELEASED, RecordKind.GRANTED]
@@ -325,7 +293,7 @@ def test_waiting_for_a_busy_connection_comes_out_of_the_call_budget(
                 time.sleep(budget * 0.9)  # the fault: the connection stays busy this long
                 proxy.blackhole()
 
-        other = _Worker(busy)
+        other = ResultThread(busy)
         other.start()
         assert taken.wait(10)
         began = time.monotonic()
@@ -441,7 +409,7 @@ def test_a_lost_notification_is_recovered(
     open_coord: Callable[[str], Coordinator], pg_url: str
 ) -> None:
     holder, waiter, backend, lease = _holder_and_waiter(open_coord, pg_url)
-    b = _Worker(lambda: waiter.acquire(R, ttl=5, wait=20))
+    b = ResultThread(lambda: waiter.acquire(R, ttl=5, wait=20))
     b.start()
     wait_for(lambda: backend.listener_state == "listening", what="listening")
     # The listening connection dies and the release's NOTIFY goes nowhere ...
@@ -452,7 +420,7 @@ def test_a_lost_notification_is_recovered(
     # ... the listener reconnects, re-LISTENs and wakes the waiter, who tries again at once.
     assert b.error is None, b.error
     assert b.result.epoch == lease.epoch + 1
-    assert b.done_at - released < 3  # not the 30 s ttl, not forever
+    assert b.finished_at - released < 3  # not the 30 s ttl, not forever
     wait_for(lambda: backend.listener_state == "listening", what="listening again")
 
 
@@ -462,7 +430,7 @@ def test_without_listen_waiting_falls_back_to_short_rechecks(
     holder = open_coord(pg_url)
     waiter = open_coord(pg_url + "&listen=off")
     lease = holder.acquire(R, ttl=30, wait=0)
-    b = _Worker(lambda: waiter.acquire(R, ttl=5, wait=10))
+    b = ResultThread(lambda: waiter.acquire(R, ttl=5, wait=10))
     b.start()
     wait_for(lambda: _queued(pg_url) == 1, what="the waiter to queue")  # it waits, then
     released = time.monotonic()
@@ -470,7 +438,7 @@ def test_without_listen_waiting_falls_back_to_short_rechecks(
     b.join(10)
     assert b.error is None, b.error
     assert b.result.epoch == lease.epoch + 1
-    assert b.done_at - released < 2  # a re-check found it, not the end of its 10 s wait
+    assert b.finished_at - released < 2  # a re-check found it, not the end of its 10 s wait
     assert waiter.backend.listener_state == "off"  # type: ignore[attr-defined]
 
 
@@ -506,7 +474,7 @@ def test_through_a_transaction_pooling_pgbouncer(
     # again unprepared, and prepared statements are off for good
     assert first.backend._pool.prepare is False  # type: ignore[attr-defined]
     lease = first.acquire(R, ttl=30, wait=0)
-    b = _Worker(lambda: second.acquire(R, ttl=5, wait=10))
+    b = ResultThread(lambda: second.acquire(R, ttl=5, wait=10))
     b.start()
     wait_for(lambda: second.backend.listener_state == "listening", what="listening")  # type: ignore[attr-defined]
     wait_for(lambda: _queued(direct) == 1, what="b to queue")
@@ -514,18 +482,18 @@ def test_through_a_transaction_pooling_pgbouncer(
     first.release(lease)
     b.join(10)
     assert b.error is None, b.error
-    assert b.done_at - released < 1.0  # woken by NOTIFY through the direct listen connection
+    assert b.finished_at - released < 1.0  # woken by NOTIFY through the direct listen connection
     # Without listen_url, LISTEN through the pooler cannot work: detected, and waiting degrades
     # to short re-checks instead of hanging.
     degraded = open_coord(pooled)
-    c = _Worker(lambda: degraded.acquire(R, ttl=5, wait=10))
+    c = ResultThread(lambda: degraded.acquire(R, ttl=5, wait=10))
     c.start()
     wait_for(lambda: degraded.backend.listener_state == "unreliable", timeout=8)  # type: ignore[attr-defined]
     released = time.monotonic()
     second.release(b.result)
     c.join(10)
     assert c.error is None, c.error
-    assert c.done_at - released < 2.0
+    assert c.finished_at - released < 2.0
     degraded.release(c.result)
     assert third.url.startswith("postgresql://")
 
@@ -674,6 +642,21 @@ def test_a_request_id_is_bound_to_its_resource(pg_url: str) -> None:
 # -- restore ------------------------------------------------------------------------------------
 
 
+def _pg_dump(server: PostgresServer, schema: str, dump: Path) -> None:
+    """``pg_dump -Fc`` of ``schema`` (database postgres) into ``dump``."""
+    _pg_program(server, "pg_dump", "-Fc", "-n", schema, "-f", str(dump), "postgres")
+
+
+def _pg_restore(server: PostgresServer, dump: Path) -> None:
+    """``pg_restore --clean`` of ``dump`` into the database postgres."""
+    _pg_program(server, "pg_restore", "--clean", "-d", "postgres", str(dump))
+
+
+def _pg_program(server: PostgresServer, program: str, *args: str) -> None:
+    env = {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(server.port), "PGUSER": "postgres"}
+    subprocess.run([str(server.bin_dir / program), *args], env=env, check=True)
+
+
 @pytest.mark.slow
 def test_restore_with_pg_dump_and_pg_restore_then_advance(
     open_coord: Callable[[str], Coordinator], postgres_server: PostgresServer, tmp_path: Path
@@ -689,16 +672,7 @@ def test_restore_with_pg_dump_and_pg_restore_then_advance(
     assert lease41.epoch == 41
     coord.release(lease41)
     dump = tmp_path / "coordinator.dump"
-    pg = postgres_server.bin_dir
-    env = {
-        **os.environ,
-        "PGHOST": "127.0.0.1",
-        "PGPORT": str(postgres_server.port),
-        "PGUSER": "postgres",
-    }
-    subprocess.run(
-        [str(pg / "pg_dump"), "-Fc", "-n", schema, "-f", str(dump), "postgres"], env=env, check=True
-    )
+    _pg_dump(postgres_server, schema, dump)
     for _ in range(2):
         lease = coord.acquire(R, ttl=5, wait=0)
         store.fence(lease.token)
@@ -706,9 +680,7 @@ def test_restore_with_pg_dump_and_pg_restore_then_advance(
         coord.release(lease)
     assert lease.epoch == 43
     # Restore the older state (41) ...
-    subprocess.run(
-        [str(pg / "pg_restore"), "--clean", "-d", "postgres", str(dump)], env=env, check=True
-    )
+    _pg_restore(postgres_server, dump)
     restored = open_coord(url)
     assert restored.last_epoch(R) == 41
     # ... then the documented procedure: advance past anything the lost state could have issued.
@@ -731,37 +703,13 @@ def test_restoring_one_dump_again_and_again_never_repeats_a_token(
     """pg_restore of the same dump three times in a few seconds, each followed by the advance
     step (``fenced restore --advance``) and grants: every first grant is above every earlier one."""
     schema = _schema()
-    url = postgres_server.url("postgres", schema=schema)
-    with connect(url) as coord:
-        for _ in range(3):
-            coord.release(coord.acquire(R, ttl=5, wait=0))
     dump = tmp_path / "coordinator.dump"
-    pg = postgres_server.bin_dir
-    env = {
-        **os.environ,
-        "PGHOST": "127.0.0.1",
-        "PGPORT": str(postgres_server.port),
-        "PGUSER": "postgres",
-    }
-    subprocess.run(
-        [str(pg / "pg_dump"), "-Fc", "-n", schema, "-f", str(dump), "postgres"], env=env, check=True
+    restore_again_and_again(
+        postgres_server.url("postgres", schema=schema),
+        R,
+        lambda: _pg_dump(postgres_server, schema, dump),
+        lambda: _pg_restore(postgres_server, dump),
     )
-    issued = [3]
-    for _ in range(3):
-        subprocess.run(
-            [str(pg / "pg_restore"), "--clean", "-d", "postgres", str(dump)], env=env, check=True
-        )
-        with connect(url) as restored:
-            assert restored.last_epoch(R) == 3  # the state the restore replaced is gone
-            restoring.advance(restored)
-            first = restored.acquire(R, ttl=5, wait=0)
-            assert all(first.epoch > epoch for epoch in issued), (first.epoch, issued)
-            for _ in range(2):
-                restored.release(first)
-                issued.append(first.epoch)
-                first = restored.acquire(R, ttl=5, wait=0)
-            restored.release(first)
-            issued.append(first.epoch)
 
 
 # -- a release hands the resource to the first waiter ---------------------------------------------
@@ -796,7 +744,7 @@ def test_a_release_hands_the_resource_to_the_first_waiter(
             answered.append(time.monotonic())
 
     monkeypatch.setattr(backend, "_call", counted)
-    b = _Worker(lambda: waiter.acquire(R, ttl=20, wait=20, holder="b"))
+    b = ResultThread(lambda: waiter.acquire(R, ttl=20, wait=20, holder="b"))
     b.start()
     wait_for(lambda: _queued(pg_url) == 1, what="b's place in line to be committed")
     # release just after one of b's keep-alives came back, so that its next one (a third of

@@ -30,7 +30,9 @@ from fenced.coordinator.backends.sqlite._backend import QUEUE_KEEPALIVE, SQLiteB
 from fenced.core._clock import ManualClock
 from fenced.core._errors import ConfigurationError, LeaseLost, LossReason, Unavailable
 from fenced.core._records import RecordKind
+from fenced.testing.conformance import wait_for
 from support.simultaneous import run_together
+from support.worker_processes import read_events
 
 R = "jobs/nightly"
 OWNER_A = "a" * 32
@@ -51,14 +53,6 @@ def granted(result: Granted | Blocked) -> Granted:
 def blocked(result: Granted | Blocked) -> Blocked:
     assert isinstance(result, Blocked), result
     return result
-
-
-def poll(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -607,12 +601,6 @@ def spawn_child(body: str, db_path: Path, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code, str(db_path), R, str(out)])
 
 
-def events(out: Path) -> list[dict[str, object]]:
-    if not out.exists():
-        return []
-    return [json.loads(line) for line in out.read_text().splitlines() if line.endswith("}")]
-
-
 def test_a_release_in_one_process_wakes_a_waiter_in_another(db_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "child.events"
     with SQLiteBackend(db_path) as backend:
@@ -630,10 +618,10 @@ def test_a_release_in_one_process_wakes_a_waiter_in_another(db_path: Path, tmp_p
             out,
         )
         try:
-            poll(lambda: events(out), 20, "the child to queue")
+            wait_for(lambda: read_events(out), 20, "the child to queue")
             assert backend.release(R, held.epoch, OWNER_A)
-            poll(lambda: len(events(out)) == 2, 20, "the child to be woken")
-            done = events(out)[1]
+            wait_for(lambda: len(read_events(out)) == 2, 20, "the child to be woken")
+            done = read_events(out)[1]
             assert done["epoch"] == held.epoch + 1
             assert isinstance(done["waited"], float) and done["waited"] < 30
             assert child.wait(20) == 0
@@ -648,7 +636,7 @@ def test_a_waiter_killed_while_queued_is_skipped_at_once(db_path: Path, tmp_path
         held = granted(backend.try_grant(request(), None))
         child = spawn_child('say(event="queued")\ntime.sleep(60)\n', db_path, out)
         try:
-            poll(lambda: events(out), 20, "the child to queue")
+            wait_for(lambda: read_events(out), 20, "the child to queue")
         finally:
             child.kill()
             child.wait(10)
@@ -806,7 +794,7 @@ def test_watchers_are_woken_by_every_change_and_their_flag_follows_them(
 
         thread = threading.Thread(target=run)
         thread.start()
-        poll(lambda: _watchers(db_path) == 1, 5, "the watcher's row")
+        wait_for(lambda: _watchers(db_path) == 1, 5, "the watcher's row")
         return thread
 
     def woken_by(change: Callable[[], object], after: int) -> None:
@@ -815,19 +803,19 @@ def test_watchers_are_woken_by_every_change_and_their_flag_follows_them(
         change()
         thread.join(10)
         assert seen[-1] == after and time.monotonic() - started < 5  # not the 10 s timeout
-        poll(lambda: _watchers(db_path) == 0, 5, "the watcher to leave")
+        wait_for(lambda: _watchers(db_path) == 0, 5, "the watcher to leave")
 
     first = granted(backend.try_grant(request(), None))  # the first grant: an insert
     woken_by(lambda: backend.release(R, first.epoch, OWNER_A), backend.records(R)[-1].seq)
     other = "jobs/other"  # watched before its first grant: the new row is flagged
     thread = threading.Thread(target=lambda: backend.watch(other, 0, timeout=10))
     thread.start()
-    poll(lambda: _watchers(db_path) == 1, 5, "the watcher's row")
+    wait_for(lambda: _watchers(db_path) == 1, 5, "the watcher's row")
     started = time.monotonic()
     granted(backend.try_grant(GrantRequest(other, 10.0, OWNER_B, "b"), None))
     thread.join(10)
     assert time.monotonic() - started < 5
-    poll(lambda: _watchers(db_path) == 0, 5, "the watcher to leave")
+    wait_for(lambda: _watchers(db_path) == 0, 5, "the watcher to leave")
     last = backend.records(R)[-1].seq
     second = granted(backend.try_grant(request(), None))  # a plain UPDATE of a known row
     woken_by(lambda: backend.release(R, second.epoch, OWNER_A), backend.records(R)[-1].seq)

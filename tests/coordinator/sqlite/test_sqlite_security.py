@@ -39,17 +39,10 @@ from fenced.coordinator.backends.sqlite._files import marker_of
 from fenced.coordinator.backends.sqlite._wakeup import NETNS, Waker
 from fenced.core._errors import Busy, ConfigurationError
 from fenced.core._records import RecordKind
+from fenced.testing.conformance import wait_for
 from support.local_users import NOBODY, as_nobody, mode
 
 R = "jobs/nightly"
-
-
-def poll(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
 
 
 _READER = """
@@ -156,7 +149,7 @@ def test_a_forged_hand_off_from_another_user_grants_nothing(
         with holder_coord.hold(R, ttl=2, wait=0, fence=[holder_store], holder="legit") as held:
             waiter = threading.Thread(target=wait_for_the_lease, daemon=True)
             waiter.start()
-            poll(lambda: _waiter_row(db), 20, "the waiter to queue")
+            wait_for(lambda: _waiter_row(db), 20, "the waiter to queue")
             row = _waiter_row(db)
             assert row is not None
             address, owner = row
@@ -175,7 +168,7 @@ def test_a_forged_hand_off_from_another_user_grants_nothing(
             # The next real grant: the holder's release hands the lease to a new waiter.
             taker = threading.Thread(target=take_the_next_grant, daemon=True)
             taker.start()
-            poll(lambda: _waiter_row(db), 20, "the next waiter to queue")
+            wait_for(lambda: _waiter_row(db), 20, "the next waiter to queue")
         taker.join(30)
         assert after == {"epoch": legit_epoch + 1}
         grants = [r.epoch for r in holder_coord.history(R) if r.kind is RecordKind.GRANTED]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from fenced.core._errors import ConfigurationError, ForeignToken, StaleToken
 from fenced.core._token import FencingToken
 from fenced.fence.postgres._guard import guard_postgres, guard_psycopg, guard_sqlalchemy
 from fenced.testing.postgres import PostgresServer
+from support.cli_processes import run_python
 
 C1 = "c1" * 16
 C2 = "c2" * 16
@@ -179,21 +179,8 @@ def test_the_invoice_example_of_the_docs_runs(
 ) -> None:
     name = "inv_" + uuid.uuid4().hex[:12]
     url = postgres_server.create_database(name)
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "DATABASE_URL": url,
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", _doc_example()],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = {"DATABASE_URL": url, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    result = run_python(_doc_example(), tmp_path, env)
     postgres_server.drop_database(name)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert "stale owner stopped" in result.stdout

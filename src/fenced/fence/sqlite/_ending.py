@@ -1,35 +1,26 @@
-"""How a transaction of the ``sqlite:`` store ends: :func:`commit` and :func:`rollback`.
+"""How a write transaction of the ``sqlite:`` store ends: :func:`commit`.
 
-A failed ``COMMIT`` is rolled back and raised as :class:`Unavailable` when the database was busy
-(nothing changed), else as :class:`OutcomeUnknown` (the change may or may not be on disk). A
-rollback never raises: SQLite rolls a transaction back anyway on error or close.
+A failed ``COMMIT`` is rolled back (:func:`fenced._drivers.sqlite.commit`) and raised as
+:class:`Unavailable` when the database was busy (nothing changed), else as
+:class:`OutcomeUnknown` (the change may or may not be on disk: the same ``op_id`` finds out).
 """
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 
+from fenced._drivers import sqlite as sqlite_driver
 from fenced._drivers.sqlite import is_busy
 from fenced.core._errors import OutcomeUnknown, Unavailable
 
-__all__ = ["commit", "rollback"]
-
-
-def rollback(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
-        # if ROLLBACK fails the transaction is gone anyway: SQLite rolls back on error or close
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
+__all__ = ["commit"]
 
 
 def commit(conn: sqlite3.Connection, what: str) -> None:
     try:
-        conn.execute("COMMIT")
+        sqlite_driver.commit(conn)
     except sqlite3.Error as error:
-        busy = is_busy(error)
-        rollback(conn)
-        if busy:
+        if is_busy(error):
             raise Unavailable(f"{what}: the database is busy; nothing changed, retry") from error
         raise OutcomeUnknown(
             f"{what}: COMMIT failed ({error}); the change may or may not have been applied: "

@@ -24,11 +24,10 @@ import os
 import sqlite3
 import time
 
-from fenced._drivers.sqlite import error_code, translate
+from fenced._drivers.sqlite import error_code, rollback, translate
 from fenced.core._errors import FencedError, Unavailable
 from fenced.fence._rules import StoredObject
 from fenced.fence.backend import Chooser
-from fenced.fence.sqlite._ending import rollback
 
 __all__ = ["RESERVE", "WAL_LIMIT", "Room", "collect_garbage"]
 

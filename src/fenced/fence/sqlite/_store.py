@@ -46,7 +46,7 @@ from typing import BinaryIO, cast
 
 from fenced._drivers.local import check_database_file
 from fenced._drivers.permissions import create_missing, new_file_mode
-from fenced._drivers.sqlite import retrying, translate
+from fenced._drivers.sqlite import retrying, rollback, translate
 from fenced.core._errors import ConfigurationError, CorruptData, Rejected, Unavailable
 from fenced.core._records import Record, RecordKind, detail_json
 from fenced.core._token import FencingToken
@@ -57,7 +57,7 @@ from fenced.fence._rules import Head, admit_mutation, next_version, resolve_mode
 from fenced.fence._translated import Translated
 from fenced.fence._values import Item, Mode, Publication, Version
 from fenced.fence.backend import ORDINARY, Capability, Chooser, FastPath, Intent, StoreOptions
-from fenced.fence.sqlite._ending import commit, rollback
+from fenced.fence.sqlite._ending import commit
 from fenced.fence.sqlite._space import WAL_LIMIT, Room, collect_garbage
 
 __all__ = ["SCHEMA_VERSION", "SqliteBackend", "open_sqlite_backend"]

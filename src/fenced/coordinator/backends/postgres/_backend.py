@@ -137,6 +137,7 @@ from fenced.coordinator.backends.postgres._listener import (
 )
 from fenced.coordinator.backends.postgres._statements import StatementRunner
 from fenced.core._clock import Clock, SystemClock
+from fenced.core._closing import Closing
 from fenced.core._errors import (
     ConfigurationError,
     FencedError,
@@ -216,7 +217,7 @@ class PostgresTicket:
 # -- the backend ------------------------------------------------------------------------------
 
 
-class PostgresBackend:
+class PostgresBackend(Closing):
     """The coordinator backend on PostgreSQL (see the module docstring). Thread-safe.
 
     Creates the schema and its tables on first use (or migrates them). Raises
@@ -738,12 +739,6 @@ class PostgresBackend:
         if listener is not None:
             listener.close()
         self._statements.close()
-
-    def __enter__(self) -> PostgresBackend:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _dumps(value: object) -> str:

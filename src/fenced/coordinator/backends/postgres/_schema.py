@@ -42,6 +42,136 @@ __all__ = ["FORMAT", "LISTEN_LOCK_CLASS", "MIGRATIONS", "SCHEMA_VERSION", "chann
 
 FORMAT = "fenced.coordinator"
 
+
+def _sql(template: str, **fragments: str) -> str:
+    """``template`` with each ``{name}`` of ``fragments`` replaced by that piece of SQL, its
+    further lines indented as the line of the marker. The placeholders ``{s}`` (the schema),
+    ``{c}`` (the channel) and ``{k}`` (the listen lock class) stay, filled in later."""
+    assert not fragments.keys() & {"s", "c", "k"}
+    lines = []
+    for line in template.split("\n"):
+        indent = line[: len(line) - len(line.lstrip())]
+        filled = line
+        for name, text in fragments.items():
+            filled = filled.replace("{" + name + "}", text.replace("\n", "\n" + indent))
+        lines.append(filled)
+    return "\n".join(lines)
+
+
+# Pieces of SQL that several functions share: one definition of each condition and step. They
+# are part of migration 1: once it is released, a later migration that changes one writes its
+# own text instead of editing them.
+
+
+def _live_waiters(now: str) -> str:
+    """The waiters of ``p_name`` whose keep-alive lasts past ``now`` (alias ``w``)."""
+    return _sql("{s}.waiters w WHERE w.name = p_name AND w.expires_at > {now}", now=now)
+
+
+def _live_watchers(now: str) -> str:
+    """The watchers of ``p_name`` whose keep-alive lasts past ``now`` (alias ``x``)."""
+    return _sql("{s}.watchers x WHERE x.name = p_name AND x.expires_at > {now}", now=now)
+
+
+def _end_lease(kind: str, epoch: str, holder: str, at: str) -> str:
+    """End the (locked) lease of ``p_name`` as ``kind`` (released, expired) and record that."""
+    return _sql(
+        """UPDATE {s}.resources r SET owner = NULL, value = NULL, ended = '{kind}'
+WHERE r.name = p_name;
+INSERT INTO {s}.records (at, kind, resource, epoch, holder)
+VALUES ({at}, '{kind}', p_name, {epoch}, {holder});""",
+        kind=kind,
+        epoch=epoch,
+        holder=holder,
+        at=at,
+    )
+
+
+def _expire_and_wake(name: str, row: str) -> str:
+    """End the expired lease of ``name`` (``row`` holds its locked resource row) and wake its
+    first live waiter (or its watchers)."""
+    return _sql(
+        """PERFORM {s}._expire({name}, {row}.epoch, {row}.holder, {row}.expires_at);
+PERFORM {s}._wake({name}, true);""",
+        name=name,
+        row=row,
+    )
+
+
+def _granted_detail(after: str, value: str) -> str:
+    """The ``detail`` of a grant record: how the previous lease ended, and the value if any."""
+    return _sql(
+        """jsonb_build_object('after', {after})
+|| CASE WHEN {value} IS NULL THEN '{}'::jsonb
+        ELSE jsonb_build_object('value', {value}) END""",
+        after=after,
+        value=value,
+    )
+
+
+# Not renewed, not released: lock the row and record the expiry if that is why.
+_EXPIRE_IF_DUE = _sql(
+    """SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
+IF FOUND AND v_row.owner IS NOT NULL AND v_row.expires_at <= clock_timestamp() THEN
+    {expire}
+END IF;""",
+    expire=_expire_and_wake("p_name", "v_row"),
+)
+
+# A durable commit for this transaction even if the server or role runs with it off.
+_DURABLE = """IF current_setting('synchronous_commit') = 'off' THEN
+    v_ignored := set_config('synchronous_commit', 'on', true);
+END IF;"""
+
+_NEW_WATCHER = """INSERT INTO {s}.watchers (name, expires_at)
+VALUES (p_name, v_now + p_keepalive * interval '1 second') RETURNING id INTO v_id;"""
+
+# Records older than this are past the retention.
+_RETENTION_CUTOFF = (
+    "v_now - (SELECT m.value::float8 FROM {s}.meta m WHERE m.key = 'records_retention')"
+    " * interval '1 second'"
+)
+
+
+def _granted_again(row: str) -> str:
+    """try_grant's answer for a lease granted to this very request already (``row``: the
+    request or the resource, which agree): the same lease; the caller leaves the queue."""
+    return _sql(
+        """IF p_ticket IS NOT NULL THEN
+    DELETE FROM {s}.waiters w WHERE w.id = p_ticket;
+END IF;
+o_status := 'granted';
+o_owner := {row}.owner;
+o_holder := {row}.holder;
+o_ttl := {row}.ttl;
+o_remaining := extract(epoch FROM v_row.expires_at - v_now);
+o_ticket := NULL;
+RETURN;""",
+        row=row,
+    )
+
+
+def _blocked(epoch: str, remaining: str, retry_in: str) -> str:
+    """try_grant's answer for a caller that must wait: it keeps (or takes) its place in line;
+    a queued caller retries at the latest at the cap."""
+    return _sql(
+        """v_ignored := set_config('synchronous_commit', 'off', true);
+o_ticket := {s}._keep(p_name, p_ticket, p_holder, v_now, p_keepalive,
+                      p_owner, p_ttl, p_value, p_listen_key);
+o_status := 'blocked';
+o_epoch := {epoch};
+o_remaining := {remaining};
+o_retry_in := {retry_in};
+IF o_ticket IS NOT NULL THEN
+    o_retry_in := least(o_retry_in, p_retry_cap);
+END IF;
+RETURN;""",
+        epoch=epoch,
+        remaining=remaining,
+        retry_in=retry_in,
+    )
+
+
 _TABLES = (
     "CREATE TABLE {s}.meta (key text PRIMARY KEY, value text NOT NULL)",
     """CREATE TABLE {s}.resources (
@@ -99,35 +229,38 @@ _HELPERS = (
     # Wake whoever waits for p_name: its first live waiter if the resource is free (p_free),
     # else (or if nobody queues) its watchers. NOTIFY is sent at commit, and only when someone
     # listens for it: an uncontended cycle never takes PostgreSQL's notification queue lock.
-    """CREATE OR REPLACE FUNCTION {s}._wake(p_name text, p_free boolean) RETURNS void
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}._wake(p_name text, p_free boolean) RETURNS void
     LANGUAGE plpgsql AS $$
     DECLARE
         v_head bigint;
     BEGIN
         IF p_free THEN
-            SELECT w.id INTO v_head FROM {s}.waiters w
-            WHERE w.name = p_name AND w.expires_at > clock_timestamp() ORDER BY w.id LIMIT 1;
+            SELECT w.id INTO v_head FROM {waiters} ORDER BY w.id LIMIT 1;
         END IF;
         IF v_head IS NOT NULL THEN
             PERFORM pg_notify('{c}', v_head::text || ':' || p_name);
-        ELSIF EXISTS (SELECT 1 FROM {s}.watchers x
-                      WHERE x.name = p_name AND x.expires_at > clock_timestamp()) THEN
+        ELSIF EXISTS (SELECT 1 FROM {watchers}) THEN
             PERFORM pg_notify('{c}', '0:' || p_name);
         END IF;
     END $$""",
+        waiters=_live_waiters("clock_timestamp()"),
+        watchers=_live_watchers("clock_timestamp()"),
+    ),
     # End the (locked) expired lease of p_name and record its expiry, dated when it happened.
-    """CREATE OR REPLACE FUNCTION {s}._expire(
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}._expire(
         p_name text, p_epoch bigint, p_holder text, p_at timestamptz) RETURNS void
     LANGUAGE plpgsql AS $$
     BEGIN
-        UPDATE {s}.resources r SET owner = NULL, value = NULL, ended = 'expired'
-        WHERE r.name = p_name;
-        INSERT INTO {s}.records (at, kind, resource, epoch, holder)
-        VALUES (p_at, 'expired', p_name, p_epoch, p_holder);
+        {end}
     END $$""",
+        end=_end_lease("expired", "p_epoch", "p_holder", "p_at"),
+    ),
     # Detect and record every due expiry (of p_name, or of all resources when NULL). A row
     # locked by someone else is skipped: that transaction is deciding about it right now.
-    """CREATE OR REPLACE FUNCTION {s}._expire_due(p_name text) RETURNS void
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}._expire_due(p_name text) RETURNS void
     LANGUAGE plpgsql AS $$
     DECLARE
         r record;
@@ -136,25 +269,30 @@ _HELPERS = (
                  WHERE (p_name IS NULL OR x.name = p_name)
                    AND x.owner IS NOT NULL AND x.expires_at <= clock_timestamp()
                  FOR UPDATE SKIP LOCKED LOOP
-            PERFORM {s}._expire(r.name, r.epoch, r.holder, r.expires_at);
-            PERFORM {s}._wake(r.name, true);
+            {expire}
         END LOOP;
     END $$""",
+        expire=_expire_and_wake("r.name", "r"),
+    ),
     # Durable commit for this transaction even if the server or role runs with it off.
-    """CREATE OR REPLACE FUNCTION {s}._durable() RETURNS void
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}._durable() RETURNS void
     LANGUAGE plpgsql AS $$
+    DECLARE
+        v_ignored text;
     BEGIN
-        IF current_setting('synchronous_commit') = 'off' THEN
-            PERFORM set_config('synchronous_commit', 'on', true);
-        END IF;
+        {durable}
     END $$""",
+        durable=_DURABLE,
+    ),
     # The (locked) resource p_name has just become free (p_after: why): grant it to its first
     # live waiter if that one can take it without a round trip (it gave its owner and holds
     # its listen lock), durably, and NOTIFY it '<id>:<name>:<epoch>:<seconds since its last
     # keep-alive>'. A waiter whose listen lock is free is gone: its row is dropped and the next
     # one is considered. Otherwise wake the first live waiter (it grants itself) or, if nobody
     # waits, the watchers. True if granted (the caller's transaction then commits durably).
-    """CREATE OR REPLACE FUNCTION {s}._handoff(p_name text, p_now timestamptz, p_after text)
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}._handoff(p_name text, p_now timestamptz, p_after text)
     RETURNS boolean
     LANGUAGE plpgsql AS $$
     DECLARE
@@ -162,8 +300,7 @@ _HELPERS = (
         v_epoch bigint;
     BEGIN
         LOOP
-            SELECT * INTO v_w FROM {s}.waiters w
-            WHERE w.name = p_name AND w.expires_at > p_now ORDER BY w.id LIMIT 1;
+            SELECT * INTO v_w FROM {waiters} ORDER BY w.id LIMIT 1;
             IF NOT FOUND THEN
                 PERFORM {s}._wake(p_name, false);
                 RETURN false;
@@ -184,21 +321,22 @@ _HELPERS = (
         rec AS (
             INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
             SELECT p_now, 'granted', p_name, g.epoch, v_w.holder,
-                   jsonb_build_object('after', p_after)
-                   || CASE WHEN v_w.value IS NULL THEN '{}'::jsonb
-                           ELSE jsonb_build_object('value', v_w.value) END
+                   {detail}
             FROM g),
         gone AS (DELETE FROM {s}.waiters w WHERE w.id = v_w.id)
         SELECT g.epoch INTO v_epoch FROM g;
         PERFORM pg_notify('{c}', v_w.id::text || ':' || p_name || ':' || v_epoch::text || ':'
                 || coalesce(extract(epoch FROM p_now - v_w.refreshed_at)::float8, 0)::text),
-            CASE WHEN EXISTS (SELECT 1 FROM {s}.watchers x
-                              WHERE x.name = p_name AND x.expires_at > p_now)
+            CASE WHEN EXISTS (SELECT 1 FROM {watchers})
                  THEN pg_notify('{c}', '0:' || p_name) END,
             CASE WHEN current_setting('synchronous_commit') = 'off'
                  THEN set_config('synchronous_commit', 'on', true) END;
         RETURN true;
     END $$""",
+        waiters=_live_waiters("p_now"),
+        watchers=_live_watchers("p_now"),
+        detail=_granted_detail("p_after", "v_w.value"),
+    ),
     # Keep the caller's place in line (re-join at the end if its row was dropped; ticket 0
     # never exists, so it inserts a new row), with what _handoff needs to grant it directly.
     """CREATE OR REPLACE FUNCTION {s}._keep(
@@ -233,7 +371,8 @@ _OPERATIONS = (
     # whose name is returned in o_holder). A waiting caller keeps what a releaser needs to
     # grant it directly (owner, ttl, value, listen key). Records past the retention are pruned
     # when the caller says so (p_prune), looking first at the oldest record only.
-    """CREATE OR REPLACE FUNCTION {s}.try_grant(
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}.try_grant(
         p_name text, p_owner text, p_holder text, p_ttl double precision, p_request_id text,
         p_ticket bigint, p_value text, p_keepalive double precision,
         p_retry_cap double precision, p_listen_key integer, p_prune boolean,
@@ -290,47 +429,19 @@ _OPERATIONS = (
                         o_status := 'lost';
                         RETURN;
                     END IF;
-                    IF p_ticket IS NOT NULL THEN
-                        DELETE FROM {s}.waiters w WHERE w.id = p_ticket;
-                    END IF;
-                    o_status := 'granted';
-                    o_owner := v_req.owner;
-                    o_holder := v_req.holder;
-                    o_ttl := v_req.ttl;
-                    o_remaining := extract(epoch FROM v_row.expires_at - v_now);
-                    o_ticket := NULL;
-                    RETURN;
+                    {granted_again_request}
                 END IF;
             END IF;
             IF v_row.owner = p_owner THEN
                 -- this very request was granted already (its reply was lost): the same lease
-                IF p_ticket IS NOT NULL THEN
-                    DELETE FROM {s}.waiters w WHERE w.id = p_ticket;
-                END IF;
-                o_status := 'granted';
                 o_epoch := v_row.epoch;
-                o_owner := v_row.owner;
-                o_holder := v_row.holder;
-                o_ttl := v_row.ttl;
-                o_remaining := extract(epoch FROM v_row.expires_at - v_now);
-                o_ticket := NULL;
-                RETURN;
+                {granted_again_owner}
             END IF;
             IF v_row.owner IS NOT NULL THEN
                 -- blocked by a live lease: retry at its expiry (or at the keep-alive)
-                v_ignored := set_config('synchronous_commit', 'off', true);
-                o_ticket := {s}._keep(p_name, p_ticket, p_holder, v_now, p_keepalive,
-                                      p_owner, p_ttl, p_value, p_listen_key);
-                o_status := 'blocked';
-                o_epoch := v_row.epoch;
                 o_holder := v_row.holder;
                 o_ttl := v_row.ttl;
-                o_remaining := greatest(extract(epoch FROM v_row.expires_at - v_now), 0);
-                o_retry_in := o_remaining + v_eps;
-                IF o_ticket IS NOT NULL THEN
-                    o_retry_in := least(o_retry_in, p_retry_cap);
-                END IF;
-                RETURN;
+                {blocked_by_lease}
             END IF;
             IF NOT v_found THEN
                 SELECT m.value::bigint INTO v_minimum FROM {s}.meta m
@@ -338,13 +449,10 @@ _OPERATIONS = (
             END IF;
             v_epoch := greatest(coalesce(v_row.epoch, 0), coalesce(v_minimum, 0));
             -- the first live waiter ahead of the caller (if any), and whether anyone watches
-            SELECT h.id, h.expires_at,
-                   EXISTS (SELECT 1 FROM {s}.watchers x
-                           WHERE x.name = p_name AND x.expires_at > v_now)
+            SELECT h.id, h.expires_at, EXISTS (SELECT 1 FROM {watchers})
             INTO v_head, v_head_expires, v_watched
             FROM (SELECT 1) AS one LEFT JOIN LATERAL (
-                SELECT w.id, w.expires_at FROM {s}.waiters w
-                WHERE w.name = p_name AND w.expires_at > v_now
+                SELECT w.id, w.expires_at FROM {waiters}
                   AND w.id < CASE
                       WHEN p_ticket IS NULL THEN 9223372036854775807
                       WHEN EXISTS (SELECT 1 FROM {s}.waiters m
@@ -353,20 +461,10 @@ _OPERATIONS = (
                 ORDER BY w.id LIMIT 1) AS h ON true;
             IF v_head IS NOT NULL THEN
                 -- free, but an earlier live waiter is first in line
-                v_ignored := set_config('synchronous_commit', 'off', true);
-                o_ticket := {s}._keep(p_name, p_ticket, p_holder, v_now, p_keepalive,
-                                      p_owner, p_ttl, p_value, p_listen_key);
                 IF v_expired THEN
                     PERFORM pg_notify('{c}', v_head::text || ':' || p_name);
                 END IF;
-                o_status := 'blocked';
-                o_epoch := v_epoch;
-                o_remaining := 0;
-                o_retry_in := greatest(extract(epoch FROM v_head_expires - v_now), 0) + v_eps;
-                IF o_ticket IS NOT NULL THEN
-                    o_retry_in := least(o_retry_in, p_retry_cap);
-                END IF;
-                RETURN;
+                {blocked_by_waiter}
             END IF;
             v_epoch := v_epoch + 1;
             IF v_found THEN
@@ -378,9 +476,7 @@ _OPERATIONS = (
                     WHERE r.name = p_name RETURNING r.name)
                 INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
                 SELECT v_now, 'granted', u.name, v_epoch, p_holder,
-                       jsonb_build_object('after', v_row.ended)
-                       || CASE WHEN p_value IS NULL THEN '{}'::jsonb
-                               ELSE jsonb_build_object('value', p_value) END
+                       {detail_after_ended}
                 FROM u;
             ELSE
                 WITH u AS (
@@ -389,9 +485,8 @@ _OPERATIONS = (
                             v_now + p_ttl * interval '1 second', p_value)
                     ON CONFLICT (name) DO NOTHING RETURNING name)
                 INSERT INTO {s}.records (at, kind, resource, epoch, holder, detail)
-                SELECT v_now, 'granted', u.name, v_epoch, p_holder, '{"after": "none"}'::jsonb
-                       || CASE WHEN p_value IS NULL THEN '{}'::jsonb
-                               ELSE jsonb_build_object('value', p_value) END
+                SELECT v_now, 'granted', u.name, v_epoch, p_holder,
+                       {detail_first}
                 FROM u;
                 GET DIAGNOSTICS v_count = ROW_COUNT;
                 IF v_count = 0 THEN
@@ -412,21 +507,17 @@ _OPERATIONS = (
                 END IF;
             END IF;
             IF p_prune THEN
-                IF (SELECT f.at FROM {s}.records f ORDER BY f.seq LIMIT 1)
-                    < v_now - (SELECT m.value::float8 FROM {s}.meta m
-                                      WHERE m.key = 'records_retention') * interval '1 second' THEN
-                DELETE FROM {s}.records x WHERE x.seq IN (
-                    SELECT o.seq FROM {s}.records o ORDER BY o.seq LIMIT 1000)
-                  AND x.at < v_now - (SELECT m.value::float8 FROM {s}.meta m
-                                      WHERE m.key = 'records_retention') * interval '1 second';
+                IF (SELECT f.at FROM {s}.records f ORDER BY f.seq LIMIT 1) < {cutoff} THEN
+                    DELETE FROM {s}.records x WHERE x.seq IN (
+                        SELECT o.seq FROM {s}.records o ORDER BY o.seq LIMIT 1000)
+                      AND x.at < {cutoff};
                 END IF;
             END IF;
             IF v_watched THEN
                 PERFORM pg_notify('{c}', '0:' || p_name);
             END IF;
-            IF current_setting('synchronous_commit') = 'off' THEN
-                v_ignored := set_config('synchronous_commit', 'on', true);  -- durable grants
-            END IF;
+            -- a durable grant
+            {durable}
             o_status := 'granted';
             o_epoch := v_epoch;
             o_owner := p_owner;
@@ -437,7 +528,25 @@ _OPERATIONS = (
             RETURN;
         END LOOP;
     END $$""",
-    """CREATE OR REPLACE FUNCTION {s}.renew(
+        granted_again_request=_granted_again("v_req"),
+        granted_again_owner=_granted_again("v_row"),
+        blocked_by_lease=_blocked(
+            "v_row.epoch",
+            "greatest(extract(epoch FROM v_row.expires_at - v_now), 0)",
+            "o_remaining + v_eps",
+        ),
+        blocked_by_waiter=_blocked(
+            "v_epoch", "0", "greatest(extract(epoch FROM v_head_expires - v_now), 0) + v_eps"
+        ),
+        watchers=_live_watchers("v_now"),
+        waiters=_live_waiters("v_now"),
+        detail_after_ended=_granted_detail("v_row.ended", "p_value"),
+        detail_first=_granted_detail("'none'", "p_value"),
+        cutoff=_RETENTION_CUTOFF,
+        durable=_DURABLE,
+    ),
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}.renew(
         p_name text, p_epoch bigint, p_owner text, p_ttl double precision)
     RETURNS double precision
     LANGUAGE plpgsql AS $$
@@ -450,25 +559,23 @@ _OPERATIONS = (
         WHERE r.name = p_name AND r.epoch = p_epoch AND r.owner = p_owner
           AND r.expires_at > v_now;
         IF FOUND THEN
-            IF current_setting('synchronous_commit') = 'off' THEN
-                v_ignored := set_config('synchronous_commit', 'on', true);
-            END IF;
+            {durable}
             RETURN p_ttl;
         END IF;
         -- not renewed: record the expiry if that is why
         v_ignored := set_config('synchronous_commit', 'off', true);
-        SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
-        IF FOUND AND v_row.owner IS NOT NULL AND v_row.expires_at <= clock_timestamp() THEN
-            PERFORM {s}._expire(p_name, v_row.epoch, v_row.holder, v_row.expires_at);
-            PERFORM {s}._wake(p_name, true);
-        END IF;
+        {expire_if_due}
         RETURN NULL;
     END $$""",
+        durable=_DURABLE,
+        expire_if_due=_EXPIRE_IF_DUE,
+    ),
     # A lost release only delays the next grant until the lease's expiry: no fsync. The
     # successful release is one statement (end the lease, record it, hand the resource to the
     # first waiter with _handoff); it commits without waiting for the disk only when it
     # granted nothing.
-    """CREATE OR REPLACE FUNCTION {s}.release(p_name text, p_epoch bigint, p_owner text)
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}.release(p_name text, p_epoch bigint, p_owner text)
     RETURNS boolean
     LANGUAGE plpgsql AS $$
     DECLARE
@@ -488,10 +595,8 @@ _OPERATIONS = (
             INSERT INTO {s}.records (at, kind, resource, epoch, holder)
             SELECT v_now, 'released', p_name, p_epoch, u.holder FROM u RETURNING 1)
         SELECT EXISTS (SELECT 1 FROM rec),
-               (SELECT w.id FROM {s}.waiters w
-                WHERE w.name = p_name AND w.expires_at > v_now ORDER BY w.id LIMIT 1),
-               EXISTS (SELECT 1 FROM {s}.watchers x
-                       WHERE x.name = p_name AND x.expires_at > v_now)
+               (SELECT w.id FROM {waiters} ORDER BY w.id LIMIT 1),
+               EXISTS (SELECT 1 FROM {watchers})
         INTO v_released, v_head, v_watched;
         IF v_released THEN
             IF v_head IS NOT NULL OR v_watched THEN
@@ -503,13 +608,13 @@ _OPERATIONS = (
             RETURN true;
         END IF;
         v_ignored := set_config('synchronous_commit', 'off', true);
-        SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
-        IF FOUND AND v_row.owner IS NOT NULL AND v_row.expires_at <= clock_timestamp() THEN
-            PERFORM {s}._expire(p_name, v_row.epoch, v_row.holder, v_row.expires_at);
-            PERFORM {s}._wake(p_name, true);
-        END IF;
+        {expire_if_due}
         RETURN false;
     END $$""",
+        waiters=_live_waiters("v_now"),
+        watchers=_live_watchers("v_now"),
+        expire_if_due=_EXPIRE_IF_DUE,
+    ),
     """CREATE OR REPLACE FUNCTION {s}.current_lease(p_name text,
         OUT o_epoch bigint, OUT o_holder text, OUT o_remaining double precision,
         OUT o_ttl double precision, OUT o_value text)
@@ -534,7 +639,8 @@ _OPERATIONS = (
         o_ttl := v_row.ttl;
         o_value := v_row.value;
     END $$""",
-    """CREATE OR REPLACE FUNCTION {s}.proclaim(
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}.proclaim(
         p_name text, p_epoch bigint, p_owner text, p_value text)
     RETURNS boolean
     LANGUAGE plpgsql AS $$
@@ -547,8 +653,7 @@ _OPERATIONS = (
             RETURN false;
         END IF;
         IF v_row.expires_at <= v_now THEN
-            PERFORM {s}._expire(p_name, v_row.epoch, v_row.holder, v_row.expires_at);
-            PERFORM {s}._wake(p_name, true);
+            {expire}
             RETURN false;
         END IF;
         IF v_row.epoch <> p_epoch OR v_row.owner <> p_owner THEN
@@ -562,6 +667,8 @@ _OPERATIONS = (
         PERFORM {s}._durable();
         RETURN true;
     END $$""",
+        expire=_expire_and_wake("p_name", "v_row"),
+    ),
     """CREATE OR REPLACE FUNCTION {s}.report(
         p_name text, p_epoch bigint, p_holder text, p_kind text, p_detail jsonb)
     RETURNS void
@@ -606,7 +713,8 @@ _OPERATIONS = (
     # The resource row lock orders this with a concurrent release's choice of whom to wake.
     # A leaver whose row is gone because a releaser granted it the resource (its acquire gave
     # up before it learnt so) ends that lease (p_owner) and passes the resource on.
-    """CREATE OR REPLACE FUNCTION {s}.leave(p_name text, p_ticket bigint, p_owner text)
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}.leave(p_name text, p_ticket bigint, p_owner text)
     RETURNS void
     LANGUAGE plpgsql AS $$
     DECLARE
@@ -615,25 +723,25 @@ _OPERATIONS = (
         v_first boolean;
     BEGIN
         SELECT * INTO v_row FROM {s}.resources r WHERE r.name = p_name FOR UPDATE;
-        v_first := NOT EXISTS (SELECT 1 FROM {s}.waiters w WHERE w.name = p_name
-                               AND w.expires_at > v_now AND w.id < p_ticket);
+        v_first := NOT EXISTS (SELECT 1 FROM {waiters} AND w.id < p_ticket);
         DELETE FROM {s}.waiters w WHERE w.id = p_ticket AND w.name = p_name;
         IF FOUND THEN
             IF v_first AND (v_row.owner IS NULL OR v_row.expires_at <= v_now) THEN
                 PERFORM {s}._wake(p_name, true);
             END IF;
         ELSIF v_row.owner = p_owner AND v_row.expires_at > v_now THEN
-            UPDATE {s}.resources r SET owner = NULL, value = NULL, ended = 'released'
-            WHERE r.name = p_name;
-            INSERT INTO {s}.records (at, kind, resource, epoch, holder)
-            VALUES (v_now, 'released', p_name, v_row.epoch, v_row.holder);
+            {end}
             IF {s}._handoff(p_name, v_now, 'released') THEN
                 RETURN;  -- passed on: a durable commit
             END IF;
         END IF;
         PERFORM set_config('synchronous_commit', 'off', true);
     END $$""",
-    """CREATE OR REPLACE FUNCTION {s}.watch_start(p_name text, p_keepalive double precision)
+        waiters=_live_waiters("v_now"),
+        end=_end_lease("released", "v_row.epoch", "v_row.holder", "v_now"),
+    ),
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}.watch_start(p_name text, p_keepalive double precision)
     RETURNS bigint
     LANGUAGE plpgsql AS $$
     DECLARE
@@ -642,12 +750,14 @@ _OPERATIONS = (
     BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
         DELETE FROM {s}.watchers x WHERE x.name = p_name AND x.expires_at <= v_now;
-        INSERT INTO {s}.watchers (name, expires_at)
-        VALUES (p_name, v_now + p_keepalive * interval '1 second') RETURNING id INTO v_id;
+        {new_watcher}
         RETURN v_id;
     END $$""",
+        new_watcher=_NEW_WATCHER,
+    ),
     # Refresh a watcher, detect due expiries, and say whether records after p_after exist.
-    """CREATE OR REPLACE FUNCTION {s}.watch_poll(
+    _sql(
+        """CREATE OR REPLACE FUNCTION {s}.watch_poll(
         p_name text, p_after bigint, p_watcher bigint, p_keepalive double precision)
     RETURNS TABLE (o_changed boolean, o_watcher bigint, o_remaining double precision)
     LANGUAGE plpgsql AS $$
@@ -659,8 +769,7 @@ _OPERATIONS = (
         UPDATE {s}.watchers x SET expires_at = v_now + p_keepalive * interval '1 second'
         WHERE x.id = v_id;
         IF NOT FOUND THEN
-            INSERT INTO {s}.watchers (name, expires_at)
-            VALUES (p_name, v_now + p_keepalive * interval '1 second') RETURNING id INTO v_id;
+            {new_watcher}
         END IF;
         PERFORM {s}._expire_due(p_name);
         RETURN QUERY SELECT
@@ -669,6 +778,8 @@ _OPERATIONS = (
             (SELECT extract(epoch FROM r.expires_at - clock_timestamp())::float8
              FROM {s}.resources r WHERE r.name = p_name AND r.owner IS NOT NULL);
     END $$""",
+        new_watcher=_NEW_WATCHER,
+    ),
     # Restore safety (see fenced.core._restore_base): one transaction, exclusive against grants. It
     # records every due expiry first, then raises every granted resource's epoch to the new
     # minimum (a grant that locked the row never needs the minimum) and records the restore.

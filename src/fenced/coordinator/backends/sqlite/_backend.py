@@ -194,6 +194,7 @@ from fenced.coordinator.backends.sqlite._waiting import (
 )
 from fenced.coordinator.backends.sqlite._wakeup import NETNS, Delivery, Waker
 from fenced.core._clock import HostClock
+from fenced.core._closing import Closing
 from fenced.core._errors import ConfigurationError, FencedError, LeaseLost, LossReason
 from fenced.core._lease import LeaseInfo
 from fenced.core._records import Record, RecordKind
@@ -218,7 +219,7 @@ RECORD_RETENTION = 30 * 24 * 3600.0
 """Default age (wall-clock seconds) after which records are pruned."""
 
 
-class SQLiteBackend(WaitingQueue):
+class SQLiteBackend(WaitingQueue, Closing):
     """The embedded coordinator backend on the SQLite file at ``path`` (see the module doc).
 
     Creates the parent directory (``0700``) and the database (``0600``, or ``0660`` in a
@@ -809,12 +810,6 @@ class SQLiteBackend(WaitingQueue):
             self._forget_ticket(ticket)
         self._db.close()
         self._waker.close()
-
-    def __enter__(self) -> SQLiteBackend:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _cap(value: float, cap: float | None) -> float:

@@ -71,7 +71,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fenced._drivers.sqlite import retrying, translate
+from fenced._drivers.sqlite import commit, retrying, rollback, translate
 from fenced.coordinator.backends.sqlite._schema import (
     BUSY_TIMEOUT,
     connect,
@@ -174,6 +174,15 @@ class Database:
                 "room for SQLite's shared memory); nothing was changed"
             )
 
+    @contextmanager
+    def _writing(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """This process's connection, under the lock, for a write (refused while the database
+        is open for reads only)."""
+        self._check_fork()
+        with self._lock:
+            self._writable(doing)
+            yield self._connection()
+
     def write(self, sql: str, params: dict[str, object], doing: str, *, durable: bool) -> list[Any]:
         """Run one data-changing statement as its own transaction; return its RETURNING rows.
 
@@ -182,10 +191,7 @@ class Database:
         may be seen by others just before (see the module doc: for a step whose result only
         the caller receives).
         """
-        self._check_fork()
-        with self._lock:
-            self._writable(doing)
-            conn = self._connection()
+        with self._writing(doing) as conn:
             try:
                 if durable:
                     self._preallocate_wal(conn)
@@ -206,10 +212,7 @@ class Database:
         A driver error before the commit rolls back (Unavailable / ConfigurationError); a failed
         commit is OutcomeUnknown. Any exception raised by the body rolls back and propagates.
         """
-        self._check_fork()
-        with self._lock:
-            self._writable(doing)
-            conn = self._connection()
+        with self._writing(doing) as conn:
             try:
                 if durable:
                     self._preallocate_wal(conn)
@@ -219,12 +222,11 @@ class Database:
                     try:
                         yield conn
                     except BaseException:
-                        _rollback_quietly(conn)
+                        rollback(conn)
                         raise
                     try:
-                        conn.execute("COMMIT")
+                        commit(conn)
                     except sqlite3.Error as error:
-                        _rollback_quietly(conn)
                         raise translate(
                             error, doing, where=str(self.path), committing=True
                         ) from error
@@ -281,7 +283,7 @@ class Database:
         except OSError:
             pass
         finally:
-            _rollback_quietly(conn)
+            rollback(conn)
 
     def close(self) -> None:
         """Close the connection (a connection inherited through fork is only dropped)."""
@@ -316,9 +318,3 @@ def _read_once(path: Path, sql: str, params: dict[str, object] | tuple[object, .
 
 def _run(conn: sqlite3.Connection, sql: str, params: dict[str, object]) -> list[Any]:
     return conn.execute(sql, params).fetchall()
-
-
-def _rollback_quietly(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
-        with suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")

@@ -23,12 +23,11 @@ from __future__ import annotations
 import secrets
 import sqlite3
 import time
-from contextlib import suppress
 from pathlib import Path
 from urllib.parse import quote
 
 from fenced._drivers.migrations import Migration, checked_version
-from fenced._drivers.sqlite import error_code, retrying, translate
+from fenced._drivers.sqlite import error_code, retrying, rollback, translate
 from fenced.coordinator.backends.sqlite import _files as sqlite_files
 from fenced.core._errors import ConfigurationError
 from fenced.core._token import validate_coordinator_id
@@ -310,20 +309,14 @@ def open_database(
         if marker:
             sqlite_files.mark(path, coordinator_id)
     except sqlite3.Error as error:
-        _rollback_quietly(conn)
+        rollback(conn)
         conn.close()
         raise translate(error, "initialising the database", where=str(path)) from error
     except BaseException:
-        _rollback_quietly(conn)
+        rollback(conn)
         conn.close()
         raise
     return conn, coordinator_id
-
-
-def _rollback_quietly(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
-        with suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
 
 
 def _prepare(conn: sqlite3.Connection, path: Path, new_id: str | None, *, create: bool) -> str:
