@@ -10,8 +10,8 @@ The benchmark starts its own 3-member etcd cluster (``fenced.testing.etcd.EtcdCl
 ports, fsync on as etcd always does, ``--heartbeat-interval 50 --election-timeout 500``) and
 stops it by PID at the end. Implementations, all through the same cluster, each on its own key:
 
-- ``fenced``: ``fenced.connect("etcd://…")`` (requests over etcd's gRPC API, watches over its
-  JSON gateway), ``acquire(ttl=30)`` / ``release()``: a fencing
+- ``fenced``: ``fenced.connect("etcd://…")`` (requests and watches over etcd's gRPC API),
+  ``acquire(ttl=30)`` / ``release()``: a fencing
   token, the epoch and the record written in the grant's transaction; a release hands the lease
   to the head waiter in its own transaction (the holder's process watches the line of a key it
   takes a second time, and the waiter's of the key it queues for: the warm-up round covers it);
@@ -32,7 +32,8 @@ after one discarded warm-up round; ratios are taken per round, then the median i
    blocks in acquire, the holder keeps the lock 40-60 ms more (so that every implementation's
    waiter is really blocked, watches established), records ``time.monotonic()`` just before its
    ``release()``; the waiter records it just after its ``acquire()`` returned. Target: fenced
-   p50 ≤ 5 ms.
+   p50 ≤ 5 ms. One more row, ``fenced gateway`` (``?api=gateway``: requests and watches over
+   etcd's JSON gateway), compares the two transports on the path a handoff takes.
 3. **fairness**: ``--processes`` processes (8) loop acquire / release on one key for
    ``--fair-seconds``, starting together; only grants inside the window count. Target: every
    fenced process gets ≥ 0.8 × the mean share.
@@ -43,6 +44,12 @@ after one discarded warm-up round; ratios are taken per round, then the median i
    row above) and over etcd's JSON gateway (``?api=gateway``), interleaved: cycles/s, and the
    CPU per cycle of the three members (``/proc/PID/stat``) and of this process. No target; it
    shows why the default is gRPC.
+6. **tls**: a second 3-member cluster with TLS on both sides (``EtcdCluster(3, tls=True)``:
+   ``--client-cert-auth``, peer TLS, the same flags otherwise); the uncontended cycle of fenced
+   and aetcd's Lock on the plaintext and on the TLS cluster, interleaved, then the handoff over
+   TLS. aetcd has no TLS option, so the benchmark replaces its channel factory with one that
+   opens a ``grpc.aio.secure_channel`` (same options). Targets: fenced over TLS ≥ 0.85 × fenced
+   plaintext and ≥ 1.2 × aetcd's Lock over TLS; handoff p50 over TLS ≤ 5 ms.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,12 +91,27 @@ class Driver(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Target:
+    """A cluster as the drivers reach it: its client endpoints (the leader first) and, for a TLS
+    cluster, the CA and the client certificate and key (paths)."""
+
+    endpoints: list[str]
+    tls: tuple[str, str, str] | None = None
+
+    def fenced_url(self, prefix: str, api: str = "grpc") -> str:
+        query = f"?prefix={prefix}&api={api}"
+        if self.tls is None:
+            return "etcd://" + ",".join(self.endpoints) + query
+        ca, cert, key = self.tls
+        return "etcds://" + ",".join(self.endpoints) + query + f"&ca={ca}&cert={cert}&key={key}"
+
+
 class FencedDriver:
-    def __init__(self, endpoints: list[str], key: str, api: str = "grpc") -> None:
+    def __init__(self, target: Target, key: str, api: str = "grpc") -> None:
         import fenced
 
-        url = "etcd://" + ",".join(endpoints) + "?prefix=/bench-fenced&api=" + api
-        self._coord = fenced.connect(url)
+        self._coord = fenced.connect(target.fenced_url("/bench-fenced", api))
         self._key = key
         self._lease: Any = None
 
@@ -102,11 +125,34 @@ class FencedDriver:
         self._coord.close()
 
 
+def _aetcd_over_tls(target: Target) -> None:
+    """Make aetcd open a TLS channel to ``target``'s members: aetcd has no TLS option (it calls
+    ``grpc.aio.insecure_channel``), so its channel factory is replaced by one that opens a
+    ``grpc.aio.secure_channel`` with the same options for these endpoints (others stay plain)."""
+    import aetcd.rpc
+    import grpc
+
+    assert target.tls is not None
+    ca, cert, key = (Path(path).read_bytes() for path in target.tls)
+    credentials = grpc.ssl_channel_credentials(ca, key, cert)
+    plain = aetcd.rpc.insecure_channel
+    secured = set(target.endpoints)
+
+    def channel(where: str, options: Any = None) -> Any:
+        if where in secured:
+            return grpc.aio.secure_channel(where, credentials, options=options)
+        return plain(where, options=options)
+
+    aetcd.rpc.insecure_channel = channel
+
+
 class AetcdDriver:
-    def __init__(self, endpoints: list[str], key: str) -> None:
+    def __init__(self, target: Target, key: str) -> None:
         import aetcd
 
-        host, port = endpoints[0].rsplit(":", 1)
+        if target.tls is not None:
+            _aetcd_over_tls(target)
+        host, port = target.endpoints[0].rsplit(":", 1)
         self._loop = asyncio.new_event_loop()
         self._client = aetcd.Client(host=host, port=int(port))
         self._key = ("/bench-aetcd/" + key).encode()
@@ -127,8 +173,8 @@ class AetcdDriver:
 class V3LockDriver:
     """etcd's Lock RPC via the gateway, one session lease kept for the whole run (TTL 60)."""
 
-    def __init__(self, endpoints: list[str], key: str) -> None:
-        hosts = [(e.rsplit(":", 1)[0], int(e.rsplit(":", 1)[1])) for e in endpoints]
+    def __init__(self, target: Target, key: str) -> None:
+        hosts = [(e.rsplit(":", 1)[0], int(e.rsplit(":", 1)[1])) for e in target.endpoints]
         self._http = Transport(hosts[:1], timeout=30, connect_timeout=1)
         self._lease = self._http.call("lease/grant", {"TTL": "60"}, mutating=True)["ID"]
         self._name = b64("/bench-v3lock/" + key)
@@ -149,11 +195,11 @@ class V3LockDriver:
 
 
 class ToozDriver:
-    def __init__(self, endpoints: list[str], key: str) -> None:
+    def __init__(self, target: Target, key: str) -> None:
         from tooz import coordination
 
         self._coord = coordination.get_coordinator(
-            "etcd3+http://" + endpoints[0], uuid.uuid4().hex.encode()
+            "etcd3+http://" + target.endpoints[0], uuid.uuid4().hex.encode()
         )
         self._coord.start(start_heart=True)
         self._lock = self._coord.get_lock(("/bench-tooz/" + key).encode())
@@ -168,8 +214,13 @@ class ToozDriver:
         self._coord.stop()
 
 
-DRIVERS: dict[str, Callable[[list[str], str], Driver]] = {
+def _fenced_gateway(target: Target, key: str) -> Driver:
+    return FencedDriver(target, key, "gateway")
+
+
+DRIVERS: dict[str, Callable[[Target, str], Driver]] = {
     "fenced": FencedDriver,
+    "fenced gateway": _fenced_gateway,
     "aetcd Lock": AetcdDriver,
     "etcd v3lock": V3LockDriver,
     "tooz etcd3gw": ToozDriver,
@@ -191,23 +242,25 @@ def cycles(driver: Driver, seconds: float) -> list[float]:
         durations.append(time.perf_counter() - started)
 
 
-def bench_cycles(endpoints: list[str], impls: list[str], rounds: int, seconds: float) -> None:
-    drivers = {name: DRIVERS[name](endpoints, "cycle") for name in impls}
-    rates: dict[str, list[float]] = {name: [] for name in impls}
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    print(f"\n[cycles] warm-up + {rounds} rounds x {seconds:g} s per implementation", flush=True)
+def cycle_rounds(
+    drivers: dict[str, Driver], rounds: int, seconds: float, title: str
+) -> dict[str, list[float]]:
+    """The uncontended cycle of every driver, ``rounds`` interleaved rounds after a warm-up; the
+    table is printed with ``title``, the drivers are closed; each one's cycles/s per round."""
+    rates: dict[str, list[float]] = {name: [] for name in drivers}
+    samples: dict[str, list[float]] = {name: [] for name in drivers}
     for number in range(rounds + 1):
-        order = impls if number % 2 == 0 else impls[::-1]
-        for name in order:
+        for name in list(drivers) if number % 2 == 0 else list(drivers)[::-1]:
             durations = cycles(drivers[name], seconds if number else min(seconds, 0.5))
             if number:
                 rates[name].append(len(durations) / sum(durations))
                 samples[name] += durations
     for driver in drivers.values():
         driver.close()
-    rows = []
-    for name in impls:
-        rows.append(
+    print_table(
+        title,
+        ["implementation", "cycles/s", "rounds min–max", "cycle p50", "cycle p99"],
+        [
             [
                 name,
                 fmt_rate(statistics.median(rates[name])),
@@ -215,32 +268,40 @@ def bench_cycles(endpoints: list[str], impls: list[str], rounds: int, seconds: f
                 fmt_time(percentile(samples[name], 50)),
                 fmt_time(percentile(samples[name], 99)),
             ]
-        )
-    print_table(
+            for name in drivers
+        ],
+    )
+    return rates
+
+
+def bench_cycles(target: Target, impls: list[str], rounds: int, seconds: float) -> None:
+    print(f"\n[cycles] warm-up + {rounds} rounds x {seconds:g} s per implementation", flush=True)
+    rates = cycle_rounds(
+        {name: DRIVERS[name](target, "cycle") for name in impls},
+        rounds,
+        seconds,
         "1. Uncontended acquire+release cycle (one process, one key)",
-        ["implementation", "cycles/s", "rounds min–max", "cycle p50", "cycle p99"],
-        rows,
     )
 
-    def ratio(other: str) -> float:
-        per_round = [f / o for f, o in zip(rates["fenced"], rates[other], strict=True)]
-        return statistics.median(per_round)
-
     if "fenced" in impls:
-        for other, target in (("aetcd Lock", 1.2), ("tooz etcd3gw", 2.0), ("etcd v3lock", 0.0)):
-            if other in impls:
-                value = ratio(other)
-                goal = f"target ≥ {target:g}: {verdict(value >= target)}" if target else "info"
-                print(f"fenced / {other}: {fmt_ratio(value)} (median of per-round ratios; {goal})")
+        goals = (("aetcd Lock", 1.2), ("tooz etcd3gw", 2.0), ("etcd v3lock", 0.0))
+        print_ratios(rates, [("fenced", other, goal) for other, goal in goals if other in impls])
+
+
+def print_ratios(rates: dict[str, list[float]], pairs: list[tuple[str, str, float]]) -> None:
+    """For each (mine, other, goal): the median of the per-round ratios mine / other, against
+    the goal (0: no goal)."""
+    for mine, other, goal_ratio in pairs:
+        value = statistics.median(a / b for a, b in zip(rates[mine], rates[other], strict=True))
+        goal = f"target ≥ {goal_ratio:g}: {verdict(value >= goal_ratio)}" if goal_ratio else "info"
+        print(f"{mine} / {other}: {fmt_ratio(value)} (median of per-round ratios; {goal})")
 
 
 # -- 2. handoff ---------------------------------------------------------------------------------
 
 
-def _handoff_worker(
-    name: str, endpoints: list[str], key: str, conn: mpc.Connection, role: str
-) -> None:
-    driver = DRIVERS[name](endpoints, key)
+def _handoff_worker(name: str, target: Target, key: str, conn: mpc.Connection, role: str) -> None:
+    driver = DRIVERS[name](target, key)
     rng = random.Random()
     while True:
         command = conn.recv()
@@ -264,7 +325,9 @@ def _handoff_worker(
     driver.close()
 
 
-def bench_handoff(endpoints: list[str], impls: list[str], rounds: int, per_round: int) -> None:
+def bench_handoff(
+    target: Target, impls: list[str], rounds: int, per_round: int, title: str = ""
+) -> None:
     ctx = mp.get_context("spawn")
     latencies: dict[str, list[float]] = {name: [] for name in impls}
     round_p50: dict[str, list[float]] = {name: [] for name in impls}
@@ -275,12 +338,12 @@ def bench_handoff(endpoints: list[str], impls: list[str], rounds: int, per_round
         for role in ("holder", "waiter"):
             mine, theirs = ctx.Pipe()
             process = ctx.Process(
-                target=_handoff_worker, args=(name, endpoints, key, theirs, role), daemon=True
+                target=_handoff_worker, args=(name, target, key, theirs, role), daemon=True
             )
             process.start()
             ends.append((mine, process))
         pairs[name] = ends
-    print(f"\n[handoff] warm-up + {rounds} rounds x {per_round} handoffs", flush=True)
+    print(f"\n[handoff{title}] warm-up + {rounds} rounds x {per_round} handoffs", flush=True)
     for number in range(rounds + 1):
         order = impls if number % 2 == 0 else impls[::-1]
         for name in order:
@@ -319,7 +382,7 @@ def bench_handoff(endpoints: list[str], impls: list[str], rounds: int, per_round
             ]
         )
     print_table(
-        "2. Handoff (holder's release() called -> blocked waiter's acquire() returned)",
+        f"2. Handoff{title} (holder's release() called -> blocked waiter's acquire() returned)",
         ["implementation", "n", "p50", "p90", "p99", "round p50 min–max"],
         rows,
     )
@@ -332,10 +395,10 @@ def bench_handoff(endpoints: list[str], impls: list[str], rounds: int, per_round
 
 
 def _fair_worker(
-    name: str, endpoints: list[str], key: str, start: float, seconds: float, conn: mpc.Connection
+    name: str, target: Target, key: str, start: float, seconds: float, conn: mpc.Connection
 ) -> None:
     """Cycle on ``key`` from ``start`` for ``seconds``; send (acquisitions, failed acquires)."""
-    driver = DRIVERS[name](endpoints, key)
+    driver = DRIVERS[name](target, key)
     conn.send("ready")
     while time.monotonic() < start:
         time.sleep(0.001)
@@ -355,7 +418,7 @@ def _fair_worker(
 
 
 def _run_workers(
-    name: str, endpoints: list[str], keys: list[str], seconds: float
+    name: str, target: Target, keys: list[str], seconds: float
 ) -> list[tuple[int, int]]:
     """One process per key (the same key several times: they contend); their results."""
     ctx = mp.get_context("spawn")
@@ -364,7 +427,7 @@ def _run_workers(
     for key in keys:
         mine, theirs = ctx.Pipe()
         process = ctx.Process(
-            target=_fair_worker, args=(name, endpoints, key, start, seconds, theirs), daemon=True
+            target=_fair_worker, args=(name, target, key, start, seconds, theirs), daemon=True
         )
         process.start()
         ends.append((mine, process))
@@ -378,7 +441,7 @@ def _run_workers(
 
 
 def bench_fairness(
-    endpoints: list[str], impls: list[str], rounds: int, processes: int, seconds: float
+    target: Target, impls: list[str], rounds: int, processes: int, seconds: float
 ) -> None:
     results: dict[str, list[list[int]]] = {name: [] for name in impls}
     print(f"\n[fairness] {rounds} rounds x {processes} processes x {seconds:g} s", flush=True)
@@ -386,7 +449,7 @@ def bench_fairness(
         order = impls if number % 2 == 0 else impls[::-1]
         for name in order:
             key = "fair-" + uuid.uuid4().hex[:6]
-            found = _run_workers(name, endpoints, [key] * processes, seconds)
+            found = _run_workers(name, target, [key] * processes, seconds)
             results[name].append([count for count, _ in found])
     rows = []
     for name in impls:
@@ -412,13 +475,13 @@ def bench_fairness(
         print(f"fenced min/mean share {fmt_ratio(share)}: target ≥ 0.8 {verdict(share >= 0.8)}")
 
 
-def bench_spread(endpoints: list[str], impls: list[str], processes: int, seconds: float) -> None:
+def bench_spread(target: Target, impls: list[str], processes: int, seconds: float) -> None:
     """Processes that each cycle on a key of their own: nothing should make them conflict."""
     print(f"\n[spread] {processes} processes x {seconds:g} s, one key each", flush=True)
     rows = []
     for name in impls:
         base = "spread-" + uuid.uuid4().hex[:6]
-        found = _run_workers(name, endpoints, [f"{base}-{i}" for i in range(processes)], seconds)
+        found = _run_workers(name, target, [f"{base}-{i}" for i in range(processes)], seconds)
         counts = [count for count, _ in found]
         rows.append(
             [
@@ -444,12 +507,12 @@ def _cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def bench_api(endpoints: list[str], pids: list[int], rounds: int, seconds: float) -> None:
+def bench_api(target: Target, pids: list[int], rounds: int, seconds: float) -> None:
     """fenced's uncontended cycle with its requests over gRPC (the default) and over etcd's JSON
     gateway (``?api=gateway``): throughput, and the CPU each cycle costs the three members and
     this client process (why the default is gRPC: docs/etcd.md, "Client")."""
     apis = ["grpc", "gateway"]
-    drivers = {api: FencedDriver(endpoints, "api-" + api, api) for api in apis}
+    drivers = {api: FencedDriver(target, "api-" + api, api) for api in apis}
     found: dict[str, list[tuple[float, float, float]]] = {api: [] for api in apis}
     print(f"\n[api] warm-up + {rounds} rounds x {seconds:g} s per API", flush=True)
     for number in range(rounds + 1):
@@ -485,6 +548,33 @@ def bench_api(endpoints: list[str], pids: list[int], rounds: int, seconds: float
     print(f"grpc / gateway: {fmt_ratio(statistics.median(per_round))} (median of per-round ratios)")
 
 
+def bench_tls(plain: Target, tls: Target, rounds: int, seconds: float, handoffs: int) -> None:
+    """The uncontended cycle on the plaintext cluster and on the TLS cluster side by side (fenced
+    and aetcd's Lock on each, rounds interleaved), then the handoff over TLS."""
+    runs: dict[str, Driver] = {
+        "fenced": FencedDriver(plain, "tls-cycle"),
+        "fenced TLS": FencedDriver(tls, "tls-cycle"),
+        "aetcd Lock": AetcdDriver(plain, "tls-cycle"),
+        "aetcd Lock TLS": AetcdDriver(tls, "tls-cycle"),
+    }
+    print(f"\n[tls] warm-up + {rounds} rounds x {seconds:g} s, plaintext and TLS", flush=True)
+    rates = cycle_rounds(
+        runs,
+        rounds,
+        seconds,
+        "6. Uncontended cycle, plaintext cluster vs TLS cluster (client certificates)",
+    )
+    print_ratios(
+        rates,
+        [
+            ("fenced TLS", "fenced", 0.85),
+            ("fenced TLS", "aetcd Lock TLS", 1.2),
+            ("aetcd Lock TLS", "aetcd Lock", 0.0),
+        ],
+    )
+    bench_handoff(tls, ["fenced", "aetcd Lock"], rounds, handoffs, title=" over TLS")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -494,11 +584,13 @@ def main() -> None:
     parser.add_argument("--fair-seconds", type=float, default=4.0)
     parser.add_argument("--fair-rounds", type=int, default=1)
     parser.add_argument(
-        "--only", action="append", choices=["cycles", "handoff", "fairness", "spread", "api"]
+        "--only",
+        action="append",
+        choices=["cycles", "handoff", "fairness", "spread", "api", "tls"],
     )
     parser.add_argument("--impl", action="append", choices=IMPLS)
     args = parser.parse_args()
-    sections = args.only or ["cycles", "handoff", "fairness", "spread", "api"]
+    sections = args.only or ["cycles", "handoff", "fairness", "spread", "api", "tls"]
     impls = args.impl or IMPLS
     with EtcdCluster(3) as cluster:
         endpoints = cluster.endpoints
@@ -506,17 +598,36 @@ def main() -> None:
         # single-endpoint clients talk to the leader, as fenced (which finds it) does
         ordered = [leader.endpoint] + [e for e in endpoints if e != leader.endpoint]
         print(f"etcd 3-member cluster {','.join(endpoints)}; leader {leader.endpoint}")
+        target = Target(ordered)
         if "cycles" in sections:
-            bench_cycles(ordered, impls, args.rounds, args.seconds)
+            bench_cycles(target, impls, args.rounds, args.seconds)
         if "handoff" in sections:
-            bench_handoff(ordered, impls, args.rounds, args.handoffs)
+            # fenced gateway: watches (and requests) over the JSON gateway, for comparison
+            extra = ["fenced gateway"] if "fenced" in impls else []
+            bench_handoff(target, impls + extra, args.rounds, args.handoffs)
         if "fairness" in sections:
-            bench_fairness(ordered, impls, args.fair_rounds, args.processes, args.fair_seconds)
+            bench_fairness(target, impls, args.fair_rounds, args.processes, args.fair_seconds)
         if "spread" in sections:
-            bench_spread(ordered, impls, args.processes, args.fair_seconds)
+            bench_spread(target, impls, args.processes, args.fair_seconds)
         if "api" in sections:
             pids = [pid for pid in (member.pid for member in cluster.members) if pid is not None]
-            bench_api(ordered, pids, args.rounds, args.seconds)
+            bench_api(target, pids, args.rounds, args.seconds)
+        if "tls" in sections:
+            with EtcdCluster(3, tls=True) as secured:
+                first = secured.leader().endpoint
+                tls = Target(
+                    [first] + [e for e in secured.endpoints if e != first],
+                    tuple(  # type: ignore[arg-type]
+                        str(path)
+                        for path in (
+                            secured.authority.cert,
+                            secured.client.cert,
+                            secured.client.key,
+                        )
+                    ),
+                )
+                print(f"etcd 3-member TLS cluster {','.join(tls.endpoints)}", flush=True)
+                bench_tls(target, tls, args.rounds, args.seconds, args.handoffs)
 
 
 if __name__ == "__main__":

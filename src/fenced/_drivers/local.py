@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from fenced.core._errors import ConfigurationError
-from fenced.core._urls import parse_local, url_of_path
+from fenced.core._urls import parse_local, redacted, url_of_path
 
 __all__ = ["check_database_file", "is_fenced_database", "local_path"]
 
@@ -40,9 +40,9 @@ def local_path(url: str, scheme: str | None = None) -> Path:
     path = Path(parsed.path).absolute()
     if parsed.former is not None and not path.exists() and is_fenced_database(parsed.former):
         raise ConfigurationError(
-            f"{url} now names {parsed.path} under the current directory ({path}; SQLAlchemy's "
-            f"rule), which does not exist, while {parsed.former} is a fenced database: write "
-            f"{url_of_path('sqlite', parsed.former)} (four slashes) to use it, or "
+            f"{redacted(url)} now names {parsed.path} under the current directory ({path}; "
+            f"SQLAlchemy's rule), which does not exist, while {parsed.former} is a fenced "
+            f"database: write {url_of_path('sqlite', parsed.former)} (four slashes) to use it, or "
             f"sqlite:{quote(parsed.path)} to create a new one here"
         )
     return path

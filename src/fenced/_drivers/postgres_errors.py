@@ -1,9 +1,10 @@
 """A psycopg error translated to the fenced error a caller can act on.
 
 :func:`translate` tells configuration problems (authentication, missing database, schema or
-table, privileges) from transient ones, and a failure before anything was sent
-(:class:`~fenced.core._errors.Unavailable`, nothing changed) from a broken connection after a
-change was sent (:class:`~fenced.core._errors.OutcomeUnknown`, it may have committed).
+table, privileges, a TLS certificate that does not verify) from transient ones, and a failure
+before anything was sent (:class:`~fenced.core._errors.Unavailable`, nothing changed) from a
+broken connection after a change was sent (:class:`~fenced.core._errors.OutcomeUnknown`, it may
+have committed).
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ _CONFIG_MESSAGES = (
     "invalid connection option",
     "invalid sslmode",
     "too many connections for role",
+    # TLS (libpq's client-side checks and the server's demand for a client certificate): a
+    # wrong CA, a certificate for another host name, a server without TLS, missing or
+    # unreadable files. Trying again cannot help.
+    "certificate",
+    "private key",
+    "unknown ca",
+    "does not match host name",
+    "does not support ssl",
+    "pg_hba.conf rejects",
 )
 # SQLSTATE classes: 28 auth, 3D catalog, 3F schema, 42 syntax/undefined/privilege, 0A unsupported
 _CONFIG_CLASSES = ("28", "3D", "3F", "42", "0A")

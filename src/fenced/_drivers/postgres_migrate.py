@@ -34,9 +34,10 @@ def migrate(
 
     The fast path reads ``meta_table`` (one statement). Only when it is missing or older does
     one transaction take a transaction-level advisory lock (concurrent openers serialise;
-    nothing session-level), re-read, apply the missing migrations and commit: a crash mid-way
-    leaves the previous version. ``initial`` is written when the tables are created. A meta
-    table of another format or a newer version is a :class:`ConfigurationError`.
+    nothing session-level), create the schema if it does not exist, re-read, apply the missing
+    migrations and commit: a crash mid-way leaves the previous version. ``initial`` is written
+    when the tables are created. A meta table of another format or a newer version is a
+    :class:`ConfigurationError`.
     """
     newest = migrations[-1].version
     quoted = sql.Identifier(schema).as_string(conn)
@@ -49,7 +50,11 @@ def migrate(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
             (f"fenced.migrate.{schema}.{meta_table}",),
         )
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}".encode())
+        # CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema exists:
+        # a role that owns a schema made for it (docs/postgres.md) has no such privilege
+        found = conn.execute("SELECT to_regnamespace(%s)", (quoted,)).fetchone()
+        if found is None or found[0] is None:
+            conn.execute(f"CREATE SCHEMA {quoted}".encode())
         meta = _read_meta(conn, schema, meta_table)
         version = 0 if meta is None else checked_version(_version(meta, where, fmt), newest, where)
         for migration in migrations:

@@ -7,7 +7,8 @@ libpq unchanged (and is validated by it). SQLAlchemy's driver suffix ``+psycopg`
 from a mapping, for a user's pool or engine handed in instead of a URL. A malformed URL, an
 unknown scheme, a bad schema name or an out-of-range option is a
 :class:`~fenced.core._errors.ConfigurationError`; passwords never appear in the URL shown in
-messages (:attr:`ParsedURL.display`).
+messages (:attr:`ParsedURL.display`, made by :func:`fenced.core._urls.redacted`, which masks a
+nested ``listen_url``'s password too).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import psycopg
 
 from fenced.core._errors import ConfigurationError
-from fenced.core._urls import scheme_of
+from fenced.core._urls import SECRET_PARAMETERS, redacted, scheme_of
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -109,7 +110,7 @@ def parse_url(url: str, fenced_keys: Sequence[str]) -> ParsedURL:
         raise ConfigurationError(f"malformed PostgreSQL URL: {error}") from None
     if scheme_of(url.strip()) not in _SCHEMES:
         raise ConfigurationError(f"expected a postgresql:// URL, got scheme {parts.scheme!r}")
-    display = _masked(parts)
+    display = redacted(url.strip())
     if parts.fragment:
         raise ConfigurationError(f"{display}: a fragment (#...) is not allowed")
     try:
@@ -146,7 +147,8 @@ def parse_url(url: str, fenced_keys: Sequence[str]) -> ParsedURL:
     try:
         psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.Error as error:
-        raise ConfigurationError(f"{display}: {error}") from None
+        secrets = [parts.password, *(v for k, v in pairs if k.lower() in SECRET_PARAMETERS)]
+        raise ConfigurationError(f"{display}: {_scrubbed(str(error), secrets)}") from None
     return ParsedURL(conninfo, display, schema, connect_timeout, ours)
 
 
@@ -188,29 +190,15 @@ def _schema(ours: dict[str, str], display: str) -> str:
     return schema
 
 
-def _masked(parts: SplitResult) -> str:
-    """The URL with its password replaced by ``***``."""
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            user = userinfo.split(":", 1)[0]
-            netloc = f"{user}:***@{host}"
-    query = "&".join(
-        f"{key}={_mask_nested(key, value)}" for key, value in parse_qsl(parts.query, True)
-    )
-    return _unsplit(parts.scheme, netloc, parts.path, query)
+def _scrubbed(message: str, secrets: list[str | None]) -> str:
+    """``message`` (libpq's, which may quote a malformed part of the URL) without ``secrets``."""
+    for secret in secrets:
+        for text in {secret, unquote(secret)} if secret else ():
+            message = message.replace(text, "***")
+    return message.strip()
 
 
 def _unsplit(scheme: str, netloc: str, path: str, query: str) -> str:
     """``scheme://netloc/path?query``, with ``//`` also when there is no host (``postgresql://``:
     libpq's defaults): ``urlunsplit`` drops it, and libpq reads ``postgresql:?…`` as no URI."""
     return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "")
-
-
-def _mask_nested(key: str, value: str) -> str:
-    if key == "password":
-        return "***"
-    if value.startswith(_SCHEMES):
-        return quote(_masked(urlsplit(value)), safe=":/@*?=&")
-    return quote(value, safe=":/@*")

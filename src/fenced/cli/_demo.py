@@ -49,11 +49,11 @@ from typing import Any
 import click
 
 from fenced.cli._app import OneLineUsageCommand, cli
-from fenced.cli._run_cmd import parse_seconds
+from fenced.cli._checks import parse_seconds, ttl_option
 from fenced.coordinator._connect import connect, resolve_url
 from fenced.core._errors import ConfigurationError, LeaseLost, Rejected, StaleToken
 from fenced.core._policy import validate_ttl
-from fenced.core._urls import scheme_of, url_of_path
+from fenced.core._urls import redacted, scheme_of, url_of_path
 from fenced.fence import open_store
 
 __all__ = [
@@ -449,13 +449,7 @@ def run_story(story: Story, steps: list[tuple[str, Step]] | None = None) -> bool
     metavar="URL",
     help="Coordinator URL [default: a fresh temporary sqlite database].",
 )
-@click.option(
-    "--ttl",
-    default=f"{DEFAULT_TTL:g}",
-    show_default=True,
-    metavar="SECONDS",
-    help="Lease ttl of the workers.",
-)
+@ttl_option(DEFAULT_TTL, "Lease ttl of the workers.")
 @click.option("--keep", is_flag=True, help="Keep the temporary directory and print its path.")
 @click.pass_context
 def demo_command(ctx: click.Context, url: str | None, ttl: str, keep: bool) -> None:
@@ -504,7 +498,7 @@ def _tell(
 
     console.print("[bold]fenced demo[/]: a paused worker cannot overwrite its successor's export")
     where = "a fresh temporary database" if temporary else "given with --url"
-    console.print(f"  coordinator  {escape(url)} ({where})")
+    console.print(f"  coordinator  {escape(redacted(url))} ({where})")
     console.print(f"  store        {escape(store_url)} (strict mode, temporary)")
     console.print(f"  resource     {escape(resource)}, ttl {ttl:g}s")
     console.print()

@@ -20,7 +20,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 
@@ -29,6 +28,7 @@ from fenced.cli._ops_args import format_seconds, open_existing_stores, parse_dur
 from fenced.coordinator._client import Coordinator
 from fenced.coordinator._connect import connect
 from fenced.core._names import validate_resource
+from fenced.core._urls import redacted
 from fenced.observe.timeline import Figures, StoreRecordSource, read_timeline
 
 __all__ = [
@@ -124,15 +124,7 @@ def read_status(
 
 def display_url(url: str) -> str:
     """``url`` with any password replaced by ``***`` (safe to print)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rsplit("@", 1)
-        user = netloc[0].split(":", 1)[0]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-    except ValueError:
-        return url
+    return redacted(url)
 
 
 def _seconds(value: float | None) -> str:

@@ -29,12 +29,12 @@ from fenced.coordinator._client import Coordinator
 from fenced.coordinator.backend import CoordinatorBackend
 from fenced.core._clock import Clock, HostClock
 from fenced.core._errors import ConfigurationError
-from fenced.core._urls import scheme_of, url_of_path
+from fenced.core._urls import redacted, scheme_of, url_of_path
 
 __all__ = ["DEFAULT_URL", "absolute_url", "connect", "open_backend", "resolve_url"]
 
 DEFAULT_URL = "sqlite:.fenced/fenced.db"
-_SCHEMES = ("sqlite", "memory", "postgresql", "postgres", "etcd")
+_SCHEMES = ("sqlite", "memory", "postgresql", "postgres", "etcd", "etcds")
 _LATER = {
     "http": "the fenced server",
     "https": "the fenced server",
@@ -68,12 +68,13 @@ def absolute_url(url: str) -> str:
 
 
 def _refuse_scheme(scheme: str, url: str) -> NoReturn:
+    shown = redacted(url)
     if scheme in _LATER:
         raise ConfigurationError(
-            f"{url!r}: the {_LATER[scheme]} backend is not available in this version of fenced"
+            f"{shown!r}: {_LATER[scheme]} is not available in this version of fenced"
         )
     raise ConfigurationError(
-        f"unknown coordinator URL scheme {scheme!r} in {url!r}; "
+        f"unknown coordinator URL scheme {scheme!r} in {shown!r}; "
         "expected sqlite:////abs/path.db (sqlite:///rel/path.db is relative), "
         "postgresql://..., etcd://host:port or memory://name"
     )
@@ -107,7 +108,7 @@ def open_backend(
         return MemoryBackend(url[len("memory://") :] or "default", host_clock=host_clock)
     if scheme in ("postgresql", "postgres"):
         return _postgres(url, f"{scheme}://", host_clock, options)
-    if scheme == "etcd":
+    if scheme in ("etcd", "etcds"):
         if host_clock is not None:
             raise ConfigurationError(
                 "etcd:// decides expiry by etcd leases (the etcd leader's clock); "
@@ -128,7 +129,8 @@ def _postgres(
 ) -> CoordinatorBackend:
     if url is None or isinstance(url, os.PathLike | bytes):
         raise ConfigurationError(
-            f"a coordinator is named by a URL or given as a PostgreSQL pool or engine, not {url!r}"
+            "a coordinator is named by a URL or given as a PostgreSQL pool or engine, not "
+            + redacted(url)
         )
     if host_clock is not None:
         raise ConfigurationError(

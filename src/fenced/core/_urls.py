@@ -28,12 +28,21 @@ another scheme, is a :class:`ConfigurationError` naming the supported spelling.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from fenced.core._errors import ConfigurationError
 
-__all__ = ["LocalURL", "parse_local", "path_from_url", "scheme_of", "url_of_path"]
+__all__ = [
+    "SECRET_PARAMETERS",
+    "LocalURL",
+    "parse_local",
+    "path_from_url",
+    "redacted",
+    "scheme_of",
+    "url_of_path",
+]
 
 DRIVERS = {"postgresql": "psycopg", "postgres": "psycopg"}
 """The driver suffix each scheme accepts (SQLAlchemy's ``dialect+driver``)."""
@@ -45,20 +54,79 @@ _SPELLINGS = {
 }
 
 
+SECRET_PARAMETERS = frozenset({"password", "passwd", "pass", "token", "secret", "sslpassword"})
+"""Query parameters whose values :func:`redacted` hides."""
+
+_USERINFO = re.compile(r"([^\s:/@'\"?&#]+):[^\s/@'\"?#]*@")
+_SECRET_VALUE = re.compile(
+    r"\b(" + "|".join(sorted(SECRET_PARAMETERS)) + r")=[^&\s'\"#]*", re.IGNORECASE
+)
+
+
+def redacted(url: object) -> str:
+    """``url`` as it may appear in an error, a log line or a ``repr``: its password ``***``.
+
+    Any scheme: the password of ``scheme://user:password@host…`` (also with several hosts), the
+    values of query (or fragment) parameters named in :data:`SECRET_PARAMETERS`, and the same
+    inside a query value that is itself a URL (percent-encoded, as ``listen_url=``). The rest is
+    kept as written; without ``://``, anything shaped like ``user:password@`` is masked too. Not
+    a string (bytes, a path, any object): its ``repr`` with anything shaped like
+    ``user:password@`` or ``password=…`` masked. Nothing here raises.
+    """
+    if not isinstance(url, str):
+        text = repr(url)
+        return _SECRET_VALUE.sub(r"\1=***", _USERINFO.sub(r"\1:***@", text))
+    head, sep, rest = url.partition("://")
+    if not sep:  # no authority: a password can only be a slip ("user:pw@host/db")
+        url = _USERINFO.sub(r"\1:***@", url)
+    else:
+        end = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0),
+                  default=len(rest))  # fmt: skip
+        netloc = rest[:end]
+        if "@" in netloc:
+            userinfo, _, hosts = netloc.rpartition("@")
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            rest = f"{userinfo}@{hosts}{rest[end:]}"
+        url = head + sep + rest
+    url, hash_, fragment = url.partition("#")
+    fragment = _SECRET_VALUE.sub(r"\1=***", fragment)
+    base, question, query = url.partition("?")
+    if not question:
+        return f"{url}{hash_}{fragment}"
+    parts = []
+    for item in query.split("&"):
+        name, equals, value = item.partition("=")
+        inner = unquote(value)
+        if equals and unquote(name).lower() in SECRET_PARAMETERS:
+            parts.append(f"{name}=***")
+        elif equals and "://" in inner and (shown := redacted(inner)) != inner:
+            parts.append(f"{name}={quote(shown, safe=':/@*,')}")  # a URL in a URL: listen_url
+        else:
+            parts.append(item)
+    return f"{base}?{'&'.join(parts)}{hash_}{fragment}"
+
+
+def _quoted(url: object) -> str:
+    """``url`` for a message: :func:`redacted`, quoted as ``repr`` quotes a string."""
+    return repr(redacted(url)) if isinstance(url, str) else redacted(url)
+
+
 def scheme_of(url: str) -> str:
     """The lower-cased scheme of ``url``, without an accepted driver suffix.
 
     ``postgresql+psycopg://…`` → ``"postgresql"``. Raises :class:`ConfigurationError` for a text
     without a scheme and for a driver suffix fenced does not use.
     """
+    shown = _quoted(url)
     if not isinstance(url, str) or ":" not in url:
         raise ConfigurationError(
-            f"not a URL: {url!r} (expected e.g. sqlite:///relative/path.db or "
+            f"not a URL: {shown} (expected e.g. sqlite:///relative/path.db or "
             "sqlite:////absolute/path.db)"
         )
     scheme = url.split(":", 1)[0].lower()
     if not scheme or not scheme.replace("+", "").replace("-", "").replace(".", "").isalnum():
-        raise ConfigurationError(f"not a URL: {url!r}")
+        raise ConfigurationError(f"not a URL: {shown}")
     base, plus, driver = scheme.partition("+")
     if not plus:
         return scheme
@@ -96,14 +164,15 @@ def parse_local(url: str, scheme: str | None = None) -> LocalURL:
     naming the accepted spellings) for anything else.
     """
     found = scheme_of(url)
+    shown = _quoted(url)
     if found not in LOCAL_SCHEMES or (scheme is not None and found != scheme):
         wanted = f"{scheme}:" if scheme else "sqlite: or file:"
-        raise ConfigurationError(f"expected a {wanted} URL, got {url!r}")
+        raise ConfigurationError(f"expected a {wanted} URL, got {shown}")
     spellings = _SPELLINGS[found]
     rest = url[len(found) + 1 :]
     if "?" in rest or "#" in rest:
         raise ConfigurationError(
-            f"{url!r}: {found}: URLs take no query string or fragment (percent-encode a ? or # "
+            f"{shown}: {found}: URLs take no query string or fragment (percent-encode a ? or # "
             f"in a name as %3F, %23); expected {spellings}"
         )
     three_slashes = False
@@ -111,7 +180,8 @@ def parse_local(url: str, scheme: str | None = None) -> LocalURL:
         host, slash, path = rest[2:].partition("/")
         if host and not (found == "file" and host.lower() == "localhost"):
             raise ConfigurationError(
-                f"{url!r} names host {host!r}: {found}: URLs name a local path; expected "
+                f"{shown} names host {host.rpartition('@')[2]!r}: {found}: URLs name a local "
+                f"path; expected "
                 f"{spellings}"
             )
         path = slash + path
@@ -131,18 +201,18 @@ def parse_local(url: str, scheme: str | None = None) -> LocalURL:
             if found == "sqlite"
             else "directory"
         )
-        raise ConfigurationError(f"{url!r} names no {what}; expected {spellings}")
+        raise ConfigurationError(f"{shown} names no {what}; expected {spellings}")
     if "\x00" in path:
-        raise ConfigurationError(f"{url!r}: a path cannot contain NUL; expected {spellings}")
+        raise ConfigurationError(f"{shown}: a path cannot contain NUL; expected {spellings}")
     if path == ":memory:":
         raise ConfigurationError(
-            f"{url!r}: fenced has no in-memory SQLite database; name a file ({spellings}), or "
+            f"{shown}: fenced has no in-memory SQLite database; name a file ({spellings}), or "
             "use memory://NAME for an in-process coordinator in tests"
         )
     if path == "~" or path.startswith("~/"):
         example = "sqlite:////home/me/x.db" if found == "sqlite" else "file:///home/me/x"
         raise ConfigurationError(
-            f"{url!r}: '~' is not expanded in URLs (it would name a directory called '~'); "
+            f"{shown}: '~' is not expanded in URLs (it would name a directory called '~'); "
             f"write the absolute path, e.g. {example}"
         )
     return LocalURL(found, path, former)

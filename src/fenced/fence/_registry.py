@@ -25,7 +25,7 @@ from typing import Literal, cast
 
 from fenced._drivers.local import local_path
 from fenced.core._errors import ConfigurationError
-from fenced.core._urls import scheme_of
+from fenced.core._urls import redacted, scheme_of
 from fenced.fence._values import Mode
 from fenced.fence.backend import Backend, StoreOptions
 
@@ -72,7 +72,7 @@ def kind_of(url: object) -> tuple[str, StoreKind]:
         if url is None or isinstance(url, os.PathLike | bytes):
             raise ConfigurationError(
                 f"a store is named by a URL (e.g. sqlite:////abs/store.db, file:///abs/dir) or "
-                f"given as a PostgreSQL pool or engine, not {url!r}"
+                f"given as a PostgreSQL pool or engine, not {redacted(url)}"
             )
         return POOL_KIND, STORE_KINDS[POOL_KIND]
     scheme = scheme_of(url)

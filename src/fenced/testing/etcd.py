@@ -14,6 +14,14 @@ service. ::
         cluster.snapshot_save(path)                 # etcdctl snapshot save (from a live member)
         cluster.restore(path)                       # stop all, etcdctl snapshot restore, start
 
+``EtcdCluster(3, tls=True)`` runs every member with TLS on both sides: client and peer
+certificates from a private :class:`~fenced.testing.tls.Authority` (``--client-cert-auth``,
+``--peer-client-cert-auth``), so clients need a certificate of that CA; :meth:`url` then gives an
+``etcds://`` URL with ``ca``, ``cert`` and ``key`` (a client certificate whose common name is
+``fenced``). :meth:`enable_auth` turns on etcd's authentication with a ``root`` user, and
+:meth:`add_user` makes a user limited to one key prefix. :meth:`rotate_certificate` restarts a
+member with a new server certificate of the same CA.
+
 Members can also run inside network namespaces (a partition lab, see the etcd tests): pass
 ``hosts=[(address, netns), ...]``; the harness then starts each member with ``ip netns exec`` and
 probes it from inside its namespace.
@@ -31,6 +39,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -39,7 +48,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from typing import Any
+
+from fenced.testing._lifecycle import StartStop
 
 __all__ = ["EtcdCluster", "EtcdMember", "free_ports"]
 
@@ -70,14 +81,17 @@ class EtcdMember:
     log_path: Path
     netns: str | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    scheme: str = "http"
+    certificate: Any = field(default=None, repr=False)
+    """With TLS: the member's :class:`~fenced.testing.tls.Issued` server certificate."""
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return f"{self.scheme}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://{self.host}:{self.peer_port}"
+        return f"{self.scheme}://{self.host}:{self.peer_port}"
 
     @property
     def endpoint(self) -> str:
@@ -92,13 +106,14 @@ class EtcdMember:
         return self.process is not None and self.process.poll() is None
 
 
-class EtcdCluster:
+class EtcdCluster(StartStop):
     """A private etcd cluster (see the module docstring).
 
     ``size``: members (1 or 3 usually). ``directory``: where data and logs go (default: a new
     temporary directory, removed by :meth:`stop`). ``hosts``: per member ``(address, netns)`` to
     run members inside network namespaces (default: all on 127.0.0.1 in this namespace).
-    ``extra_args``: more etcd flags for every member.
+    ``extra_args``: more etcd flags for every member. ``tls``: TLS with client certificates on
+    client and peer connections (module docstring; needs the ``cryptography`` package).
     """
 
     def __init__(
@@ -112,6 +127,7 @@ class EtcdCluster:
         election_ms: int = 500,
         hosts: list[tuple[str, str | None]] | None = None,
         extra_args: tuple[str, ...] = (),
+        tls: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError("an etcd cluster has at least one member")
@@ -146,17 +162,113 @@ class EtcdCluster:
             )
             for i, (address, netns, client_port, peer_port) in enumerate(places)
         ]
+        self.tls = tls
+        self.root_password: str | None = None
+        self.authority: Any = None
+        self.admin: Any = None
+        self.client: Any = None
+        self.anonymous: Any = None
+        if tls:
+            from fenced.testing.tls import Authority  # noqa: PLC0415 - needs cryptography
+
+            self.authority = Authority(self.directory / "tls")
+            for member in self.members:
+                member.scheme = "https"
+                self._issue_server(member)
+            self.admin = self.authority.issue("root", common_name="root", client=True)
+            self.client = self.authority.issue("fenced", common_name="fenced", client=True)
+            # without a common name: etcd's gateway refuses a client certificate that has one
+            self.anonymous = self.authority.issue("anonymous", common_name="", client=True)
 
     # -- addresses --------------------------------------------------------------------------
     @property
     def endpoints(self) -> list[str]:
         return [member.endpoint for member in self.members]
 
-    def url(self, prefix: str | None = None, **params: object) -> str:
-        """``etcd://`` URL naming every member (``prefix`` and other query parameters)."""
+    def url(self, prefix: str | None = None, *, user: str | None = None, **params: object) -> str:
+        """``etcd://`` URL naming every member (``prefix`` and other query parameters).
+
+        With ``tls``: ``etcds://`` with ``ca``, ``cert`` and ``key`` (the ``fenced`` client
+        certificate; with ``api="gateway"`` one without a common name, which etcd's gateway
+        requires) unless ``params`` give them (``None`` leaves one out). ``user``: the
+        ``user[:password]`` part."""
         query = [f"prefix={prefix}"] if prefix else []
-        query += [f"{name}={value}" for name, value in params.items()]
-        return "etcd://" + ",".join(self.endpoints) + ("?" + "&".join(query) if query else "")
+        scheme = "etcd"
+        if self.tls:
+            scheme = "etcds"
+            client = self.anonymous if params.get("api") == "gateway" else self.client
+            tls = {"ca": self.authority.cert, "cert": client.cert, "key": client.key}
+            params = {**tls, **params}
+        query += [f"{name}={value}" for name, value in params.items() if value is not None]
+        login = f"{user}@" if user else ""
+        hosts = ",".join(self.endpoints)
+        return f"{scheme}://{login}{hosts}" + ("?" + "&".join(query) if query else "")
+
+    # -- TLS and users ----------------------------------------------------------------------
+    def _issue_server(self, member: EtcdMember) -> None:
+        """A server (and peer) certificate for ``member`` from the cluster's authority."""
+        member.certificate = self.authority.issue(
+            f"{member.name}-server-{secrets.token_hex(3)}",
+            hosts=[member.host, "localhost", f"{member.name}.etcd.test"],
+            client=True,  # a member also dials its peers with it
+        )
+
+    def rotate_certificate(self, member: EtcdMember, timeout: float = 20.0) -> None:
+        """Restart ``member`` (SIGTERM by PID, same data directory) with a new server
+        certificate of the same authority."""
+        self.kill(member, signal.SIGTERM)
+        self._issue_server(member)
+        self.restart(member, timeout)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.authority.cert))
+        context.load_cert_chain(str(self.anonymous.cert), str(self.anonymous.key))
+        return context
+
+    def etcdctl_run(self, *args: str, timeout: float = 30.0) -> str:
+        """Run ``etcdctl`` against the running members as ``root`` (with TLS and the root
+        password when set); its output. Raises ``RuntimeError`` with etcdctl's message."""
+        endpoints = ",".join(m.client_url for m in self.members if m.running)
+        done = subprocess.run(
+            [*self._etcdctl(endpoints), *args], capture_output=True, timeout=timeout,
+            check=False, env={**os.environ, "ETCDCTL_API": "3"},
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)}: {done.stderr.decode().strip()}")
+        return done.stdout.decode()
+
+    def _etcdctl(self, endpoints: str) -> list[str]:
+        argv = [self.etcdctl, "--endpoints", endpoints, "--dial-timeout", "5s"]
+        if self.tls:
+            argv += ["--cacert", str(self.authority.cert), "--cert", str(self.admin.cert),
+                     "--key", str(self.admin.key)]  # fmt: skip
+        if self.root_password is not None:
+            argv += ["--user", f"root:{self.root_password}"]
+        return argv
+
+    def add_user(
+        self, name: str, password: str | None, prefix: str, permission: str = "readwrite"
+    ) -> None:
+        """An etcd user whose role may ``permission`` (read, write, readwrite; "" for none)
+        the keys under ``prefix`` and nothing else (``password`` None: it signs in by client
+        certificate only)."""
+        if password is None:
+            self.etcdctl_run("user", "add", name, "--no-password")
+        else:
+            self.etcdctl_run("user", "add", f"{name}:{password}")
+        self.etcdctl_run("role", "add", f"{name}-role")
+        if permission:
+            self.etcdctl_run(
+                "role", "grant-permission", f"{name}-role", permission, prefix, "--prefix=true"
+            )
+        self.etcdctl_run("user", "grant-role", name, f"{name}-role")
+
+    def enable_auth(self, root_password: str) -> None:
+        """Turn on etcd's authentication, with a ``root`` user (password ``root_password``)."""
+        self.etcdctl_run("user", "add", f"root:{root_password}")
+        self.etcdctl_run("user", "grant-role", "root", "root")
+        self.etcdctl_run("auth", "enable")
+        self.root_password = root_password
 
     def _initial_cluster(self) -> str:
         return ",".join(f"{m.name}={m.peer_url}" for m in self.members)
@@ -177,11 +289,23 @@ class EtcdCluster:
             "--heartbeat-interval", str(self.heartbeat_ms),
             "--election-timeout", str(self.election_ms),
             "--log-level", "warn",
+            *self._tls_args(member),
             *self.extra_args,
         ]  # fmt: skip
         if member.netns is not None:
             argv = ["ip", "netns", "exec", member.netns, *argv]
         return argv
+
+    def _tls_args(self, member: EtcdMember) -> list[str]:
+        if not self.tls:
+            return []
+        cert, key, ca = member.certificate.cert, member.certificate.key, self.authority.cert
+        return [
+            "--cert-file", str(cert), "--key-file", str(key), "--trusted-ca-file", str(ca),
+            "--client-cert-auth",
+            "--peer-cert-file", str(cert), "--peer-key-file", str(key),
+            "--peer-trusted-ca-file", str(ca), "--peer-client-cert-auth",
+        ]  # fmt: skip
 
     def _spawn(self, member: EtcdMember, state: str) -> None:
         with open(member.log_path, "ab") as log:
@@ -238,21 +362,6 @@ class EtcdCluster:
         if self._own_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
 
-    def __enter__(self) -> EtcdCluster:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- probes ---------------------------------------------------------------------------
     def status(self, member: EtcdMember, timeout: float = 1.0) -> dict[str, object] | None:
         """``/v3/maintenance/status`` of ``member``, or None if it does not answer."""
@@ -273,15 +382,28 @@ class EtcdCluster:
             except (subprocess.TimeoutExpired, ValueError):
                 return None
         else:
-            request = urllib.request.Request(  # noqa: S310 (an http:// URL built here)
-                f"{member.client_url}/v3/maintenance/status", data=b"{}", method="POST"
-            )
             try:
-                with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
-                    reply = json.loads(answer.read())
+                reply = self._post(member, "maintenance/status", {}, timeout)
             except (OSError, ValueError, urllib.error.URLError):
                 return None
         return reply if isinstance(reply, dict) and "header" in reply else None
+
+    def _post(self, member: EtcdMember, path: str, body: object, timeout: float) -> object:
+        """POST ``body`` to the member's gateway (as root, with a fresh token, once auth is on;
+        the gateway does not pass a client certificate's name on)."""
+        context = self._ssl_context() if self.tls else None
+        headers = {"Content-Type": "application/json"}
+        if self.root_password is not None and path != "auth/authenticate":
+            login = {"name": "root", "password": self.root_password}
+            answer = self._post(member, "auth/authenticate", login, timeout)
+            headers["Authorization"] = (
+                str(answer.get("token", "")) if isinstance(answer, dict) else ""
+            )
+        request = urllib.request.Request(  # noqa: S310 (an http(s):// URL built here)
+            f"{member.client_url}/v3/{path}", json.dumps(body).encode(), headers, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:  # noqa: S310
+            return json.loads(answer.read())
 
     def _member_id(self, status: dict[str, object]) -> str:
         header = status.get("header")
@@ -334,7 +456,7 @@ class EtcdCluster:
         """``etcdctl snapshot save`` from a running member into ``path``."""
         member = next(m for m in self.members if m.running)
         subprocess.run(
-            [self.etcdctl, "--endpoints", member.client_url, "snapshot", "save", str(path)],
+            [*self._etcdctl(member.client_url), "snapshot", "save", str(path)],
             check=True, capture_output=True, timeout=30,
             env={**os.environ, "ETCDCTL_API": "3"},
         )  # fmt: skip

@@ -11,6 +11,17 @@ refuses root). ::
         ...
         server.restart(mode="immediate")           # a crash of the server (not of the OS)
 
+Over TLS (certificates from :class:`fenced.testing.tls.Authority`), with ``hba`` lines checked
+before the defaults (here: a client certificate required for one database)::
+
+    ca = Authority(tmp_path)
+    server = PostgresServer(
+        tls=ca.issue("pg", hosts=["127.0.0.1"]),   # ssl=on with this certificate and key
+        ca=ca.cert,                                 # ssl_ca_file: client certificates' CA
+        hba=["hostssl certs all 127.0.0.1/32 trust clientcert=verify-full"],
+    )
+    server.url("certs", sslmode="verify-full", sslrootcert=str(ca.cert), sslcert=..., sslkey=...)
+
 ``durable=False`` (the default, for functional tests) turns off ``fsync``, ``synchronous_commit``
 and ``full_page_writes``: commits survive the death of the server (the WAL reaches the OS), not of
 the machine. Benchmarks and durability tests use ``durable=True`` (PostgreSQL's defaults).
@@ -37,8 +48,14 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from fenced.testing._lifecycle import StartStop
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from fenced.testing.tls import Issued
 
 __all__ = ["DEFAULT_BIN_DIR", "PgBouncer", "PostgresServer", "free_port"]
 
@@ -87,13 +104,20 @@ def _wait_port(port: int, timeout: float) -> bool:
     return False
 
 
-class PostgresServer:
+class PostgresServer(StartStop):
     """A private PostgreSQL cluster on 127.0.0.1 (see the module docstring).
 
     ``directory``: where the cluster lives (default: a new temporary directory, removed by
     :meth:`stop`). ``durable``: keep PostgreSQL's durable defaults (fsync on). ``bin_dir``: the
     server programs (default ``$FENCED_PG_BIN`` or :data:`DEFAULT_BIN_DIR`). ``settings``: extra
     ``-c name=value`` server settings.
+
+    ``tls``: the server's certificate and key (``ssl=on``; plaintext connections stay allowed
+    unless ``hba`` refuses them). ``ca``: the CA file that client certificates are checked
+    against (``ssl_ca_file``). The files are copied into the cluster's directory, readable by
+    the server only (PostgreSQL refuses a key that others may read). ``hba``: ``pg_hba.conf``
+    lines matched before the defaults (``local``, and ``host`` on loopback, all ``trust``);
+    :meth:`execute` then goes through the Unix socket, whatever they refuse over TCP.
     """
 
     def __init__(
@@ -104,7 +128,15 @@ class PostgresServer:
         bin_dir: Path | None = None,
         settings: dict[str, str] | None = None,
         max_connections: int = 200,
+        tls: Issued | None = None,
+        ca: Path | None = None,
+        hba: Sequence[str] = (),
     ) -> None:
+        if ca is not None and tls is None:
+            raise ValueError("ca= (client certificates) needs tls= (the server's certificate)")
+        self.tls = tls
+        self.ca = ca
+        self._hba = list(hba)
         self.bin_dir = Path(bin_dir or os.environ.get("FENCED_PG_BIN") or DEFAULT_BIN_DIR)
         self.durable = durable
         self._own_directory = directory is None
@@ -169,6 +201,9 @@ class PostgresServer:
                 max_wal_senders="0",
                 autovacuum="off",
             )
+        options.update(self._tls_settings())
+        if self._hba:
+            self._write_hba()
         options.update(self._settings)
         opts = " ".join(f"-c {key}={value}" for key, value in options.items())
         self._pg_ctl(["start", "-o", opts], timeout)
@@ -176,6 +211,36 @@ class PostgresServer:
             raise RuntimeError(f"PostgreSQL did not listen on port {self.port}:\n{self.log_tail()}")
         self._running = True
         return self
+
+    def _tls_settings(self) -> dict[str, str]:
+        """``ssl=on`` and the server's copies of the certificate files (none without ``tls``)."""
+        if self.tls is None:
+            return {}
+        directory = self._dir() / "tls"
+        directory.mkdir(mode=0o700, exist_ok=True)
+        files = {"ssl_cert_file": self.tls.cert, "ssl_key_file": self.tls.key}
+        if self.ca is not None:
+            files["ssl_ca_file"] = self.ca
+        settings = {"ssl": "on"}
+        for name, source in files.items():
+            target = directory / f"{name}.pem"
+            target.write_bytes(Path(source).read_bytes())
+            target.chmod(0o600)
+            _chown_tree(target, self._service_user)
+            settings[name] = f"'{target}'"
+        _chown_tree(directory, self._service_user)
+        return settings
+
+    def _write_hba(self) -> None:
+        """``pg_hba.conf``: the ``hba`` lines, then the defaults (all ``trust``)."""
+        defaults = [
+            "local all all trust",
+            "host all all 127.0.0.1/32 trust",
+            "host all all ::1/128 trust",
+        ]
+        path = self.data_dir / "pg_hba.conf"
+        path.write_text("\n".join([*self._hba, *defaults]) + "\n")
+        _chown_tree(path, self._service_user)
 
     def _initdb(self) -> None:
         argv = [
@@ -268,6 +333,12 @@ class PostgresServer:
         """A libpq URL for ``database`` (user postgres, no password: trust on loopback)."""
         return f"postgresql://{self.user}@{self.host}:{self.port}/{database}"
 
+    def admin_dsn(self, database: str = "postgres") -> str:
+        """:meth:`dsn`, or with ``hba`` lines the Unix socket's URL (``local`` is ``trust``)."""
+        if not self._hba:
+            return self.dsn(database)
+        return f"postgresql://{self.user}@/{database}?host={self._dir()}&port={self.port}"
+
     def url(self, database: str = "postgres", **query: str) -> str:
         """:meth:`dsn` with a query string (fenced's URL parameters, e.g. ``schema=...``)."""
         suffix = "&".join(f"{key}={value}" for key, value in query.items())
@@ -277,7 +348,7 @@ class PostgresServer:
         """Run one statement in autocommit mode (administration: CREATE DATABASE, ...)."""
         import psycopg  # noqa: PLC0415 - the postgres extra is needed only here
 
-        with psycopg.connect(self.dsn(database), autocommit=True) as conn:
+        with psycopg.connect(self.admin_dsn(database), autocommit=True) as conn:
             conn.execute(sql.encode())
 
     def create_database(self, name: str) -> str:
@@ -293,22 +364,15 @@ class PostgresServer:
             raise ValueError(f"database name must match {_DB_NAME.pattern}, got {name!r}")
         self.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    def __enter__(self) -> PostgresServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _stop_at_exit(self) -> None:
         self.stop("immediate")
 
     def __repr__(self) -> str:
-        return f"<PostgresServer {self.host}:{self.port} durable={self.durable}>"
+        tls = " tls" if self.tls is not None else ""
+        return f"<PostgresServer {self.host}:{self.port} durable={self.durable}{tls}>"
 
 
-class PgBouncer:
+class PgBouncer(StartStop):
     """A private PgBouncer on a free loopback port in front of ``server`` (stopped by PID).
 
     ``pool_mode``: ``transaction`` (default), ``session`` or ``statement``. ``round_robin``:
@@ -399,14 +463,3 @@ class PgBouncer:
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
-
-    def __enter__(self) -> PgBouncer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -30,13 +30,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from fenced.coordinator._connect import connect, resolve_url
 from fenced.core._errors import ConfigurationError
-from fenced.core._urls import scheme_of, url_of_path
+from fenced.core._urls import redacted, scheme_of, url_of_path
 from fenced.fence._store import open_store
 from fenced.fence._values import Mode
 
 __all__ = ["NETWORKED", "Target", "endpoints", "with_endpoints"]
 
-NETWORKED = ("postgresql", "postgres", "etcd")
+NETWORKED = ("postgresql", "postgres", "etcd", "etcds")
 """Coordinator URL schemes whose wire verification can cut with a TCP proxy."""
 
 
@@ -48,7 +48,7 @@ def endpoints(url: str) -> list[tuple[str, int]]:
     for item in hosts.split(","):
         host, _, port = item.rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigurationError(f"{url!r}: cannot find host:port in {item!r}")
+            raise ConfigurationError(f"{redacted(url)!r}: cannot find host:port in {item!r}")
         found.append((host.strip("[]"), int(port)))
     return found
 
@@ -94,7 +94,8 @@ class Target:
                 role = "S" if store.mode == "strict" else "M"
             if role in roles:
                 raise ConfigurationError(
-                    f"two --store URLs of the same mode ({store.mode}): {roles[role]}, {store_url}"
+                    f"two --store URLs of the same mode ({store.mode}): {redacted(roles[role])}, "
+                    f"{redacted(store_url)}"
                 )
             roles[role] = store_url
         return cls(url, roles)

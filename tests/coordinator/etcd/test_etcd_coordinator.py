@@ -38,7 +38,6 @@ from fenced.coordinator.backends.etcd._client import (
     MaybeApplied,
     NotApplied,
     Transport,
-    WatchStream,
     b64,
 )
 from fenced.coordinator.backends.etcd._keys import (
@@ -48,6 +47,7 @@ from fenced.coordinator.backends.etcd._keys import (
     records_value,
     stamped,
 )
+from fenced.coordinator.backends.etcd._watch import WatchStream
 from fenced.core._clock import ManualClock
 from fenced.core._errors import (
     Busy,

@@ -143,8 +143,7 @@ def install(connection: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA
         connection.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"fenced.guard.{schema}",)
         )
-        for statement in _ddl(schema):
-            connection.execute(statement.encode())
+        _create(connection.execute, schema)
 
 
 def guard_psycopg(
@@ -194,7 +193,17 @@ def _ensure(execute: Any, schema: str) -> None:
     if found is not None and found[0] is not None:
         return
     execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"fenced.guard.{schema}",))
-    for statement in _ddl(schema):
+    _create(execute, schema)
+
+
+def _create(execute: Any, schema: str) -> None:
+    """Run the guard's DDL; ``CREATE SCHEMA`` only if the schema does not exist (``IF NOT
+    EXISTS`` would still need CREATE on the database, which a schema's owner may lack)."""
+    found = execute("SELECT to_regnamespace(%s)", (f'"{schema}"',)).fetchone()
+    statements = _ddl(schema)
+    if found is not None and found[0] is not None:
+        statements = statements[1:]
+    for statement in statements:
         execute(statement.encode())
 
 

@@ -160,7 +160,6 @@ from fenced.coordinator.backends.etcd._base import (
 from fenced.coordinator.backends.etcd._client import KV, EtcdRejected, Transport
 from fenced.coordinator.backends.etcd._handoff import _VIEW_IDLE
 from fenced.coordinator.backends.etcd._keys import (
-    DEFAULT_PREFIX,
     Keys,
     LeaseValue,
     ResourceState,
@@ -219,14 +218,7 @@ class EtcdBackend(_Waiters):
 
     def __init__(self, url: str) -> None:
         settings = parse_etcd_url(url)
-        hosts = ",".join(
-            f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            for host, port in settings.endpoints
-        )
-        query = [] if settings.prefix == DEFAULT_PREFIX else [f"prefix={settings.prefix}"]
-        if settings.api != "grpc":
-            query.append(f"api={settings.api}")
-        self.url = f"etcd://{hosts}" + ("?" + "&".join(query) if query else "")
+        self.url = settings.display()
         self._keys = Keys(settings.prefix)
         transport: type[Transport] = Transport
         if settings.api == "grpc":
@@ -239,7 +231,17 @@ class EtcdBackend(_Waiters):
                 ) from error
             transport = GrpcTransport
         self._transport = transport(
-            settings.endpoints, timeout=settings.timeout, connect_timeout=settings.connect_timeout
+            settings.endpoints,
+            timeout=settings.timeout,
+            connect_timeout=settings.connect_timeout,
+            tls=settings.tls,
+            login=settings.login,
+        )
+        who = "the client certificate's user" if settings.login is None else "etcd user"
+        user = "" if settings.login is None else f" {settings.login.user!r}"
+        self._transport.permission_hint = (
+            f"{who}{user} needs readwrite permission on the key prefix {settings.prefix}/ "
+            "(docs/etcd.md, 'Least privilege')"
         )
         self._clock: Clock = SystemClock()  # of the pooled leases' times: counts a suspended host
         self._lock = threading.Lock()

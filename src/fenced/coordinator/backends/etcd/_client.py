@@ -1,11 +1,13 @@
-"""A synchronous client for etcd's v3 JSON gateway (``POST /v3/…``), for the etcd backend.
+"""A synchronous client for etcd's v3 JSON gateway (``POST /v3/…``), for the etcd backend with
+``?api=gateway``, and what both transports share: endpoint order and failover within one time
+budget, TLS settings, user login and token renewal, error classes, open streams. The default
+transport, :class:`~._grpc_transport.GrpcTransport`, subclasses :class:`Transport`.
 
 HTTP is Python's own ``http.client`` (CPython's maintained HTTP/1.1 client: request framing,
 status line and header parsing, ``Content-Length`` and chunked replies). What stays here is what
-etcd needs on top: a small pool of keep-alive connections per endpoint, endpoint failover within
-one time budget, etcd's error answers, and the one distinction a lock service cannot do without —
-whether a request that failed may have been applied. Why ``http.client`` and the gateway rather
-than httpx, urllib3 or a gRPC client: see ``docs/etcd.md`` ("Client").
+etcd needs on top: a small pool of keep-alive connections per endpoint, etcd's error answers, and
+the one distinction a lock service cannot do without — whether a request that failed may have
+been applied. Why gRPC by default: ``docs/etcd.md`` ("Client").
 
 Failure classification (per request)::
 
@@ -48,34 +50,40 @@ import json
 import logging
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
 from fenced.coordinator.backends.etcd._messages import METHODS, Json, to_json, to_message
+from fenced.coordinator.backends.etcd._security import Login, Tls, diagnose
 
 __all__ = [
     "KV",
+    "RETRY_PAUSE",
     "EtcdError",
     "EtcdRejected",
     "Event",
     "Json",
     "MaybeApplied",
     "NotApplied",
+    "OpenStream",
+    "Refused",
     "Stream",
     "Transport",
-    "WatchStream",
     "b64",
+    "error_of",
     "unb64",
 ]
 
 log = logging.getLogger("fenced.coordinator.etcd")
 
-_RETRY_PAUSE = (0.02, 0.05, 0.1, 0.2)
+RETRY_PAUSE = (0.02, 0.05, 0.1, 0.2)
+"""Pauses between retries of a request, and between attempts to reopen a watch."""
 _DOWN_FOR = 1.0  # seconds an endpoint that refused is tried last
 # gRPC status codes etcd uses for definite rejections (nothing was applied, retrying won't help)
 _DEFINITE = {3, 5, 7, 9, 11, 16}
@@ -119,6 +127,27 @@ class MaybeApplied(EtcdError):
 
 class EtcdRejected(EtcdError):
     """etcd answered with a definite error (lease not found, compacted, invalid, permission)."""
+
+
+class Refused(EtcdError):
+    """The cluster refuses who this client is or how it connects: a wrong password, no user
+    where etcd wants one, a permission missing on the prefix, a TLS certificate refused either
+    way. Nothing was applied; a retry cannot help (callers raise ``ConfigurationError``)."""
+
+
+_TOKEN_STALE = ("invalid auth token", "revision of auth store is old")
+"""etcd's answers to a token it no longer takes (it expired, or the user changed): get a new
+one and send the request again (etcd checks the token before it applies anything)."""
+_LOGIN_REFUSED = {
+    "authentication failed": "etcd refused the user name or password",
+    "authentication is not enabled": (
+        "a user was given but the cluster has authentication disabled; remove it from the URL"
+    ),
+    "user name is empty": (
+        "the cluster has authentication enabled: give a user (etcd://user:password@…) or a "
+        "client certificate whose common name is an etcd user"
+    ),
+}
 
 
 def b64(data: bytes | str) -> str:
@@ -167,7 +196,7 @@ class Event:
     kv: KV
 
 
-def _error_of(payload: Json) -> tuple[int, str]:
+def error_of(payload: Json) -> tuple[int, str]:
     error = payload.get("error")
     if isinstance(error, dict):  # the gateway's form for errors inside a stream
         return int(error.get("grpc_code", 0)), str(error.get("message", ""))
@@ -209,9 +238,48 @@ class _Endpoint:
         return f"{self.host}:{self.port}" if ":" not in self.host else f"[{self.host}]:{self.port}"
 
 
+class _HTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS whose certificate is checked against ``server_name`` when given (a certificate
+    issued to a name while the URL has an address), else against the host."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        context: ssl.SSLContext,
+        server_name: str | None,
+        *,
+        timeout: float,
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._tls_context = context
+        self._server_name = server_name or host
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)  # TCP, TCP_NODELAY
+        assert self.sock is not None
+        self.sock = self._tls_context.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
 def _close(conn: http.client.HTTPConnection) -> None:
     with contextlib.suppress(Exception):
         conn.close()
+
+
+class OpenStream(Protocol):
+    """A watch's open reply, whichever transport carries it (see :class:`Stream`)."""
+
+    token: str | None
+    """The auth token the watch was opened with."""
+
+    def messages(self) -> Iterator[Json]: ...
+
+    def shutdown(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=OpenStream)
 
 
 class Stream:
@@ -227,12 +295,13 @@ class Stream:
         conn: http.client.HTTPConnection,
         sock: socket.socket,
         response: http.client.HTTPResponse,
-        on_close: Callable[[Stream], None],
+        on_close: Callable[[OpenStream], None],
     ) -> None:
         self._conn = conn
         self._sock = sock
         self._response = response
         self._on_close = on_close
+        self.token: str | None = None
 
     def messages(self) -> Iterator[Json]:
         """The newline-separated JSON objects of the reply (``OSError``, ``http.client``'s
@@ -272,17 +341,32 @@ class Transport:
     """
 
     def __init__(
-        self, endpoints: list[tuple[str, int]], *, timeout: float, connect_timeout: float
+        self,
+        endpoints: list[tuple[str, int]],
+        *,
+        timeout: float,
+        connect_timeout: float,
+        tls: Tls | None = None,
+        login: Login | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one endpoint is needed")
         self._endpoints = [_Endpoint(host, port) for host, port in endpoints]
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        self.tls = tls
+        self._ssl = None if tls is None else tls.ssl_context()
+        self._login = login
+        self._token: str | None = None  # etcd's auth token for login (refreshed when stale)
+        self._token_lock = threading.Lock()  # one Authenticate at a time
+        self.token_refreshes = 0
+        """How many times a token etcd no longer took was replaced (for tests and metrics)."""
+        self.permission_hint = "the etcd user needs readwrite permission on fenced's key prefix"
+        """Added to etcd's "permission denied" (the backend names the user and the prefix)."""
         self._lock = threading.Lock()
         self._preferred = 0
         self._closed = False
-        self._open: set[Stream] = set()
+        self._open: set[OpenStream] = set()
 
     @property
     def endpoints(self) -> list[str]:
@@ -316,16 +400,92 @@ class Transport:
 
     # -- connections ----------------------------------------------------------------------
     def _connect(self, endpoint: _Endpoint, timeout: float) -> http.client.HTTPConnection:
-        """A new connection to ``endpoint`` (:class:`NotApplied` if it cannot be made)."""
-        conn = http.client.HTTPConnection(
-            endpoint.host, endpoint.port, timeout=min(timeout, self.connect_timeout)
-        )
+        """A new connection to ``endpoint`` (:class:`NotApplied` if it cannot be made,
+        :class:`Refused` if TLS refuses it)."""
+        wait = min(timeout, self.connect_timeout)
+        conn: http.client.HTTPConnection
+        if self._ssl is None or self.tls is None:
+            conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=wait)
+        else:
+            conn = _HTTPSConnection(
+                endpoint.host, endpoint.port, self._ssl, self.tls.server_name, timeout=wait
+            )
         try:
             conn.connect()  # sets TCP_NODELAY
+        except ssl.SSLError as error:
+            _close(conn)
+            raise self._tls_refused(endpoint, wait) or NotApplied(
+                f"cannot connect: {_describe(error)}"
+            ) from error
         except _HTTP_ERRORS as error:
             _close(conn)
             raise NotApplied(f"cannot connect: {_describe(error)}") from error
         return conn
+
+    def _tls_refused(self, endpoint: _Endpoint, timeout: float) -> Refused | None:
+        """:class:`Refused` naming why TLS to ``endpoint`` fails, or None (not TLS's doing)."""
+        if self.tls is None:
+            return None
+        cause = diagnose(self.tls, endpoint.host, endpoint.port, timeout)
+        return None if cause is None else Refused(f"{endpoint}: {cause}")
+
+    # -- authentication ---------------------------------------------------------------------
+    def _auth_headers(self) -> dict[str, str]:
+        token = self._token
+        return _HEADERS if token is None else {**_HEADERS, "Authorization": token}
+
+    def _authenticate(self, deadline: float, stale: str | None = None) -> None:
+        """Get a token for the login (unless another thread replaced ``stale`` meanwhile)."""
+        login = self._login
+        if login is None:
+            return
+        with self._token_lock:
+            if self._token is not None and self._token != stale:
+                return
+            body = {"name": login.user, "password": login.password}
+            data = self._encode("auth/authenticate", body)
+            last: EtcdError = NotApplied("no endpoint answered")
+            for endpoint in self._order():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    reply = self._reply_json(
+                        self._once(endpoint, "auth/authenticate", data, remaining, False)
+                    )
+                except NotApplied as error:
+                    last = error
+                    continue
+                except EtcdRejected as error:
+                    refused = self._refused(error)
+                    if refused is error:
+                        raise
+                    raise refused from error
+                self._token = str(reply.get("token", "")) or None
+                if stale is not None:
+                    self.token_refreshes += 1
+                return
+            raise NotApplied(f"authenticating as {login.user!r}: {last}", last.code)
+
+    def stale_token(self, message: str, used: str | None) -> None:
+        """After a watch ended with ``message``: if etcd no longer takes the token ``used``,
+        get a new one (quietly: the watch's next attempt reports what still fails)."""
+        if self._login is None or not any(marker in message for marker in _TOKEN_STALE):
+            return
+        with contextlib.suppress(EtcdError):
+            self._authenticate(time.monotonic() + self.timeout, stale=used)
+
+    def _refused(self, error: EtcdRejected) -> EtcdError:
+        """The :class:`Refused` an etcd rejection about identity or permission means, else
+        ``error`` itself."""
+        message = str(error)
+        for marker, meaning in _LOGIN_REFUSED.items():
+            if marker in message:
+                who = "" if self._login is None else f" (user {self._login.user!r})"
+                return Refused(f"{meaning}{who}: {message}", error.code)
+        if "permission denied" in message:
+            return Refused(f"{message}: {self.permission_hint}", error.code)
+        return error
 
     def _checkout(self, endpoint: _Endpoint, timeout: float) -> http.client.HTTPConnection:
         """An idle pooled connection to ``endpoint`` that the server did not close, or a new one."""
@@ -361,9 +521,33 @@ class Transport:
         for conn in idle:
             _close(conn)
 
-    def _forget(self, stream: Stream) -> None:
+    def _forget(self, stream: OpenStream) -> None:
         with self._lock:
             self._open.discard(stream)
+
+    def _stream_endpoints(self, timeout: float) -> Iterator[tuple[_Endpoint, float]]:
+        """For opening a stream: each endpoint in the order of preference with the deadline
+        ``timeout`` from now, while time is left (authenticated first if the URL names a user).
+        Raises :class:`NotApplied` once the client is closed."""
+        deadline = time.monotonic() + timeout
+        if self._login is not None and self._token is None:
+            self._authenticate(deadline)
+        for endpoint in self._order():
+            if deadline - time.monotonic() <= 0:
+                return
+            if self._closed:
+                raise NotApplied("the client is closed")
+            yield endpoint, deadline
+
+    def _adopt(self, stream: _S) -> _S:
+        """``stream``, now counted among the open streams that :meth:`close` ends; closed and
+        ``NotApplied`` if the client was closed meanwhile."""
+        with self._lock:
+            if not self._closed:
+                self._open.add(stream)
+                return stream
+        stream.close()
+        raise NotApplied("the client is closed")
 
     # -- requests -------------------------------------------------------------------------
     def call(self, path: str, body: Json, *, mutating: bool, timeout: float | None = None) -> Json:
@@ -395,6 +579,8 @@ class Transport:
         data = self._encode(path, body)
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
+        if self._login is not None and self._token is None:
+            self._authenticate(deadline)
         last: EtcdError = NotApplied("no endpoint answered")
         for attempt in range(1_000_000):
             for endpoint in self._order():
@@ -404,15 +590,37 @@ class Transport:
                 if self._closed:
                     raise NotApplied("the client is closed")
                 try:
-                    return self._once(endpoint, path, data, remaining, mutating)
+                    return self._with_token(endpoint, path, data, deadline, mutating)
                 except NotApplied as error:
                     last = NotApplied(f"{endpoint}: {error}", error.code)
                     self._mark_down(endpoint)
+                except EtcdRejected as error:
+                    refused = self._refused(error)
+                    if refused is error:
+                        raise
+                    raise refused from error
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            time.sleep(min(_RETRY_PAUSE[min(attempt, len(_RETRY_PAUSE) - 1)], remaining))
+            time.sleep(min(RETRY_PAUSE[min(attempt, len(RETRY_PAUSE) - 1)], remaining))
         raise NotApplied(f"etcd unavailable after {budget:g}s ({last})", last.code)
+
+    def _with_token(
+        self, endpoint: _Endpoint, path: str, data: Any, deadline: float, mutating: bool
+    ) -> Any:
+        """:meth:`_once`; if etcd no longer takes the token, a new token and once more."""
+        used = self._token
+        try:
+            return self._once(endpoint, path, data, deadline - time.monotonic(), mutating)
+        except EtcdRejected as error:
+            if self._login is None or not any(m in str(error) for m in _TOKEN_STALE):
+                raise
+        log.info("etcd auth token no longer valid; authenticating again")
+        self._authenticate(deadline, stale=used)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise NotApplied("the time budget ended while authenticating again")
+        return self._once(endpoint, path, data, remaining, mutating)
 
     def _encode(self, path: str, body: Json | Message) -> Any:
         """``body`` as :meth:`_once` sends it (here: compact JSON; a message as the gateway's
@@ -433,10 +641,10 @@ class Transport:
             try:
                 if _CORK is not None and sock is not None:
                     sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
-                    conn.request("POST", "/v3/" + path, data, _HEADERS)
+                    conn.request("POST", "/v3/" + path, data, self._request_headers(path))
                     sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)  # sends what is queued
                 else:
-                    conn.request("POST", "/v3/" + path, data, _HEADERS)
+                    conn.request("POST", "/v3/" + path, data, self._request_headers(path))
             except _HTTP_ERRORS as error:  # not handed to the kernel whole: not applied
                 raise NotApplied(f"request not sent whole: {_describe(error)}") from error
             try:
@@ -453,6 +661,11 @@ class Transport:
                 self._checkin(endpoint, conn)
             else:
                 _close(conn)
+        if status == 400 and b"CommonName" in raw:  # etcd's gateway under --client-cert-auth
+            raise Refused(
+                f"{endpoint}: etcd's JSON gateway refuses client certificates that carry a "
+                "common name: use api=grpc, or a certificate without one and a user:password"
+            )
         try:
             payload = json.loads(raw) if raw else {}
         except ValueError as error:
@@ -460,11 +673,14 @@ class Transport:
         if not isinstance(payload, dict):
             raise _classify(0, f"{endpoint}: unexpected reply: {raw[:200]!r}", mutating)
         if status != 200 or "error" in payload:
-            code, message = _error_of(payload)
+            code, message = error_of(payload)
             raise _classify(code, message or f"HTTP {status}", mutating)
         self._prefer(endpoint)
         result = payload.get("result", payload)  # stream endpoints wrap their reply
         return result if isinstance(result, dict) else {}
+
+    def _request_headers(self, path: str) -> dict[str, str]:
+        return _HEADERS if path == "auth/authenticate" else self._auth_headers()
 
     def prefer_leader(self, timeout: float = 0.5) -> bool:
         """Send requests to the current etcd leader first (it saves the forwarding hop).
@@ -488,7 +704,7 @@ class Transport:
                 return True
         return False
 
-    def open_stream(self, path: str, body: Json, timeout: float) -> Stream:
+    def open_stream(self, path: str, body: Json, timeout: float) -> OpenStream:
         """POST a streaming request on a connection of its own; the reply, open for reading.
 
         Tries the endpoints in turn until one answers 200 within ``timeout`` (connecting,
@@ -498,16 +714,10 @@ class Transport:
         its connection).
         """
         data = _compact_json(body).encode()
-        deadline = time.monotonic() + timeout
         last = "no endpoint"
-        for endpoint in self._order():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            if self._closed:
-                raise NotApplied("the client is closed")
+        for endpoint, deadline in self._stream_endpoints(timeout):
             try:
-                conn = self._connect(endpoint, remaining)
+                conn = self._connect(endpoint, deadline - time.monotonic())
             except NotApplied as error:
                 last = f"{endpoint}: {error}"
                 self._mark_down(endpoint)
@@ -516,7 +726,7 @@ class Transport:
             assert sock is not None  # connected
             try:
                 sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                conn.request("POST", "/v3/" + path, data, _HEADERS)
+                conn.request("POST", "/v3/" + path, data, self._auth_headers())
                 response = conn.getresponse()  # the head comes with the first message
                 if response.status != 200:
                     last = f"{endpoint}: HTTP {response.status}: {response.read(200)!r}"
@@ -531,143 +741,6 @@ class Transport:
                 self._mark_down(endpoint)
                 continue
             stream = Stream(conn, sock, response, self._forget)
-            with self._lock:
-                if not self._closed:
-                    self._open.add(stream)
-                    return stream
-            stream.close()
-            raise NotApplied("the client is closed")
+            stream.token = self._token
+            return self._adopt(stream)
         raise NotApplied(f"cannot open a stream: {last}")
-
-
-class WatchStream:
-    """One etcd watch in a daemon thread, resumed after a broken connection.
-
-    Watches ``[key, range_end)`` from ``start_revision``. ``on_events(events, revision)`` is
-    called for every batch of events; ``on_trouble(reason)`` when the watch cannot go on
-    exactly (``"compacted"``: the start revision was compacted away, the caller must re-read
-    state; ``"down"``: no endpoint accepted the watch for a while — it keeps trying).
-    After a broken connection it reconnects (any endpoint) and resumes from the revision after
-    the last one it delivered: no event is skipped and none is delivered twice. It ends when
-    stopped, after a compaction, or when its transport is closed.
-
-    ``catch_up``: etcd serves a watch whose start revision is not in the future from its
-    "unsynced" group, caught up every 100 ms. With ``catch_up`` given, the first watch starts at
-    *the current revision* instead (synced at once), and once etcd confirms it at revision H,
-    ``catch_up(H)`` is called to cover ``[start_revision, H]`` itself (typically one read at
-    revision H); it returns False when that read found a change (``on_trouble("changed")``).
-    """
-
-    def __init__(
-        self,
-        transport: Transport,
-        key: bytes,
-        range_end: bytes | None,
-        start_revision: int,
-        on_events: Callable[[list[Event], int], None],
-        on_trouble: Callable[[str], None],
-        *,
-        name: str = "watch",
-        catch_up: Callable[[int], bool] | None = None,
-    ) -> None:
-        self._transport = transport
-        self._catch_up = catch_up
-        self._key = key
-        self._range_end = range_end
-        self.revision = start_revision
-        """The next revision this watch will deliver."""
-        self._on_events = on_events
-        self._on_trouble = on_trouble
-        self._stopped = threading.Event()
-        self.created = threading.Event()
-        self._lock = threading.Lock()
-        self._stream: Stream | None = None
-        self._thread = threading.Thread(target=self._run, name=f"fenced-etcd-{name}", daemon=True)
-        self._thread.start()
-
-    @property
-    def alive(self) -> bool:
-        return not self._stopped.is_set() and self._thread.is_alive()
-
-    def stop(self) -> None:
-        """Cancel the watch (its connection is closed by its thread); idempotent, does not wait."""
-        self._stopped.set()
-        with self._lock:  # the thread closes the stream under this lock: never a reused socket
-            if self._stream is not None:
-                self._stream.shutdown()
-
-    def _run(self) -> None:
-        failures = 0
-        while not self._stopped.is_set() and not self._transport.closed:
-            request: Json = {"key": b64(self._key)}
-            if self._catch_up is None:
-                request["start_revision"] = str(self.revision)
-            if self._range_end is not None:
-                request["range_end"] = b64(self._range_end)
-            try:
-                stream = self._transport.open_stream(
-                    "watch", {"create_request": request}, self._transport.connect_timeout * 2
-                )
-            except NotApplied:
-                failures += 1
-                if failures == 3:
-                    self._on_trouble("down")
-                self._stopped.wait(_RETRY_PAUSE[min(failures, len(_RETRY_PAUSE) - 1)])
-                continue
-            with self._lock:
-                if self._stopped.is_set():
-                    stream.close()
-                    return
-                self._stream = stream
-            try:
-                if self._read(stream):
-                    return
-                failures = 0
-            except Exception as error:  # a cut connection, or stop() shutting it down
-                if self._stopped.is_set():
-                    return
-                log.debug("watch stream broken (%s); resuming at %d", error, self.revision)
-                failures += 1
-            finally:
-                with self._lock:
-                    self._stream = None
-                    stream.close()
-            if not self._stopped.is_set():
-                self._stopped.wait(_RETRY_PAUSE[min(failures, len(_RETRY_PAUSE) - 1)])
-
-    def _read(self, stream: Stream) -> bool:
-        """Deliver messages until the stream ends; True when the watch must not be resumed."""
-        for message in stream.messages():
-            if self._stopped.is_set():
-                return True
-            if "error" in message:
-                return False
-            result = message.get("result", {})
-            if result.get("created"):
-                catch_up, self._catch_up = self._catch_up, None
-                if catch_up is not None:
-                    confirmed = int(result.get("header", {}).get("revision", 0))
-                    try:
-                        unchanged = confirmed < self.revision or catch_up(confirmed)
-                    except Exception:
-                        unchanged = False
-                    self.revision = max(self.revision, confirmed + 1)
-                    if not unchanged:
-                        self._on_trouble("changed")
-                self.created.set()
-            compacted = int(result.get("compact_revision", 0))
-            if compacted:
-                self._on_trouble("compacted")
-                self._stopped.set()
-                return True
-            if result.get("canceled"):
-                return False
-            events = [
-                Event(str(event.get("type", "PUT")), KV.from_json(event.get("kv", {})))
-                for event in result.get("events", [])
-            ]
-            if events:
-                last = events[-1].kv.mod_revision
-                self._on_events(events, last)
-                self.revision = max(self.revision, last + 1)  # after: "delivered" means handled
-        return False

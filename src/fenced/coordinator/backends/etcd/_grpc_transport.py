@@ -3,10 +3,12 @@
 :class:`GrpcTransport` is a :class:`~fenced.coordinator.backends.etcd._client.Transport` whose
 single requests (range, txn, put, lease grant/revoke/keep-alive/time-to-live, status) go to
 etcd's gRPC API instead of its JSON gateway (a gRPC client inside each member that re-encodes
-every request and reply; see ``docs/etcd.md``, "Client"). Watches still stream from the gateway
-(the inherited :meth:`~Transport.open_stream`); failover between endpoints, the time budget and
-the errors are the inherited ones. :meth:`~Transport.call` takes and returns the gateway's JSON
-(bytes as base64, 64-bit integers as strings, enums by name: :mod:`.messages`);
+every request and reply; see ``docs/etcd.md``, "Client"), and so do watches (:meth:`open_stream`:
+etcd's ``Watch`` stream, one per watch, multiplexed on the endpoint's one HTTP/2 connection):
+one transport, one TLS setup and one login for everything. Failover between endpoints, the time
+budget, the login and the errors are the inherited ones. :meth:`~Transport.call` takes and
+returns the gateway's JSON (bytes as base64, 64-bit integers as strings, enums by name:
+:mod:`.messages`);
 :meth:`~Transport.call_message` returns etcd's reply message as it came, and both accept
 messages inside the body or a body that is the request message (the backend sends its
 transactions as ``TxnRequest`` messages).
@@ -37,7 +39,8 @@ subchannels of its own (``grpc.use_local_subchannel_pool``), so a replacement re
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -47,11 +50,13 @@ from fenced.coordinator.backends.etcd._client import (
     EtcdError,
     Json,
     NotApplied,
+    OpenStream,
     Transport,
     _classify,
     _Endpoint,
 )
 from fenced.coordinator.backends.etcd._messages import METHODS, to_json, to_message
+from fenced.coordinator.backends.etcd._security import Tls
 
 __all__ = ["GrpcTransport"]
 
@@ -76,8 +81,14 @@ class _Channel:
     (No connectivity subscription: grpc's polling thread would then notice a request to connect
     only at its next 0.2 s tick.)"""
 
-    def __init__(self, endpoint: _Endpoint) -> None:
-        self.channel = grpc.insecure_channel(str(endpoint), options=_OPTIONS)
+    def __init__(self, endpoint: _Endpoint, tls: Tls | None, credentials: Any) -> None:
+        if tls is None:
+            self.channel = grpc.insecure_channel(str(endpoint), options=_OPTIONS)
+        else:
+            options: list[tuple[str, Any]] = list(_OPTIONS)
+            if tls.server_name:  # check the certificate against this name, not the host
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            self.channel = grpc.secure_channel(str(endpoint), credentials, options=options)
         self.connected = False
         self.calls: dict[str, Callable[..., Any]] = {}
 
@@ -106,10 +117,9 @@ class GrpcTransport(Transport):
     running are cancelled.
     """
 
-    def __init__(
-        self, endpoints: list[tuple[str, int]], *, timeout: float, connect_timeout: float
-    ) -> None:
-        super().__init__(endpoints, timeout=timeout, connect_timeout=connect_timeout)
+    def __init__(self, endpoints: list[tuple[str, int]], **settings: Any) -> None:
+        super().__init__(endpoints, **settings)
+        self._credentials = None if self.tls is None else self.tls.grpc_credentials()
         self._channels: dict[_Endpoint, _Channel] = {}
         self._retired: set[_Channel] = set()
 
@@ -119,7 +129,7 @@ class GrpcTransport(Transport):
                 raise NotApplied("the client is closed")
             channel = self._channels.get(endpoint)
             if channel is None:
-                channel = self._channels[endpoint] = _Channel(endpoint)
+                channel = self._channels[endpoint] = _Channel(endpoint, self.tls, self._credentials)
             return channel
 
     def _retire(self, endpoint: _Endpoint, channel: _Channel) -> None:
@@ -154,9 +164,9 @@ class GrpcTransport(Transport):
             raise ValueError(f"etcd: no gRPC method for {path!r}")
         return to_message(method[1], body)
 
-    def _once(
-        self, endpoint: _Endpoint, path: str, data: Any, timeout: float, mutating: bool
-    ) -> Message:
+    def _connected(self, endpoint: _Endpoint, timeout: float) -> _Channel:
+        """The endpoint's channel, connected within ``connect_timeout`` (else NotApplied, or
+        :class:`Refused` when TLS is why)."""
         channel = self._channel(endpoint)
         if not channel.connected:  # connect first: a call must not wait for a connection
             wait = min(timeout, self.connect_timeout)
@@ -166,12 +176,28 @@ class GrpcTransport(Transport):
             except grpc.FutureTimeoutError as error:
                 ready.cancel()
                 self._retire(endpoint, channel)  # the next attempt connects afresh
+                refused = self._tls_refused(endpoint, wait)
+                if refused is not None:
+                    raise refused from error
                 raise NotApplied(f"cannot connect within {wait:g}s") from error
             channel.connected = True
+        return channel
+
+    def _metadata(self, path: str = "") -> tuple[tuple[str, str], ...]:
+        token = self._token
+        if token is None or path == "auth/authenticate":
+            return _METADATA
+        return (*_METADATA, ("token", token))
+
+    def _once(
+        self, endpoint: _Endpoint, path: str, data: Any, timeout: float, mutating: bool
+    ) -> Message:
+        channel = self._connected(endpoint, timeout)
         call = channel.method(path)
+        metadata = self._metadata(path)
         try:
             if METHODS[path][3]:
-                replies = call(iter((data,)), timeout=timeout, metadata=_METADATA)
+                replies = call(iter((data,)), timeout=timeout, metadata=metadata)
                 try:
                     reply = next(replies, None)
                 finally:
@@ -179,7 +205,7 @@ class GrpcTransport(Transport):
                 if reply is None:
                     raise _classify(0, f"{endpoint}: the stream ended without a reply", mutating)
             else:
-                reply = call(data, timeout=timeout, metadata=_METADATA, wait_for_ready=False)
+                reply = call(data, timeout=timeout, metadata=metadata, wait_for_ready=False)
         except grpc.RpcError as error:
             raise self._failed(endpoint, channel, error, mutating) from error
         self._prefer(endpoint)
@@ -205,3 +231,59 @@ class GrpcTransport(Transport):
                 return NotApplied(f"{endpoint}: {details}", status.value[0])
             details = f"{endpoint}: reply lost: {status.name}: {details}"
         return _classify(int(status.value[0]), details, mutating)
+
+    def open_stream(self, path: str, body: Json, timeout: float) -> OpenStream:
+        """Start etcd's ``Watch`` stream with ``body`` (a ``WatchRequest`` as the gateway's JSON)
+        on the first endpoint whose channel connects within ``timeout``; its replies come as
+        the gateway's JSON (``{"result": …}``), so :class:`WatchStream` reads either transport.
+        Raises :class:`NotApplied` if no endpoint connects (:class:`Refused` for TLS)."""
+        request = to_message(METHODS[path][1], body)
+        last = "no endpoint"
+        for endpoint, deadline in self._stream_endpoints(timeout):
+            try:
+                channel = self._connected(endpoint, deadline - time.monotonic())
+            except NotApplied as error:
+                last = f"{endpoint}: {error}"
+                self._mark_down(endpoint)
+                continue
+            return self._adopt(
+                _GrpcStream(
+                    channel.method(path), request, self._token, self._metadata(), self._forget
+                )
+            )
+        raise NotApplied(f"cannot open a stream: {last}")
+
+
+class _GrpcStream:
+    """One ``Watch`` call: its request side stays open (etcd ends a watch whose client closed
+    its half) until :meth:`close`; :meth:`messages` yields each reply as the gateway's JSON and
+    raises ``grpc.RpcError`` when the stream breaks or :meth:`shutdown` cancels it."""
+
+    def __init__(
+        self,
+        method: Callable[..., Any],
+        request: Message,
+        token: str | None,
+        metadata: tuple[tuple[str, str], ...],
+        on_close: Callable[[OpenStream], None],
+    ) -> None:
+        self.token = token
+        self._done = threading.Event()
+        self._on_close = on_close
+        self._call = method(self._requests(request), metadata=metadata)
+
+    def _requests(self, request: Message) -> Iterator[Message]:
+        yield request
+        self._done.wait()
+
+    def messages(self) -> Iterator[Json]:
+        for reply in self._call:
+            yield {"result": to_json(reply)}
+
+    def shutdown(self) -> None:
+        self._call.cancel()
+
+    def close(self) -> None:
+        self._done.set()
+        self._call.cancel()
+        self._on_close(self)

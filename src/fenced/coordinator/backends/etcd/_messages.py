@@ -61,6 +61,13 @@ METHODS: dict[str, tuple[str, type[Message], type[Message], bool]] = {
         rpc.LeaseKeepAliveResponse,
         True,
     ),
+    "auth/authenticate": (
+        "/etcdserverpb.Auth/Authenticate",
+        rpc.AuthenticateRequest,
+        rpc.AuthenticateResponse,
+        False,
+    ),
+    "watch": ("/etcdserverpb.Watch/Watch", rpc.WatchRequest, rpc.WatchResponse, True),
     "maintenance/status": (
         "/etcdserverpb.Maintenance/Status",
         rpc.StatusRequest,

@@ -15,7 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from fenced.coordinator.backends.etcd import _rpc as rpc
-from fenced.coordinator.backends.etcd._client import KV, EtcdRejected, MaybeApplied, NotApplied
+from fenced.coordinator.backends.etcd._client import (
+    KV,
+    EtcdRejected,
+    MaybeApplied,
+    NotApplied,
+    Refused,
+)
 from fenced.coordinator.backends.etcd._keys import LeaseValue, QueueValue, prefix_end
 from fenced.core._errors import ConfigurationError, OutcomeUnknown, Unavailable
 
@@ -81,6 +87,8 @@ def _translated(what: str) -> Iterator[None]:
         raise Unavailable(f"etcd: {what}: {error}") from error
     except MaybeApplied as error:
         raise OutcomeUnknown(f"etcd: {what}: {error}") from error
+    except Refused as error:
+        raise ConfigurationError(f"etcd refused {what}: {error}") from error
     except EtcdRejected as error:
         if error.code in (7, 16):
             raise ConfigurationError(f"etcd refused {what}: {error}") from error

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from fenced.coordinator.backends.etcd import _rpc as rpc
 from fenced.coordinator.backends.etcd._base import _MAX_ATTEMPTS
-from fenced.coordinator.backends.etcd._client import KV, Event, WatchStream
+from fenced.coordinator.backends.etcd._client import KV, Event
 from fenced.coordinator.backends.etcd._keys import (
     SEQ_PER_REVISION,
     ResourceState,
@@ -36,6 +36,7 @@ from fenced.coordinator.backends.etcd._ops import (
     _Op,
     _put,
 )
+from fenced.coordinator.backends.etcd._watch import WatchStream
 from fenced.core._errors import Unavailable
 from fenced.core._names import validate_resource
 from fenced.core._records import Record, RecordKind

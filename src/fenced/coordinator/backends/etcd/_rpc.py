@@ -25,11 +25,14 @@ from google.protobuf.message_factory import GetMessageClass
 
 __all__ = [
     "DESCRIPTOR",
+    "AuthenticateRequest",
+    "AuthenticateResponse",
     "CompactionRequest",
     "CompactionResponse",
     "Compare",
     "DeleteRangeRequest",
     "DeleteRangeResponse",
+    "Event",
     "KeyValue",
     "LeaseGrantRequest",
     "LeaseGrantResponse",
@@ -50,6 +53,10 @@ __all__ = [
     "StatusResponse",
     "TxnRequest",
     "TxnResponse",
+    "WatchCancelRequest",
+    "WatchCreateRequest",
+    "WatchRequest",
+    "WatchResponse",
 ]
 
 _SET = descriptor_pb2.FileDescriptorSet.FromString(
@@ -90,3 +97,10 @@ LeaseTimeToLiveRequest = _message("LeaseTimeToLiveRequest")
 LeaseTimeToLiveResponse = _message("LeaseTimeToLiveResponse")
 StatusRequest = _message("StatusRequest")
 StatusResponse = _message("StatusResponse")
+AuthenticateRequest = _message("AuthenticateRequest")
+AuthenticateResponse = _message("AuthenticateResponse")
+Event = _message("Event")
+WatchCreateRequest = _message("WatchCreateRequest")
+WatchCancelRequest = _message("WatchCancelRequest")
+WatchRequest = _message("WatchRequest")
+WatchResponse = _message("WatchResponse")

@@ -13,7 +13,7 @@ handoff compares everything it assumed — so a stale view costs a retry, never 
 
 Both watches start at the *current* revision (etcd's "synced" group: no 100 ms catch-up loop)
 and cover the gap since the state they start from with one read at the revision etcd confirmed
-the watch at (see :class:`~.client.WatchStream`).
+the watch at (see :class:`~._watch.WatchStream`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable
 
 from fenced.coordinator.backend import Blocked, GrantRequest
-from fenced.coordinator.backends.etcd._client import KV, Event, Transport, WatchStream, b64
+from fenced.coordinator.backends.etcd._client import KV, Event, Transport, b64
 from fenced.coordinator.backends.etcd._keys import LeaseValue, prefix_end
+from fenced.coordinator.backends.etcd._watch import WatchStream
 from fenced.core._errors import ConfigurationError
 
 __all__ = ["EtcdTicket", "QueueView"]

@@ -59,6 +59,7 @@ from fenced.core._clock import HostClock
 from fenced.core._errors import ConfigurationError, LeaseLost, LossReason
 from fenced.core._lease import LeaseInfo
 from fenced.core._records import Record, RecordKind
+from fenced.core._urls import redacted
 
 __all__ = ["MemoryBackend", "MemoryState"]
 
@@ -121,7 +122,8 @@ class MemoryBackend:
 
     def __init__(self, name: str = "default", *, host_clock: HostClock | None = None) -> None:
         if not name or not name.replace("-", "").replace("_", "").isalnum():
-            raise ConfigurationError(f"memory:// name must be alphanumeric, got {name!r}")
+            shown = redacted(f"memory://{name}")  # a mistyped URL may carry a password
+            raise ConfigurationError(f"memory:// name must be alphanumeric, got {shown!r}")
         with _STATES_LOCK:
             self._state = _STATES.setdefault(name, MemoryState())
         self.url = f"memory://{name}"
