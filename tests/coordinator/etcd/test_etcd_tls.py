@@ -13,7 +13,9 @@ lease; a wrong CA, an expired server certificate, a server name mismatch, a miss
 certificate, a plaintext URL against the TLS cluster and ``etcds://`` against a plaintext member
 each fail fast with one line naming the cause; a wrong password, a user without permission on the
 prefix and a missing user each get a ConfigurationError naming the cause; passwords never appear
-in errors, ``repr`` or the URL fenced shows; ``fenced verify`` passes over TLS with a user.
+in errors, ``repr`` or the URL fenced shows; ``fenced verify`` passes over TLS with a user; the
+least-privilege commands of docs/etcd.md, run as written on a fresh cluster, are enough for a
+worker on ``/fenced`` and refuse it elsewhere.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import fenced
 from fenced import Coordinator
 from fenced.coordinator.backends.etcd._backend import EtcdBackend
 from fenced.core._errors import ConfigurationError, Unavailable
+from fenced.testing._threads import ResultThread
 from fenced.testing.conformance import CoordinatorConformance, wait_for
 from fenced.testing.etcd import EtcdCluster
 from fenced.testing.tls import Authority
@@ -210,3 +213,54 @@ def test_the_password_comes_from_the_environment_and_is_never_shown(
 def test_verify_passes_over_tls_with_a_user(tls_cluster: EtcdCluster) -> None:
     target = Target.create(tls_cluster.url(prefix=_prefix(), user=f"fenced:{PASSWORD}"))
     assert_verify_passes(target, seed=211, schedules=1)
+
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "etcd.md"
+
+
+def _documented_commands() -> list[list[str]]:
+    """The ``etcdctl`` commands of docs/etcd.md's "Least privilege" block, as argument lists."""
+    section = DOC.read_text().split("### Least privilege", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].split() for line in block.splitlines()]
+    assert all(command[0] == "etcdctl" for command in commands if command)
+    return [command[1:] for command in commands if command]
+
+
+def _queued(cluster: EtcdCluster) -> bool:
+    """Whether a waiter's key is under /fenced/queue/ (read as root)."""
+    return "/fenced/queue/" in cluster.etcdctl_run(
+        "get", "/fenced/queue/", "--prefix", "--keys-only"
+    )
+
+
+def test_the_documented_least_privilege_commands_are_enough_and_no_more() -> None:
+    """docs/etcd.md's commands, run as written on a fresh TLS cluster (the password given on
+    the command line instead of at the prompt; a root user first, as its comment says): the
+    user works on /fenced (conformance-sized cycle, a waiter handed the lease), and is refused
+    on another prefix with one line naming the permission."""
+    with EtcdCluster(1, tls=True, extra_args=("--bcrypt-cost", "4")) as cluster:
+        cluster.etcdctl_run("user", "add", f"root:{ROOT_PASSWORD}")
+        cluster.etcdctl_run("user", "grant-role", "root", "root")
+        commands = _documented_commands()
+        assert ["auth", "enable"] in commands and ["user", "add", "fenced"] in commands
+        for command in commands:
+            password = [f"--new-user-password={PASSWORD}"] if command[:2] == ["user", "add"] else []
+            cluster.etcdctl_run(*command, *password)
+            if command == ["auth", "enable"]:
+                cluster.root_password = ROOT_PASSWORD
+        url = cluster.url(prefix="/fenced", user=f"fenced:{PASSWORD}", timeout=2)
+        with fenced.connect(url) as coord, fenced.connect(url) as other:
+            lease = coord.acquire(R, ttl=2, wait=0)
+            coord.renew(lease)
+            waiter = ResultThread(lambda: other.acquire(R, ttl=2, wait=10))
+            waiter.start()
+            wait_for(lambda: _queued(cluster), what="the waiter's key in the line")
+            coord.release(lease)
+            waiter.join(10)
+            assert waiter.error is None and waiter.result.epoch == lease.epoch + 1
+            other.release(waiter.result)
+            kinds = [record.kind.name for record in coord.history(R)]
+            assert kinds[-1] == "RELEASED" and kinds.count("GRANTED") == 2
+        message = _refused(cluster.url(prefix="/elsewhere", user=f"fenced:{PASSWORD}"))
+        assert "permission denied" in message and "readwrite" in message
