@@ -2,9 +2,10 @@
 background diagnostics.
 
 The timing tests run under a :class:`ManualClock`: time passes only when the test moves it, and
-:meth:`ManualClock.settle` lets both keeper threads (renewer and watchdog) see each move and wait
-again before the next one, so every schedule is exact. The last tests run against a real
-PostgreSQL server behind a TCP proxy that blackholes (stops forwarding, closes nothing).
+:meth:`ManualClock.settle` lets the lease scheduler's thread see each move, the renewal it
+handed over come back, and wait again before the next one, so every schedule is exact. The last
+tests run against a real PostgreSQL server behind a TCP proxy that blackholes (stops forwarding,
+closes nothing).
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def _lease(clock: ManualClock | SystemClock, ttl: float, margin: float) -> Lease
 
 
 def _step(clock: ManualClock) -> float:
-    """Let both keeper threads wait again, then move the clock to the sooner of their wake-ups."""
-    soonest = clock.settle(2)[0]
+    """Let the scheduler wait again, then move the clock to its next wake-up (the sooner of the
+    next renewal and the local deadline)."""
+    soonest = clock.settle(1)[0]
     clock.advance_to(soonest)
     return soonest
 
@@ -141,7 +143,7 @@ def test_renewals_every_third_of_the_ttl_keep_the_lease_held(clock: ManualClock)
     try:
         for _ in range(30):  # ten ttls: the renewer's wake-up is always the sooner
             _step(clock)
-            clock.settle(2)
+            clock.settle(1)
             assert held.state is LeaseState.HELD
     finally:
         held.stop(release=False)
@@ -161,7 +163,7 @@ def test_a_held_lease_runs_entirely_on_the_manual_clock(
         start = clock.now()
         for _ in range(30):
             _step(clock)
-            clock.settle(2)
+            clock.settle(1)
             assert held.state is LeaseState.HELD
         info = coord.current(R)
         assert info is not None and info.epoch == held.epoch == 1
@@ -184,7 +186,7 @@ def test_a_host_suspend_longer_than_the_lease_is_a_loss_at_the_resume(
         pytest.raises(LeaseLost),
         coord.hold(R, ttl=10, wait=0, on_lost=losses.append) as held,
     ):
-        clock.settle(2)
+        clock.settle(1)
         monotonic = clock.monotonic()
         clock.suspend(30)
         assert clock.monotonic() == monotonic

@@ -38,6 +38,7 @@ from fenced.election._observer import LeaderInfo, Observer
 from fenced.runtime._diagnostics import DiagnosticSender
 from fenced.runtime._hold import Fenceable, Hold
 from fenced.runtime._keeper import OnLost
+from fenced.runtime._scheduler import LeaseScheduler
 
 __all__ = ["Coordinator", "default_holder"]
 
@@ -119,6 +120,9 @@ class Coordinator(Closing):
         self._reports: DiagnosticSender[_Report] = DiagnosticSender(
             self._send_report, capacity=REPORT_QUEUE, name=f"fenced-diagnostics:{backend.url}"
         )
+        self._scheduler = LeaseScheduler(self._clock, name=f"fenced-leases:{backend.url}")
+        """Renews every lease held with :meth:`hold` and fires its loss: one thread for all of
+        them, and up to RENEWAL_WORKERS for the renewal calls (runtime/_scheduler.py)."""
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -388,7 +392,14 @@ class Coordinator(Closing):
                 name, ttl, wait, holder, request_id, safety_margin=safety_margin, value=value
             )
 
-        return Hold(acquire, self, clock=self._clock, fence=stores, on_lost=on_lost)
+        return Hold(
+            acquire,
+            self,
+            clock=self._clock,
+            fence=stores,
+            on_lost=on_lost,
+            scheduler=self._scheduler,
+        )
 
     # -- election (implemented in fenced.election; see docs/election.md) ------------------
     def campaign(
@@ -458,6 +469,7 @@ class Coordinator(Closing):
         Queued holder reports get up to :data:`REPORT_DRAIN` seconds to be sent first; the rest
         are dropped (counted in :attr:`diagnostics_dropped`).
         """
+        self._scheduler.close()
         self._reports.close(REPORT_DRAIN)
         self._backend.close()
 

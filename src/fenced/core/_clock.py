@@ -78,6 +78,12 @@ class Clock(Protocol):
         """
         ...
 
+    def busy(self) -> Callable[[], None]:
+        """Note that another thread now does work for a waiter of this clock (a renewal call
+        handed to a worker); call the returned function once it is done. Real clocks ignore it;
+        :meth:`ManualClock.settle` waits until no such work is left."""
+        ...
+
 
 class HostClock(Clock, Protocol):
     """The coordinator's clock on one host: time since boot, and which boot it is.
@@ -148,8 +154,15 @@ class SystemClock:
         cond.wait(min(left, self._slice))
         return self.now() < until
 
+    def busy(self) -> Callable[[], None]:
+        return _nothing
+
     def __repr__(self) -> str:
         return f"<SystemClock {self.source}>"
+
+
+def _nothing() -> None:
+    pass
 
 
 @dataclass(eq=False)
@@ -182,6 +195,7 @@ class ManualClock:
         self._boot = 1
         self._generation = 0
         self._waiters: list[_Waiter] = []
+        self._busy = 0
 
     # -- readings ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -265,9 +279,24 @@ class ManualClock:
                 self._waiters.remove(waiter)
         return self.now() < until
 
+    def busy(self) -> Callable[[], None]:
+        with self._state:
+            self._busy += 1
+        ended = threading.Event()
+
+        def done() -> None:
+            if ended.is_set():
+                return
+            ended.set()
+            with self._state:
+                self._busy -= 1
+                self._state.notify_all()
+
+        return done
+
     def settle(self, count: int, *, timeout: float = 10.0) -> list[float]:
-        """Block until ``count`` waits are pending on this clock, each begun after its last move;
-        return their deadlines, soonest first.
+        """Block until ``count`` waits are pending on this clock, each begun after its last move,
+        and no work noted with :meth:`busy` is left; return their deadlines, soonest first.
 
         ``timeout`` is real time (a test that expected more waiters than there are fails with
         :class:`TimeoutError` instead of hanging).
@@ -276,12 +305,13 @@ class ManualClock:
         with self._state:
             while True:
                 fresh = sorted(w.until for w in self._waiters if w.generation == self._generation)
-                if len(fresh) >= count:
+                if len(fresh) >= count and self._busy == 0:
                     return fresh
                 left = give_up - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(
-                        f"{len(fresh)} of {count} expected waits are pending on the clock"
+                        f"{len(fresh)} of {count} expected waits are pending on the clock "
+                        f"({self._busy} noted work not done)"
                     )
                 self._state.wait(left)
 

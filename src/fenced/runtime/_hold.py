@@ -7,7 +7,8 @@ Guarantees, in order:
    then on those stores reject every older epoch, even before the body writes anything). If a
    store refuses (its floor is higher: a restored or foreign coordinator), the lease is released
    and the store's error is raised with a note saying what it means.
-2. While the body runs, the lease is renewed in the background (see :mod:`.keeper`).
+2. While the body runs, the lease is renewed in the background (see :mod:`._keeper`), by the
+   coordinator's scheduler (:mod:`._scheduler`).
 3. ``__exit__`` stops renewing and releases. If the lease was lost while the body ran and the
    body itself raised nothing, the block ends with :class:`~fenced.LeaseLost`: a body that
    outlives its lease never ends silently. An exception from the body is never masked.
@@ -25,6 +26,7 @@ from fenced.core._errors import FencedError, LeaseLost, LossReason
 from fenced.core._lease import Lease
 from fenced.core._token import FencingToken
 from fenced.runtime._keeper import HeldLease, LeaseOps, OnLost
+from fenced.runtime._scheduler import LeaseScheduler
 
 __all__ = ["Fenceable", "Hold"]
 
@@ -46,8 +48,10 @@ class Hold:
         clock: Clock,
         fence: Iterable[Fenceable] = (),
         on_lost: OnLost | None = None,
+        scheduler: LeaseScheduler | None = None,
     ) -> None:
         self._acquire = acquire
+        self._scheduler = scheduler
         self._ops = ops
         self._clock = clock
         self._fence = tuple(fence)
@@ -58,7 +62,9 @@ class Hold:
         if self._held is not None:
             raise RuntimeError("a hold() context manager can be entered only once")
         lease = self._acquire()
-        held = HeldLease(self._ops, lease, clock=self._clock, on_lost=self._on_lost)
+        held = HeldLease(
+            self._ops, lease, clock=self._clock, on_lost=self._on_lost, scheduler=self._scheduler
+        )
         try:
             for store in self._fence:
                 try:

@@ -1,8 +1,10 @@
 """Background renewal of one held lease, and the signal that it is gone.
 
-:class:`HeldLease` is what ``with coord.hold(...) as held`` yields. A renewer thread renews every
-``ttl/3`` (±10 % jitter) and computes each new local deadline from the moment the renewal was
-*sent*. A watchdog thread fires the loss at the deadline even while a renewal call hangs.
+:class:`HeldLease` is what ``with coord.hold(...) as held`` yields. It is renewed every ``ttl/3``
+(±10 % jitter), each new local deadline computed from the moment the renewal was *sent*, and the
+loss is fired at the deadline even while a renewal call hangs. Both are the coordinator's
+:class:`~fenced.runtime._scheduler.LeaseScheduler`'s work: one thread for the deadlines and
+renewal times of all its held leases, and a few threads for the renewal calls.
 
 Time is the injected :class:`~fenced.core._clock.Clock`'s: deadlines on ``clock.now()``, which
 keeps counting while the host is suspended (CLOCK_BOOTTIME on Linux), and every wait through
@@ -41,6 +43,7 @@ from fenced.core._clock import Clock
 from fenced.core._errors import LeaseLost, LossReason
 from fenced.core._lease import Lease, LeaseState, LeaseTracker
 from fenced.core._token import FencingToken
+from fenced.runtime._scheduler import LeaseScheduler
 
 __all__ = ["HeldLease", "LeaseOps", "OnLost"]
 
@@ -83,7 +86,10 @@ class HeldLease:
         clock: Clock,
         on_lost: OnLost | None = None,
         rng: random.Random | None = None,
+        scheduler: LeaseScheduler | None = None,
     ) -> None:
+        """``scheduler``: the coordinator's, shared by its held leases; without one the lease
+        gets a scheduler of its own (two threads), ended by :meth:`stop`."""
         self._ops = ops
         self._lease = lease
         self._clock = clock
@@ -95,7 +101,11 @@ class HeldLease:
         self._fired = False
         self.lost = threading.Event()
         """Set once the lease is lost (never cleared)."""
-        self._threads: list[threading.Thread] = []
+        self._own_scheduler = scheduler is None
+        self._scheduler = scheduler or LeaseScheduler(
+            clock, workers=1, name=f"fenced-lease:{lease.resource}"
+        )
+        self._started = False
 
     # -- what the holder reads ------------------------------------------------------------
     @property
@@ -146,25 +156,23 @@ class HeldLease:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the renewer and the watchdog threads."""
-        for target, name in ((self._renew_loop, "renewer"), (self._watch_loop, "watchdog")):
-            thread = threading.Thread(
-                target=target, name=f"fenced-{name}:{self.resource}", daemon=True
-            )
-            self._threads.append(thread)
-            thread.start()
+        """Have the scheduler renew the lease and watch its deadline."""
+        self._started = True
+        self._scheduler.add(self, self._clock.now() + self._interval())
 
     def stop(self, *, release: bool = True) -> bool:
         """Stop renewing and (by default) release the lease. Returns release()'s result.
 
-        A failure to release is logged and reported as False: the lease then simply expires.
+        A renewal in flight is waited for (up to the ttl) before the release. A failure to
+        release is logged and reported as False: the lease then simply expires.
         """
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=self._lease.ttl)
+        if self._started:
+            self._scheduler.remove(self, timeout=self._lease.ttl)
+        if self._own_scheduler:
+            self._scheduler.close()
         if not release:
             return False
         try:
@@ -212,46 +220,43 @@ class HeldLease:
         left = self._tracker.deadline - self._clock.now()
         return max(min(self._lease.ttl / 10, left / 4), 0.01) * self._rng.uniform(0.9, 1.1)
 
-    def _sleep_until(self, when: float) -> bool:
-        """Wait until ``when`` on the clock; False if stopping or already lost."""
+    # -- what the scheduler calls ------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """False once stopping or lost: the scheduler keeps nothing more of it."""
         with self._cond:
-            while not self._stopping and not self._fired:
-                if not self._clock.wait(self._cond, when):
-                    break
             return not self._stopping and not self._fired
 
-    def _renew_loop(self) -> None:
-        next_at = self._clock.now() + self._interval()
-        while self._sleep_until(next_at):
-            sent = self._clock.now()
-            try:
-                renewed = self._ops.renew(self.lease)
-            except LeaseLost as error:
-                self._lose(error)
-                return
-            except Exception as error:
-                self._tracker.renewal_failed()
-                log.warning("renewal of %s epoch %s failed: %s", self.resource, self.epoch, error)
-                self._ops.report_trouble(self.lease, error)
-                next_at = self._clock.now() + self._retry_interval()
-                continue
-            self._tracker.renewed(self._clock.now(), renewed.deadline)
-            if self._tracker.loss(self._clock.now()) is not None:
-                self._lose(LeaseLost(LossReason.EXPIRED, "the renewal came back too late"))
-                return
-            with self._cond:
-                self._lease = renewed
-            next_at = sent + self._interval()
-
-    def _watch_loop(self) -> None:
-        """Fire the loss at the deadline, even while a renewal call hangs."""
-        with self._cond:
-            while not self._stopping and not self._fired:
-                if self._tracker.loss(self._clock.now()) is not None:
-                    break
-                self._clock.wait(self._cond, self._tracker.deadline)
-            if self._stopping or self._fired:
-                return
+    def deadline_due(self) -> float | None:
+        """At the local deadline (scheduler's thread): fire the loss, or return the deadline a
+        renewal moved it to."""
+        if not self.active:
+            return None
         error = self._tracker.loss(self._clock.now())
-        if error is not None:
-            self._fire(error)
+        if error is None:
+            return self._tracker.deadline
+        self._fire(error)
+        return None
+
+    def renew(self, sent: float) -> float | None:
+        """One renewal (a renewal thread), ``sent`` being when it was handed over; when to renew
+        next, or None once lost or stopping."""
+        if not self.active:
+            return None
+        try:
+            renewed = self._ops.renew(self.lease)
+        except LeaseLost as error:
+            self._lose(error)
+            return None
+        except Exception as error:
+            self._tracker.renewal_failed()
+            log.warning("renewal of %s epoch %s failed: %s", self.resource, self.epoch, error)
+            self._ops.report_trouble(self.lease, error)
+            return self._clock.now() + self._retry_interval()
+        self._tracker.renewed(self._clock.now(), renewed.deadline)
+        if self._tracker.loss(self._clock.now()) is not None:
+            self._lose(LeaseLost(LossReason.EXPIRED, "the renewal came back too late"))
+            return None
+        with self._cond:
+            self._lease = renewed
+        return sent + self._interval()
