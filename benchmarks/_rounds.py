@@ -123,6 +123,12 @@ class Round:
 
 
 def run_round(impl: Cycle, seconds: float) -> Round:
+    """Cycles of ``impl`` for ``seconds``; an implementation with a ``run_round(seconds)`` of
+    its own (an asyncio one, looping inside its event loop) runs that instead."""
+    own = getattr(impl, "run_round", None)
+    if own is not None:
+        result: Round = own(seconds)
+        return result
     cycles: list[float] = []
     firsts: list[float] = []
     secs: list[float] = []

@@ -149,7 +149,7 @@ def test_the_readme_lists_every_published_extra() -> None:
     readme = (ROOT / "README.md").read_text()
     assert set(re.findall(r"^\| `(\w+)` \|", readme, re.MULTILINE)) == EXTRAS
     assert optional["cli"] == ["click>=8.1", "rich>=13.0"]
-    assert optional["testing"] == ["pytest>=8.0"]
+    assert optional["testing"] == ["pytest>=8.0", "pytest-asyncio>=0.24"]
 
 
 def _quick_start() -> str:

@@ -73,7 +73,9 @@ def _is_exception(obj: object) -> bool:
 
 PUBLIC_MODULES = {
     "fenced",
+    "fenced.aio",
     "fenced.coordinator",
+    "fenced.coordinator.aio_backend",
     "fenced.coordinator.backend",
     "fenced.fence",
     "fenced.fence.backend",
@@ -115,3 +117,37 @@ def test_the_operations_api_is_public() -> None:
     assert {"advance", "backup", "rebind", "restore"} <= set(fenced.coordinator.__all__)
     assert "install_postgres_guard" in fenced.fence.__all__
     assert {"Record", "RecordKind"} <= set(fenced.observe.__all__)
+
+
+AIO_PUBLIC = {
+    "AsyncCampaign",
+    "AsyncCoordinator",
+    "AsyncHeldLease",
+    "AsyncHold",
+    "AsyncLeadership",
+    "AsyncObserver",
+    "AsyncStore",
+    "connect",
+    "guard",
+    "open_store",
+}
+
+
+def test_the_asyncio_face_is_pinned_and_mirrors_the_sync_names() -> None:
+    import inspect
+
+    import fenced.aio
+
+    assert set(fenced.aio.__all__) == AIO_PUBLIC
+    # every operation of the sync Coordinator and Store exists on the asyncio face
+    for sync, face in ((fenced.Coordinator, fenced.aio.AsyncCoordinator),
+                       (fenced.Store, fenced.aio.AsyncStore)):  # fmt: skip
+        missing = {
+            name
+            for name, member in inspect.getmembers(sync)
+            if not name.startswith("_") and callable(member) and name not in _SYNC_ONLY
+        } - set(dir(face))
+        assert missing == set(), (sync.__name__, missing)
+
+
+_SYNC_ONLY = {"close"}  # the asyncio face closes with aclose() (or async with)

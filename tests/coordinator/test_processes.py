@@ -221,11 +221,12 @@ def test_a_holder_paused_past_its_ttl_is_replaced_and_finds_out(
     assert coord.release(lease)
 
 
+@pytest.mark.parametrize("mode", ["hold", "ahold"])  # ahold: the asyncio face
 def test_a_killed_holder_is_replaced_within_ttl_plus_one_renewal_interval(
-    spawn: Spawn, coord: fenced.Coordinator
+    spawn: Spawn, coord: fenced.Coordinator, mode: str
 ) -> None:
     ttl = 1.0
-    worker = spawn("killed", "hold", "--ttl", str(ttl))
+    worker = spawn("killed", mode, "--ttl", str(ttl))
     acquired = worker.wait_event("acquired", STARTUP)
     worker.wait_event("renewed", 5, after=acquired["t"], describe="after acquiring")
     worker.signal(signal.SIGKILL)
@@ -287,3 +288,72 @@ def test_processes_whose_wall_clocks_disagree_see_the_same_expiry(
     after = coord.acquire(R, ttl=5, wait=10)  # its 1 s lease expires by CLOCK_BOOTTIME
     assert after.epoch == mine.epoch + 2
     assert time.monotonic() - started < 5
+
+
+# -- the asyncio face, in real processes ----------------------------------------------------------
+
+
+def test_sync_and_asyncio_processes_contending_share_one_queue_and_never_overlap(
+    spawn: Spawn, coord: fenced.Coordinator, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    options = ("--seconds", "2", "--ttl", "5", "--wait", "10", "--go", str(go))
+    workers = [spawn(f"w{i}", "contend" if i % 2 else "acontend", *options) for i in range(4)]
+    wait_ready(workers)
+    go.touch()
+    for worker in workers:
+        assert worker.wait_exit(30) == 0, worker.diagnostics()
+    held = sorted(
+        ((w.name, e) for w in workers for e in w.events("held")), key=lambda i: i[1]["acquired"]
+    )
+    assert [e["epoch"] for _, e in held] == list(range(1, len(held) + 1))
+    assert all(w.events("held") for w in workers)  # both faces were served
+    for (name_a, a), (name_b, b) in itertools.pairwise(held):
+        assert a["releasing"] <= b["acquired"], (name_a, a, name_b, b)
+
+
+def test_an_asyncio_holder_paused_past_its_ttl_is_replaced_and_its_body_cancelled(
+    spawn: Spawn, coord: fenced.Coordinator
+) -> None:
+    ttl = 1.0
+    worker = spawn("paused", "ahold", "--ttl", str(ttl))
+    acquired = worker.wait_event("acquired", STARTUP)
+    worker.wait_event("renewed", 5, after=acquired["t"], describe="after acquiring")
+    worker.signal(signal.SIGSTOP)
+    paused_at = time.monotonic()
+    try:
+        lease = coord.acquire(R, ttl=30, wait=10, holder="successor")
+        assert lease.epoch == acquired["epoch"] + 1
+    finally:
+        worker.signal(signal.SIGCONT)
+    resumed_at = time.monotonic()
+    cancelled = worker.wait_event("body-cancelled", 5, after=paused_at)
+    ended = worker.wait_event("exit-lost", 5, after=paused_at)
+    assert worker.wait_exit(10) == 0, worker.diagnostics()
+    assert cancelled["lost"] is True
+    assert ended["reason"] in {"EXPIRED", "REJECTED"}
+    assert len(ended["on_lost"]) == 1
+    assert cancelled["t"] - resumed_at < ttl  # at the resume: the deadline had passed
+    info = coord.current(R)
+    assert info is not None and (info.epoch, info.holder) == (lease.epoch, "successor")
+    assert coord.release(lease)
+
+
+def test_a_killed_asyncio_waiter_does_not_hold_up_the_queue(
+    spawn: Spawn, coord: fenced.Coordinator
+) -> None:
+    lease = coord.acquire(R, ttl=30, wait=0, holder="first")
+    doomed = spawn("doomed", "await", "--ttl", "5")
+    doomed.wait_event("waiting", STARTUP)
+    time.sleep(0.3)  # it has queued (its ticket is ahead of the next waiter)
+    behind = spawn("behind", "await", "--ttl", "5")
+    behind.wait_event("waiting", STARTUP)
+    time.sleep(0.3)
+    doomed.signal(signal.SIGKILL)
+    assert doomed.wait_exit(10) == -signal.SIGKILL
+    released_at = time.monotonic()
+    assert coord.release(lease)
+    granted = behind.wait_event("acquired", 10)
+    assert granted["epoch"] == lease.epoch + 1  # the dead waiter consumed no epoch
+    assert granted["t"] - released_at < 1.0  # skipped at once, not after its keep-alive
+    assert behind.wait_exit(10) == 0

@@ -14,6 +14,8 @@ Modes:
               ``renew``, ``release`` and leaving the ``with`` block said.
 ``renewloop`` the same with a plain acquire and a renew loop in the main thread.
 ``loop``      acquire / release forever; each granted epoch is written and fsynced first.
+``acontend``, ``ahold``, ``await``: the asyncio face (``contend``; a hold whose body sleeps
+              until the loss cancels it; one waiting acquire).
 ``skewed``    with ``time.time`` stepped by ``--skew`` seconds (as NTP or an operator would):
               reads the parent's lease, tries to take it, waits for its release, then takes
               the resource with ``--ttl`` and exits without releasing.
@@ -22,6 +24,7 @@ Modes:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import math
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import fenced
+import fenced.aio
 
 
 class Recorder:
@@ -173,7 +177,100 @@ def skewed(args: argparse.Namespace, out: Recorder) -> None:
     coord.close()  # no release: the lease must expire after ttl on the coordinator's clock
 
 
+def acontend(args: argparse.Namespace, out: Recorder) -> None:
+    """``contend`` on the asyncio face: the same records, every call awaited."""
+
+    async def run() -> None:
+        async with fenced.aio.connect(args.url) as coord:
+            Path(args.ready).touch()
+            while not Path(args.go).exists():
+                await asyncio.sleep(0.001)
+            end = time.monotonic() + args.seconds
+            busy = 0
+            while time.monotonic() < end:
+                try:
+                    lease = await coord.acquire(
+                        args.resource, ttl=args.ttl, wait=args.wait, holder=args.holder
+                    )
+                except fenced.Busy:
+                    busy += 1
+                    continue
+                acquired = time.monotonic()
+                await asyncio.sleep(random.uniform(0, 0.001))  # the critical section
+                releasing = time.monotonic()
+                released = await coord.release(lease)
+                out.emit(
+                    "held",
+                    epoch=lease.epoch,
+                    acquired=acquired,
+                    releasing=releasing,
+                    released=released,
+                )
+            out.emit("done", busy=busy)
+
+    asyncio.run(run())
+
+
+def ahold(args: argparse.Namespace, out: Recorder) -> None:
+    """``async with coord.hold(...)`` whose body waits in ``asyncio.sleep(3600)`` (a renewal
+    watcher task records each renewal); records how the body and the block end."""
+
+    async def run() -> None:
+        losses: list[str] = []
+        async with fenced.aio.connect(args.url) as coord:
+            try:
+                async with coord.hold(
+                    args.resource,
+                    ttl=args.ttl,
+                    wait=args.wait,
+                    holder=args.holder,
+                    on_lost=lambda error: losses.append(error.reason.name),
+                ) as held:
+                    out.emit("acquired", epoch=held.epoch)
+
+                    async def renewals() -> None:
+                        last = held.lease
+                        while True:
+                            await asyncio.sleep(0.001)
+                            if held.lease is not last:
+                                last = held.lease
+                                out.emit("renewed", epoch=held.epoch)
+
+                    watcher = asyncio.create_task(renewals())
+                    try:
+                        await asyncio.sleep(3600)
+                    except asyncio.CancelledError:
+                        out.emit("body-cancelled", lost=held.lost.is_set())
+                        raise
+                    finally:
+                        watcher.cancel()
+                out.emit("exit-ok")
+            except fenced.LeaseLost as error:
+                out.emit("exit-lost", reason=_reason(error), on_lost=losses)
+        out.emit("done")
+
+    asyncio.run(run())
+
+
+def await_turn(args: argparse.Namespace, out: Recorder) -> None:
+    """Wait (``wait=None``) on the asyncio face; record the grant, hold it 0.1 s, release."""
+
+    async def run() -> None:
+        async with fenced.aio.connect(args.url) as coord:
+            out.emit("waiting")
+            lease = await coord.acquire(args.resource, ttl=args.ttl, wait=None, holder=args.holder)
+            out.emit("acquired", epoch=lease.epoch)
+            await asyncio.sleep(0.1)
+            await coord.release(lease)
+        out.emit("done")
+
+    asyncio.run(run())
+
+
 MODES = {
+    "acontend": acontend,
+    "ahold": ahold,
+    "await": await_turn,
     "contend": contend,
     "hold": hold,
     "renewloop": renewloop,

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+import fenced
+import fenced.verify
 from fenced.core._clock import ManualClock
 from fenced.fence import open_store
 from fenced.verify import _seeded as seeded
@@ -653,3 +655,35 @@ def test_case_6_never_restores_a_coordinator_given_by_url(tmp_path: Path) -> Non
     assert row.status == "unavailable"
     assert row.passed is None
     assert "not" in row.observed
+
+
+# -- the asyncio face ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_cases_pass_with_workers_on_the_asyncio_face() -> None:
+    """``fenced verify --api async``: the same cases, the workers' coordinator and stores are
+    fenced.aio (renewals by the event loop's scheduler task, AsyncStore on its worker)."""
+    rows = fenced.verify.run(api="async")
+    assert [row.number for row in rows] == [case.number for case in CASES]
+    for row in rows:
+        assert row.status == "pass", (row.number, row.observed, row.violations)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_short_randomized_run_on_the_asyncio_face_keeps_every_invariant() -> None:
+    summary = run_random(3, 201, Target(api="async"), duration=3.0, restores=True)
+    assert summary.ok, [(r.schedule.seed, r.report.violations) for r in summary.failed]
+    totals = summary.totals()
+    assert totals["faults"] > 0 and totals["grants"] >= 3
+
+
+@pytest.mark.timeout(30)
+def test_cli_api_async_refuses_the_seeded_defects_and_unknown_faces() -> None:
+    refused = _fenced("--api", "async", "--mutants")
+    assert refused.returncode == 2 and "--api async" in refused.stderr
+    assert _fenced("--api", "trio").returncode == 2
+    with pytest.raises(fenced.ConfigurationError):
+        fenced.verify.run(api="trio")

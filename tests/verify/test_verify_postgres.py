@@ -41,6 +41,22 @@ def test_the_cases_pass_on_a_postgres_coordinator_and_stores(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_cases_pass_on_postgres_with_workers_on_the_asyncio_face(
+    postgres_server: PostgresServer,
+) -> None:
+    """``fenced verify --coordinator postgresql://… --store … --api async``."""
+    tag = uuid.uuid4().hex[:10]
+    coordinator = postgres_server.url("postgres", schema=f"vc_{tag}")
+    strict = postgres_server.url("postgres", schema=f"vs_{tag}")
+    monotonic = postgres_server.url("postgres", schema=f"vm_{tag}")
+    open_store(strict, mode="strict").close()
+    open_store(monotonic, mode="monotonic").close()
+    target = Target.create(coordinator, (strict, monotonic), api="async")
+    assert_verify_passes(target, seed=71, schedules=1)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_the_seeded_defects_are_caught_or_na_on_postgres(postgres_server: PostgresServer) -> None:
     assert_mutants_pass(

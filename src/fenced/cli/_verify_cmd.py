@@ -64,6 +64,7 @@ def _replay(
     stores: tuple[str, ...],
     profile: str,
     mutants: tuple[str, ...],
+    api: str = "sync",
 ) -> str:
     """The command that replays one schedule (``{seed}`` is filled in per failure)."""
     parts = ["fenced", "verify", "--random", "1", "--seed", "{seed}", "--duration", f"{duration:g}"]
@@ -75,6 +76,8 @@ def _replay(
         parts += ["--profile", profile]
     for mutant in mutants:
         parts += ["--mutant", mutant]
+    if api != "sync":
+        parts += ["--api", api]
     return " ".join(parts)
 
 
@@ -190,6 +193,13 @@ def _echo_progress(enabled: bool, text: str) -> None:
     multiple=True,
     help="A store to verify, in the role of its mode (repeatable) [default: temporary].",
 )
+@click.option(
+    "--api",
+    type=click.Choice(["sync", "async"]),
+    default="sync",
+    show_default=True,
+    help="The face the worker processes use: fenced (sync) or fenced.aio (async).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--random", "count", type=int, metavar="N", help="Run N seeded fault schedules.")
 @click.option("--seed", type=int, metavar="S", help="Seed of the first schedule [default: random].")
@@ -242,6 +252,7 @@ def verify_command(
     ctx: click.Context,
     coordinator: str | None,
     stores: tuple[str, ...],
+    api: str,
     as_json: bool,
     count: int | None,
     seed: int | None,
@@ -276,7 +287,12 @@ def verify_command(
     seconds = None if duration is None else parse_seconds("--duration", duration)
     if seconds is not None and not seconds > 0:
         raise ConfigurationError("--duration must be > 0")
-    target = Target.create(coordinator, stores)
+    if api == "async" and (hunt or mutant_names):
+        raise ConfigurationError(
+            "--api async runs no seeded defects (they are built into the sync face): "
+            "use --mutants and --mutant without it"
+        )
+    target = Target.create(coordinator, stores, api)
     for mutant in CATALOGUE if count is not None else ():
         why = mutant.not_applicable(target) if mutant.name in mutant_names else None
         if why is not None:  # --random would run the correct program under the defect's name
@@ -286,7 +302,7 @@ def verify_command(
     rows: list[Row] | None = None
     summary: RandomSummary | None = None
     hunted: list[MutantResult] | None = None
-    replay = _replay(seconds or DEFAULT_DURATION, coordinator, stores, profile, mutant_names)
+    replay = _replay(seconds or DEFAULT_DURATION, coordinator, stores, profile, mutant_names, api)
 
     if count is None and not hunt:
         _echo_progress(chatty, f"fenced verify: {target.describe()}")
@@ -295,6 +311,7 @@ def verify_command(
             stores,
             cases=only or None,
             keep_history=keep_history,
+            api=api,
             progress=lambda row: _echo_progress(
                 chatty, f"  case {row.number}: {row.status} ({row.seconds:.1f}s)"
             ),

@@ -31,7 +31,14 @@ from fenced.core._clock import Clock, HostClock
 from fenced.core._errors import ConfigurationError
 from fenced.core._urls import redacted, scheme_of, url_of_path
 
-__all__ = ["DEFAULT_URL", "absolute_url", "connect", "open_backend", "resolve_url"]
+__all__ = [
+    "DEFAULT_URL",
+    "absolute_url",
+    "connect",
+    "open_backend",
+    "refuse_scheme",
+    "resolve_url",
+]
 
 DEFAULT_URL = "sqlite:.fenced/fenced.db"
 _SCHEMES = ("sqlite", "memory", "postgresql", "postgres", "etcd", "etcds")
@@ -63,11 +70,11 @@ def absolute_url(url: str) -> str:
     if scheme == "sqlite":
         return url_of_path("sqlite", str(local_path(url, "sqlite")))
     if scheme not in _SCHEMES:
-        _refuse_scheme(scheme, url)
+        refuse_scheme(scheme, url)
     return url
 
 
-def _refuse_scheme(scheme: str, url: str) -> NoReturn:
+def refuse_scheme(scheme: str, url: str) -> NoReturn:
     shown = redacted(url)
     if scheme in _LATER:
         raise ConfigurationError(
@@ -121,7 +128,7 @@ def open_backend(
                 f"the etcd backend needs protobuf and grpcio: pip install 'fenced[etcd]' ({error})"
             ) from error
         return EtcdBackend(url)
-    _refuse_scheme(scheme, url)
+    refuse_scheme(scheme, url)
 
 
 def _postgres(

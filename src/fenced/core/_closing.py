@@ -2,14 +2,15 @@
 observers.
 
 :class:`Closing` gives a class with an idempotent ``close()`` the ``with`` statement: entering
-yields the object itself, leaving the block (however it ends) closes it.
+yields the object itself, leaving the block (however it ends) closes it. :class:`AsyncClosing`
+does the same for ``async with`` and ``aclose()``.
 """
 
 from __future__ import annotations
 
 from typing import Self
 
-__all__ = ["Closing"]
+__all__ = ["AsyncClosing", "Closing"]
 
 
 class Closing:
@@ -23,3 +24,17 @@ class Closing:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class AsyncClosing:
+    """``async with thing:`` is ``thing`` … ``await thing.aclose()``; ``aclose`` must be
+    idempotent (the asyncio face's coordinators, stores and readers)."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

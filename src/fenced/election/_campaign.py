@@ -45,9 +45,16 @@ from fenced.core._errors import ConfigurationError, LeaseLost, LossReason
 from fenced.core._lease import Lease, LeaseState
 from fenced.core._token import FencingToken
 from fenced.runtime._hold import Hold
-from fenced.runtime._keeper import HeldLease, OnLost
+from fenced.runtime._keeper import HeldLease, HeldView, OnLost
 
-__all__ = ["MAX_VALUE_BYTES", "Campaign", "Leadership", "Proclaimer", "validate_value"]
+__all__ = [
+    "MAX_VALUE_BYTES",
+    "Campaign",
+    "Leadership",
+    "Proclaimer",
+    "TermView",
+    "validate_value",
+]
 
 MAX_VALUE_BYTES = 4096
 """The largest advertised value, in UTF-8 bytes (an address, a URL, a small JSON document)."""
@@ -80,44 +87,17 @@ class Proclaimer(Protocol):
     def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None: ...
 
 
-class Leadership:
-    """One term of leadership: a held lease on the election name, plus its advertised value.
+class TermView:
+    """What a leader reads of its term, on either face (:class:`Leadership`,
+    :class:`fenced.aio.AsyncLeadership`): ``name``, ``term``, ``token``, ``value``, ``state``,
+    ``loss()``, ``check()``. Subclasses keep ``_held`` (the held lease), ``_lock``, ``_value``
+    and ``_resigned``."""
 
-    It behaves like :class:`~fenced.HeldLease` (``token``, ``epoch``, ``state``, ``check()``,
-    ``lost``, ``loss()``) with ``term`` = ``epoch``, and adds ``value``, :meth:`proclaim`,
-    :meth:`resign` and ``ended``. Thread-safe.
+    _held: HeldView
+    _lock: threading.Lock
+    _value: str
+    _resigned: LeaseLost | None
 
-    Signals, and when each is given:
-
-    ``lost``
-        set once the term is **lost** (expired, refused by the coordinator, superseded at a
-        store), together with the ``on_lost(reason)`` callback. Not set by a resignation:
-        stepping down is not a loss.
-    ``ended``
-        set once the term is **over for this process, for any reason**: lost, resigned, or the
-        ``with`` block exited. Wait on it in worker threads that must stop with the leadership.
-    ``check()``
-        raises :class:`~fenced.LeaseLost` unless the term is HELD right now: reason UNCERTAIN
-        while a renewal is failing, RELEASED after :meth:`resign`, else why it was lost.
-    """
-
-    def __init__(
-        self,
-        held: HeldLease,
-        proclaimer: Proclaimer,
-        value: str,
-        *,
-        ended: threading.Event | None = None,
-    ) -> None:
-        self._held = held
-        self._proclaimer = proclaimer
-        self._value = value
-        self._lock = threading.Lock()
-        self._resigned: LeaseLost | None = None
-        self.ended = ended if ended is not None else threading.Event()
-        """Set once the leadership is over for this process: lost, resigned or block exited."""
-
-    # -- what the leader reads ------------------------------------------------------------
     @property
     def name(self) -> str:
         """The election name (the resource the term is a lease on)."""
@@ -152,14 +132,9 @@ class Leadership:
 
     @property
     def value(self) -> str:
-        """The value this leader advertises (the last successful :meth:`proclaim`)."""
+        """The value this leader advertises (the last successful ``proclaim``)."""
         with self._lock:
             return self._value
-
-    @property
-    def lost(self) -> threading.Event:
-        """Set once the term is lost (never cleared; a resignation does not set it)."""
-        return self._held.lost
 
     @property
     def deadline(self) -> float:
@@ -168,19 +143,19 @@ class Leadership:
 
     @property
     def resigned(self) -> bool:
-        """True once :meth:`resign` was called."""
+        """True once ``resign`` was called."""
         with self._lock:
             return self._resigned is not None
 
     @property
     def state(self) -> LeaseState:
-        """HELD, UNCERTAIN or LOST at this instant (LOST after :meth:`resign`)."""
+        """HELD, UNCERTAIN or LOST at this instant (LOST after ``resign``)."""
         if self.resigned:
             return LeaseState.LOST
         return self._held.state
 
     def loss(self) -> LeaseLost | None:
-        """Why the term is over (RELEASED after :meth:`resign`), or None while HELD/UNCERTAIN."""
+        """Why the term is over (RELEASED after ``resign``), or None while HELD/UNCERTAIN."""
         with self._lock:
             resigned = self._resigned
         return resigned if resigned is not None else self._held.loss()
@@ -197,6 +172,62 @@ class Leadership:
         """Tell the runtime a store saw a newer term: the leadership is LOST (SUPERSEDED)."""
         self._held.superseded(detail)
 
+    def _advertised(self, value: str) -> tuple[str, Lease]:
+        """Check a proclamation before any I/O: the value, and the lease to proclaim with."""
+        advertised = validate_value(value)
+        error = self.loss()
+        if error is not None:
+            raise LeaseLost(error.reason, f"cannot proclaim: {error.detail}")
+        return advertised, self._held.lease
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} term {self.term} {self.state.value}>"
+
+
+class Leadership(TermView):
+    """One term of leadership: a held lease on the election name, plus its advertised value.
+
+    It behaves like :class:`~fenced.HeldLease` (``token``, ``epoch``, ``state``, ``check()``,
+    ``lost``, ``loss()``) with ``term`` = ``epoch``, and adds ``value``, :meth:`proclaim`,
+    :meth:`resign` and ``ended``. Thread-safe.
+
+    Signals, and when each is given:
+
+    ``lost``
+        set once the term is **lost** (expired, refused by the coordinator, superseded at a
+        store), together with the ``on_lost(reason)`` callback. Not set by a resignation:
+        stepping down is not a loss.
+    ``ended``
+        set once the term is **over for this process, for any reason**: lost, resigned, or the
+        ``with`` block exited. Wait on it in worker threads that must stop with the leadership.
+    ``check()``
+        raises :class:`~fenced.LeaseLost` unless the term is HELD right now: reason UNCERTAIN
+        while a renewal is failing, RELEASED after :meth:`resign`, else why it was lost.
+    """
+
+    _held: HeldLease
+
+    def __init__(
+        self,
+        held: HeldLease,
+        proclaimer: Proclaimer,
+        value: str,
+        *,
+        ended: threading.Event | None = None,
+    ) -> None:
+        self._held = held
+        self._proclaimer = proclaimer
+        self._value = value
+        self._lock = threading.Lock()
+        self._resigned: LeaseLost | None = None
+        self.ended = ended if ended is not None else threading.Event()
+        """Set once the leadership is over for this process: lost, resigned or block exited."""
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set once the term is lost (never cleared; a resignation does not set it)."""
+        return self._held.lost
+
     # -- what the leader does -------------------------------------------------------------
     def proclaim(self, value: str) -> None:
         """Advertise ``value`` instead of the current one, in the same term.
@@ -209,11 +240,7 @@ class Leadership:
         renewal); :class:`~fenced.Unavailable` / :class:`~fenced.OutcomeUnknown` if the
         coordinator could not be reached or did not answer: retrying is safe.
         """
-        advertised = validate_value(value)
-        error = self.loss()
-        if error is not None:
-            raise LeaseLost(error.reason, f"cannot proclaim: {error.detail}")
-        lease = self._held.lease
+        advertised, lease = self._advertised(value)
         self._proclaimer.proclaim(lease.resource, lease.epoch, lease.owner, advertised)
         with self._lock:
             self._value = advertised
@@ -238,9 +265,6 @@ class Leadership:
             return self._held.stop(release=True)
         finally:
             self.ended.set()
-
-    def __repr__(self) -> str:
-        return f"<Leadership {self.name} term {self.term} {self.state.value}>"
 
 
 class Campaign:

@@ -241,6 +241,39 @@ class TermTracker:
             live.at,
         )
 
+    def feed_all(self, records: list[Record]) -> list[LeaderChange]:
+        """The changes ``records`` make, in order."""
+        changes: list[LeaderChange] = []
+        for record in records:
+            changes.extend(self.feed(record))
+        return changes
+
+    def unknown_value(self) -> int | None:
+        """The live term whose value no record said (ask the coordinator), or None."""
+        live = self.live
+        return None if live is None or live.value_known else live.number
+
+    def valued(
+        self, changes: list[LeaderChange], term: int, info: LeaseInfo | None
+    ) -> list[LeaderChange]:
+        """``changes`` once the coordinator answered ``info`` for the live ``term``'s value:
+        its ELECTED change carries the value (None if the term is no longer live)."""
+        value = info.value if info is not None and info.epoch == term else None
+        self.learn_value(term, value)
+        return [
+            dataclasses.replace(c, value=value)
+            if c.kind is LeaderChangeKind.ELECTED and c.term == term
+            else c
+            for c in changes
+        ]
+
+    @staticmethod
+    def replayed(replay: list[Record], seen: int) -> list[Record]:
+        """The records to deliver from a history read again after a restore renumbered it:
+        what is at or below the highest epoch seen was delivered already (or is the state
+        before the restore), except the RESTORED records that end it."""
+        return [r for r in replay if r.epoch > seen or r.kind is RecordKind.RESTORED]
+
     def learn_value(self, term: int, value: str | None) -> None:
         """The value of the live ``term`` read from the coordinator (grants do not record it)."""
         if self.live is not None and self.live.number == term and not self.live.value_known:
@@ -317,8 +350,7 @@ class Observer(Closing):
         self._failing = False
         self._next_recheck = time.monotonic() + recheck
         while records := self._ops.history(name, after=self._seq):
-            for record in records:
-                self._tracker.feed(record)
+            self._tracker.feed_all(records)
             self._seq = records[-1].seq
         live_term = self._tracker.live
         if live_term is not None and not live_term.value_known:
@@ -389,32 +421,14 @@ class Observer(Closing):
     def _absorb(
         self, records: list[Record], deadline: float | None, *, position: int | None = None
     ) -> None:
-        changes: list[LeaderChange] = []
-        for record in records:
-            changes.extend(self._tracker.feed(record))
+        changes = self._tracker.feed_all(records)
         self._seq = records[-1].seq if position is None else position
-        learned = self._fill_value(deadline)
-        for change in changes:
-            if change.kind is LeaderChangeKind.ELECTED and change.term == learned[0]:
-                self._pending.append(dataclasses.replace(change, value=learned[1]))
-            else:
-                self._pending.append(change)
-
-    def _fill_value(self, deadline: float | None) -> tuple[int, str | None]:
-        """Ask the coordinator for the live term's value if no record said it: (term, value).
-
-        If the coordinator cannot answer before ``deadline``, the value stays unknown (None).
-        """
-        live = self._tracker.live
-        if live is None or live.value_known:
-            return (0, None)
-        answer = self._call(lambda: (self._ops.current(self._name),), deadline)
-        if answer is None:
-            return (0, None)
-        info = answer[0]
-        value = info.value if info is not None and info.epoch == live.number else None
-        self._tracker.learn_value(live.number, value)
-        return (live.number, value)
+        term = self._tracker.unknown_value()
+        if term is not None:  # ask the coordinator; if it cannot answer in time: unknown (None)
+            answer = self._call(lambda: (self._ops.current(self._name),), deadline)
+            if answer is not None:
+                changes = self._tracker.valued(changes, term, answer[0])
+        self._pending.extend(changes)
 
     def _rewound(self, deadline: float | None) -> bool:
         """Read the history again if the coordinator has terms we never saw; True if it did.
@@ -452,10 +466,7 @@ class Observer(Closing):
             "the records of %s were renumbered (a restored coordinator?); read them again",
             self._name,
         )
-        # What is at or below the highest epoch seen was delivered already (or is the state
-        # before the restore), except the RESTORED records that end it.
-        fresh = [r for r in replay if r.epoch > seen or r.kind is RecordKind.RESTORED]
-        self._absorb(fresh, deadline, position=replay[-1].seq)
+        self._absorb(self._tracker.replayed(replay, seen), deadline, position=replay[-1].seq)
         return True
 
     def _call(self, fn: Callable[[], T], deadline: float | None) -> T | None:

@@ -41,7 +41,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, BinaryIO, TypeVar, cast
+from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol, TypeVar, cast
 
 from fenced.core._clock import Clock, SystemClock
 from fenced.core._closing import Closing
@@ -157,24 +157,68 @@ def open_store(
     Raises :class:`ConfigurationError` for a bad URL or option, a path that is not a fenced store,
     a store of a newer format, a corrupt or unwritable store.
     """
-    registry.kind_of(url)  # an unknown scheme is refused before the options are checked
-    if options is not None and not isinstance(options, Mapping):
-        raise ConfigurationError(f"options must be a mapping, got {type(options).__name__}")
-    validated = StoreOptions(
-        op_retention=_positive("op_retention", op_retention, allow_zero=False),
-        gc_grace=_positive("gc_grace", gc_grace),
-        busy_timeout=_positive("busy_timeout", busy_timeout),
-        clock=clock if clock is not None else SystemClock(),
-        record_retention=_positive("record_retention", record_retention, allow_zero=False),
-        record_limit=_count("record_limit", record_limit),
-        backend_options=None if options is None else dict(options),
-        create=bool(create),
+    validated = check_open(
+        url,
+        mode,
+        op_retention=op_retention,
+        gc_grace=gc_grace,
+        busy_timeout=busy_timeout,
+        clock=clock,
+        record_retention=record_retention,
+        record_limit=record_limit,
+        options=options,
+        create=create,
     )
-    rules.resolve_mode(None, mode, "open_store")  # reject an unknown mode before any I/O
-    return Store(registry.open_backend(url, mode, validated), validated)
+    return open_checked(url, mode, validated)
 
 
-class Store(Closing):
+def open_checked(url: str | object, mode: Mode | None, options: StoreOptions) -> Store:
+    """Open the store at ``url`` with options :func:`check_open` returned (this does the I/O)."""
+    return Store(registry.open_backend(url, mode, options), options)
+
+
+class _Described(Protocol):
+    """What a store face reads its identity from: a backend, or the store it runs."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def mode(self) -> Mode: ...
+    @property
+    def capabilities(self) -> frozenset[Capability]: ...
+
+
+class StoreIdentity:
+    """What a store of either face (sync :class:`Store`, :class:`fenced.aio.AsyncStore`) says
+    of itself: ``url``, ``mode``, ``capabilities`` and its repr, read from what it runs on
+    (:meth:`_described`: a :class:`Store`'s backend, an asyncio store's sync store)."""
+
+    _shown_as: ClassVar[str] = "fenced.Store"
+    """The class's name in its repr."""
+
+    def _described(self) -> _Described:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        """The URL the store was opened with."""
+        return self._described().url
+
+    @property
+    def mode(self) -> Mode:
+        """``"strict"`` or ``"monotonic"``, as stored when the store was created."""
+        return self._described().mode
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this store's backend can do."""
+        return self._described().capabilities
+
+    def __repr__(self) -> str:
+        return f"<{self._shown_as} {self.url} mode={self.mode}>"
+
+
+class Store(StoreIdentity, Closing):
     """A fenced store. Thread-safe; many processes may open the same URL at once.
 
     Every method that takes a token checks it atomically with its change and raises, without
@@ -193,23 +237,8 @@ class Store(Closing):
         self._writes = itertools.count(1)
         self._closed = False
 
-    @property
-    def url(self) -> str:
-        """The URL the store was opened with."""
-        return self._backend.url
-
-    @property
-    def mode(self) -> Mode:
-        """``"strict"`` or ``"monotonic"``, as stored when the store was created."""
-        return self._backend.mode
-
-    @property
-    def capabilities(self) -> frozenset[Capability]:
-        """What this store's backend can do."""
-        return self._backend.capabilities
-
-    def __repr__(self) -> str:
-        return f"<fenced.Store {self.url} mode={self.mode}>"
+    def _described(self) -> Backend:
+        return self._backend
 
     # -- mutations -------------------------------------------------------------------------
 
@@ -221,7 +250,7 @@ class Store(Closing):
         every operation with a lower epoch is rejected, even before the new owner writes.
         Binds an unbound resource to the token's coordinator.
         """
-        token = _check_token(token)
+        token = check_fence(token)
         if self._speculates(token.resource, None):
             try:
                 return self._fence(token, Intent(speculate=True))
@@ -268,11 +297,7 @@ class Store(Closing):
         ``op_id``: see :mod:`fenced.fence._ops` — a retry returns the first outcome.
         Values are at most :data:`MAX_VALUE_BYTES` (bad input is :class:`ConfigurationError`).
         """
-        token = _check_token(token)
-        validate_key(key)
-        data = _check_value(value)
-        if_version = _check_if_version(if_version)
-        op_id = None if op_id is None else ops.validate_op_id(op_id)
+        token, key, data, op_id, if_version = check_put(token, key, value, op_id, if_version)
         digest = ops.put_digest(token, key, data, if_version) if op_id is not None else ""
         if self._speculates(token.resource, key):
             try:
@@ -347,9 +372,7 @@ class Store(Closing):
         after a crash, left for :meth:`gc`). A resource whose floor is already above the token,
         or that is bound to another coordinator, is refused before staging (without ``op_id``).
         """
-        token = _check_token(token)
-        validate_publication_name(name)
-        op_id = None if op_id is None else ops.validate_op_id(op_id)
+        token, name, op_id = check_publish(token, name, op_id)
         source = Source(data)
         resource = token.resource
         backend = self._open_backend()
@@ -414,9 +437,9 @@ class Store(Closing):
         error) says how many objects it removed before it stopped; the others are as they were,
         the store is consistent, and a later gc finishes the work.
         """
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-            raise ConfigurationError(f"keep must be an integer >= 0, got {keep!r}")
-        grace = self._options.gc_grace if grace is None else _positive("grace", grace)
+        keep, grace = check_gc(keep, grace)
+        if grace is None:
+            grace = self._options.gc_grace
         cutoff = self._clock.wall() - grace
         return self._open_backend().gc(partial(rules.gc_victims, keep=keep, cutoff=cutoff), cutoff)
 
@@ -435,12 +458,7 @@ class Store(Closing):
         :class:`~fenced.ForeignToken`. Returns the coordinator id it was bound to before: None
         (unbound) or ``coordinator_id`` itself change nothing, so a retry is safe.
         """
-        validate_resource(resource)
-        new = validate_coordinator_id(coordinator_id)
-        if previous is not None:
-            validate_coordinator_id(previous)
-        if isinstance(ceiling, bool) or not isinstance(ceiling, int) or ceiling < 0:
-            raise ConfigurationError(f"ceiling must be an integer >= 0, got {ceiling!r}")
+        new = check_rebind(resource, coordinator_id, previous, ceiling)
         now = self._clock.wall()
         with self._write(resource, ORDINARY) as tx:
             head = tx.head()
@@ -477,14 +495,12 @@ class Store(Closing):
 
     def get(self, resource: str, key: str) -> Item | None:
         """The current item of ``key`` in ``resource``, or None. Reads need no token."""
-        validate_resource(resource)
-        validate_key(key)
+        check_get(resource, key)
         return self._open_backend().get(resource, key)
 
     def latest(self, resource: str, name: str = "") -> Publication | None:
         """The current publication of ``(resource, name)``, or None."""
-        validate_resource(resource)
-        validate_publication_name(name)
+        check_publication(resource, name)
         return self._open_backend().pointer(resource, name)
 
     def open(self, resource: str, name: str = "") -> BinaryIO:
@@ -543,9 +559,7 @@ class Store(Closing):
         ``record_limit`` newest, within ``record_retention``). Needs :attr:`Capability.RECORDS`
         (:class:`ConfigurationError` otherwise).
         """
-        validate_resource(resource)
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise ConfigurationError(f"after must be an integer >= 0, got {after!r}")
+        check_history(resource, after)
         since = self._clock.wall() - self._options.record_retention
         return self._recording().history(
             resource, after, since=since, keep=self._options.record_limit
@@ -567,8 +581,7 @@ class Store(Closing):
         return self._backend
 
     def _current(self, resource: str, name: str) -> tuple[Publication, BinaryIO]:
-        validate_resource(resource)
-        validate_publication_name(name)
+        check_publication(resource, name)
         found = self._open_backend().open_current(resource, name)
         if found is None:
             raise NotFound(f"nothing is published as {shown_publication(resource, name)}")
@@ -770,6 +783,107 @@ def _outcome_detail(outcome: Version | Publication) -> dict[str, object]:
     if isinstance(outcome, Version):
         return {"version": outcome.version}
     return {"object_id": outcome.object_id, "size": outcome.size}
+
+
+# -- argument checks -----------------------------------------------------------------------
+# Each public operation's checks of its arguments, pure (no I/O). Shared with the asyncio face
+# (fenced.aio._store), which runs them on the event loop before it hands a call to its worker
+# thread: bad input raises the same exception, with the same message, on both faces.
+
+
+def check_open(
+    url: str | object,
+    mode: Mode | None,
+    *,
+    op_retention: float,
+    gc_grace: float,
+    busy_timeout: float,
+    clock: Clock | None,
+    record_retention: float,
+    record_limit: int,
+    options: Mapping[str, object] | None,
+    create: bool,
+) -> StoreOptions:
+    """The checks of :func:`open_store`: its validated options, or ConfigurationError."""
+    registry.kind_of(url)  # an unknown scheme is refused before the options are checked
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigurationError(f"options must be a mapping, got {type(options).__name__}")
+    validated = StoreOptions(
+        op_retention=_positive("op_retention", op_retention, allow_zero=False),
+        gc_grace=_positive("gc_grace", gc_grace),
+        busy_timeout=_positive("busy_timeout", busy_timeout),
+        clock=clock if clock is not None else SystemClock(),
+        record_retention=_positive("record_retention", record_retention, allow_zero=False),
+        record_limit=_count("record_limit", record_limit),
+        backend_options=None if options is None else dict(options),
+        create=bool(create),
+    )
+    rules.resolve_mode(None, mode, "open_store")  # reject an unknown mode before any I/O
+    return validated
+
+
+def check_fence(token: object) -> FencingToken:
+    """The checks of :meth:`Store.fence`."""
+    return _check_token(token)
+
+
+def check_put(
+    token: object, key: object, value: object, op_id: object, if_version: object
+) -> tuple[FencingToken, str, bytes, str | None, int | None]:
+    """The checks of :meth:`Store.put`: ``(token, key, value as bytes, op_id, if_version)``."""
+    checked = _check_token(token)
+    key = validate_key(key)
+    data = _check_value(value)
+    version = _check_if_version(if_version)
+    return checked, key, data, None if op_id is None else ops.validate_op_id(op_id), version
+
+
+def check_publish(
+    token: object, name: object, op_id: object
+) -> tuple[FencingToken, str, str | None]:
+    """The checks of :meth:`Store.publish` but its data's (:class:`Source` checks that)."""
+    checked = _check_token(token)
+    name = validate_publication_name(name)
+    return checked, name, None if op_id is None else ops.validate_op_id(op_id)
+
+
+def check_get(resource: object, key: object) -> None:
+    """The checks of :meth:`Store.get`."""
+    validate_resource(resource)
+    validate_key(key)
+
+
+def check_publication(resource: object, name: object) -> None:
+    """The checks of :meth:`Store.latest`, :meth:`Store.read` and :meth:`Store.open`."""
+    validate_resource(resource)
+    validate_publication_name(name)
+
+
+def check_gc(keep: object, grace: object) -> tuple[int, float | None]:
+    """The checks of :meth:`Store.gc`: ``(keep, grace)``, grace None for the store's default."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ConfigurationError(f"keep must be an integer >= 0, got {keep!r}")
+    return keep, None if grace is None else _positive("grace", grace)
+
+
+def check_history(resource: object, after: object) -> None:
+    """The checks of :meth:`Store.history`."""
+    validate_resource(resource)
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ConfigurationError(f"after must be an integer >= 0, got {after!r}")
+
+
+def check_rebind(
+    resource: object, coordinator_id: object, previous: object, ceiling: object
+) -> str:
+    """The checks of :meth:`Store.rebind`: the new coordinator id."""
+    validate_resource(resource)
+    new = validate_coordinator_id(coordinator_id)
+    if previous is not None:
+        validate_coordinator_id(previous)
+    if isinstance(ceiling, bool) or not isinstance(ceiling, int) or ceiling < 0:
+        raise ConfigurationError(f"ceiling must be an integer >= 0, got {ceiling!r}")
+    return new
 
 
 def _check_token(token: object) -> FencingToken:

@@ -28,13 +28,35 @@ from fenced.core._token import FencingToken
 from fenced.runtime._keeper import HeldLease, LeaseOps, OnLost
 from fenced.runtime._scheduler import LeaseScheduler
 
-__all__ = ["Fenceable", "Hold"]
+__all__ = ["Fenceable", "Hold", "expired_while_fencing", "outlived", "refused"]
 
 
 class Fenceable(Protocol):
     """Anything that can install a fencing token: a store, or the user's own adapter."""
 
     def fence(self, token: FencingToken) -> object: ...
+
+
+def refused(error: FencedError, lease: Lease, store: object) -> None:
+    """Say on ``error`` what a store's refusal of a new epoch means (both faces' ``hold``)."""
+    error.add_note(
+        f"hold({lease.resource!r}) could not install epoch {lease.epoch} at "
+        f"{store!r}; the lease was released. A store whose floor is above the "
+        "coordinator's epochs means the coordinator was restored or is another "
+        "one: see docs/operations.md"
+    )
+
+
+def expired_while_fencing() -> LeaseLost:
+    """What ``hold`` raises when the lease expired while its epoch was being installed."""
+    return LeaseLost(
+        LossReason.EXPIRED, "the lease expired while its epoch was installed at stores"
+    )
+
+
+def outlived(loss: LeaseLost) -> LeaseLost:
+    """What ``hold`` raises when the body ended normally after the lease was lost."""
+    return LeaseLost(loss.reason, f"the body outlived its lease: {loss.detail}")
 
 
 class Hold:
@@ -70,17 +92,10 @@ class Hold:
                 try:
                     store.fence(lease.token)
                 except FencedError as error:
-                    error.add_note(
-                        f"hold({lease.resource!r}) could not install epoch {lease.epoch} at "
-                        f"{store!r}; the lease was released. A store whose floor is above the "
-                        "coordinator's epochs means the coordinator was restored or is another "
-                        "one: see docs/operations.md"
-                    )
+                    refused(error, lease, store)
                     raise
             if held.loss() is not None:
-                raise LeaseLost(
-                    LossReason.EXPIRED, "the lease expired while its epoch was installed at stores"
-                )
+                raise expired_while_fencing()
         except BaseException:
             with contextlib.suppress(FencedError):  # if release fails, it expires by itself
                 self._ops.release(lease)
@@ -101,4 +116,4 @@ class Hold:
         loss = held.loss() if held.lost.is_set() or held.loss() is not None else None
         held.stop(release=True)
         if exc_type is None and loss is not None:
-            raise LeaseLost(loss.reason, f"the body outlived its lease: {loss.detail}")
+            raise outlived(loss)

@@ -45,7 +45,7 @@ from fenced.core._lease import Lease, LeaseState, LeaseTracker
 from fenced.core._token import FencingToken
 from fenced.runtime._scheduler import LeaseScheduler
 
-__all__ = ["HeldLease", "LeaseOps", "OnLost"]
+__all__ = ["HeldLease", "HeldView", "LeaseOps", "OnLost", "renewal_interval", "retry_interval"]
 
 log = logging.getLogger("fenced.runtime")
 loss_log = logging.getLogger("fenced.runtime.loss")
@@ -53,6 +53,20 @@ loss_log = logging.getLogger("fenced.runtime.loss")
 itself, as ``fenced run`` does in its one line, raises this logger's level."""
 
 OnLost = Callable[[LeaseLost], object]
+
+
+def renewal_interval(ttl: float, rng: random.Random) -> float:
+    """When a held lease is renewed next after a renewal: a third of the ttl, ±10 %. Both
+    faces (this module and :mod:`fenced.aio`) renew by this schedule."""
+    return ttl / 3 * rng.uniform(0.9, 1.1)
+
+
+def retry_interval(ttl: float, left: float, rng: random.Random) -> float:
+    """After a failed renewal, ``left`` seconds before the local deadline: a tenth of the ttl,
+    or a quarter of the time left when that is sooner (at least 10 ms), ±10 %. A lease that
+    began with less than its ttl (an etcd grant rides a pooled etcd lease kept alive a moment
+    before) or whose renewals kept failing still gets several tries before it is lost."""
+    return max(min(ttl / 10, left / 4), 0.01) * rng.uniform(0.9, 1.1)
 
 
 class LeaseOps(Protocol):
@@ -68,7 +82,69 @@ class LeaseOps(Protocol):
         ...
 
 
-class HeldLease:
+class HeldView:
+    """What a holder reads of a held lease, on either face: token, epoch, state, deadline,
+    ``loss()``, ``check()``, and ``superseded()``. Subclasses keep ``_lease`` (the lease as
+    last renewed), ``_tracker``, ``_clock`` and signal a loss with ``_fire``."""
+
+    _lease: Lease
+    _tracker: LeaseTracker
+    _clock: Clock
+
+    def _fire(self, error: LeaseLost) -> None:
+        raise NotImplementedError
+
+    @property
+    def lease(self) -> Lease:
+        """The lease as last renewed."""
+        return self._lease
+
+    @property
+    def token(self) -> FencingToken:
+        return self._lease.token
+
+    @property
+    def epoch(self) -> int:
+        return self._lease.epoch
+
+    @property
+    def resource(self) -> str:
+        return self._lease.resource
+
+    @property
+    def state(self) -> LeaseState:
+        """HELD, UNCERTAIN or LOST at this instant."""
+        return self._tracker.state(self._clock.now())
+
+    @property
+    def deadline(self) -> float:
+        """The local deadline, on the clock's :meth:`~fenced.core._clock.Clock.now`."""
+        return self._tracker.deadline
+
+    def loss(self) -> LeaseLost | None:
+        """Why the lease is lost, or None while it is HELD or UNCERTAIN."""
+        return self._tracker.loss(self._clock.now())
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` unless the lease is HELD right now."""
+        now = self._clock.now()
+        error = self._tracker.loss(now)
+        if error is not None:
+            self._fire(error)
+            raise LeaseLost(error.reason, error.detail)
+        if self._tracker.state(now) is LeaseState.UNCERTAIN:
+            raise LeaseLost(LossReason.UNCERTAIN, "a renewal failed; the lease may be lost")
+
+    def superseded(self, detail: str = "a store reported a newer epoch") -> None:
+        """Tell the runtime a store saw a newer epoch: the lease is LOST (SUPERSEDED)."""
+        self._lose(LeaseLost(LossReason.SUPERSEDED, detail))
+
+    def _lose(self, error: LeaseLost) -> None:
+        self._tracker.mark_lost(error)
+        self._fire(self._tracker.loss(self._clock.now()) or error)
+
+
+class HeldLease(HeldView):
     """A lease kept alive in the background until :meth:`stop`.
 
     Guarantees: ``state`` is HELD only while the last renewal succeeded and the local deadline
@@ -114,46 +190,6 @@ class HeldLease:
         with self._cond:
             return self._lease
 
-    @property
-    def token(self) -> FencingToken:
-        return self._lease.token
-
-    @property
-    def epoch(self) -> int:
-        return self._lease.epoch
-
-    @property
-    def resource(self) -> str:
-        return self._lease.resource
-
-    @property
-    def state(self) -> LeaseState:
-        """HELD, UNCERTAIN or LOST at this instant."""
-        return self._tracker.state(self._clock.now())
-
-    @property
-    def deadline(self) -> float:
-        """The local deadline, on the clock's :meth:`~fenced.core._clock.Clock.now`."""
-        return self._tracker.deadline
-
-    def loss(self) -> LeaseLost | None:
-        """Why the lease is lost, or None while it is HELD or UNCERTAIN."""
-        return self._tracker.loss(self._clock.now())
-
-    def check(self) -> None:
-        """Raise :class:`LeaseLost` unless the lease is HELD right now."""
-        now = self._clock.now()
-        error = self._tracker.loss(now)
-        if error is not None:
-            self._fire(error)
-            raise LeaseLost(error.reason, error.detail)
-        if self._tracker.state(now) is LeaseState.UNCERTAIN:
-            raise LeaseLost(LossReason.UNCERTAIN, "a renewal failed; the lease may be lost")
-
-    def superseded(self, detail: str = "a store reported a newer epoch") -> None:
-        """Tell the runtime a store saw a newer epoch: the lease is LOST (SUPERSEDED)."""
-        self._lose(LeaseLost(LossReason.SUPERSEDED, detail))
-
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         """Have the scheduler renew the lease and watch its deadline."""
@@ -188,10 +224,6 @@ class HeldLease:
         return self.lost.is_set()
 
     # -- internals ------------------------------------------------------------------------
-    def _lose(self, error: LeaseLost) -> None:
-        self._tracker.mark_lost(error)
-        self._fire(self._tracker.loss(self._clock.now()) or error)
-
     def _fire(self, error: LeaseLost) -> None:
         """Signal the loss once: ``lost``, then ``on_lost``; then log it and hand it to the
         diagnostics (which never blocks)."""
@@ -210,15 +242,12 @@ class HeldLease:
         self._ops.report_trouble(self.lease, error)
 
     def _interval(self) -> float:
-        return self._lease.ttl / 3 * self._rng.uniform(0.9, 1.1)
+        return renewal_interval(self._lease.ttl, self._rng)
 
     def _retry_interval(self) -> float:
-        """After a failed renewal: a tenth of the ttl, or a quarter of the time left before
-        the local deadline when that is sooner (at least 10 ms), ±10 %. A lease that began
-        with less than its ttl (an etcd grant rides a pooled etcd lease kept alive a moment
-        before) or whose renewals kept failing still gets several tries before it is lost."""
-        left = self._tracker.deadline - self._clock.now()
-        return max(min(self._lease.ttl / 10, left / 4), 0.01) * self._rng.uniform(0.9, 1.1)
+        return retry_interval(
+            self._lease.ttl, self._tracker.deadline - self._clock.now(), self._rng
+        )
 
     # -- what the scheduler calls ------------------------------------------------------------
     @property

@@ -47,9 +47,35 @@ from fenced.core._token import FencingToken
 from fenced.testing._threads import ResultThread
 from fenced.testing.faults import FaultyBackend
 
-__all__ = ["CoordinatorConformance", "HistoryConformance", "ManualClockConformance", "wait_for"]
+__all__ = [
+    "BAD_NAMES",
+    "BAD_PARAMETERS",
+    "CoordinatorConformance",
+    "HistoryConformance",
+    "ManualClockConformance",
+    "wait_for",
+]
 
 R = "exports/daily"
+
+BAD_PARAMETERS: list[dict[str, Any]] = [
+    {"ttl": 0, "wait": 0},
+    {"ttl": -1, "wait": 0},
+    {"ttl": math.nan, "wait": 0},
+    {"ttl": math.inf, "wait": 0},
+    {"ttl": True, "wait": 0},
+    {"ttl": "5", "wait": 0},
+    {"ttl": 5, "wait": -1},
+    {"ttl": 5, "wait": math.nan},
+    {"ttl": 5, "wait": 0, "safety_margin": 5},
+    {"ttl": 5, "wait": 0, "safety_margin": -0.1},
+    {"ttl": 5, "wait": 0, "holder": ""},
+    {"ttl": 5, "wait": 0, "holder": "a\nb"},
+    {"ttl": 5, "wait": 0, "request_id": ""},
+]
+"""Parameters every acquire and hold refuses with ConfigurationError, before any I/O."""
+BAD_NAMES = ["", "/a", "a/", "a//b", "a/../b", "./a", "a b", "ä", "x" * 256]
+"""Resource names refused with InvalidName before any I/O."""
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 5.0, what: str = "") -> None:
@@ -299,24 +325,7 @@ class CoordinatorConformance:
         assert coord.release(lease)
 
     # -- validation -----------------------------------------------------------------------
-    @pytest.mark.parametrize(
-        "kwargs",
-        [
-            {"ttl": 0, "wait": 0},
-            {"ttl": -1, "wait": 0},
-            {"ttl": math.nan, "wait": 0},
-            {"ttl": math.inf, "wait": 0},
-            {"ttl": True, "wait": 0},
-            {"ttl": "5", "wait": 0},
-            {"ttl": 5, "wait": -1},
-            {"ttl": 5, "wait": math.nan},
-            {"ttl": 5, "wait": 0, "safety_margin": 5},
-            {"ttl": 5, "wait": 0, "safety_margin": -0.1},
-            {"ttl": 5, "wait": 0, "holder": ""},
-            {"ttl": 5, "wait": 0, "holder": "a\nb"},
-            {"ttl": 5, "wait": 0, "request_id": ""},
-        ],
-    )
+    @pytest.mark.parametrize("kwargs", BAD_PARAMETERS)
     def test_bad_parameters_fail_loudly_and_grant_nothing(
         self, coord: Coordinator, kwargs: dict[str, Any]
     ) -> None:
@@ -326,9 +335,7 @@ class CoordinatorConformance:
         with pytest.raises(ConfigurationError):
             coord.hold(R, **kwargs)
 
-    @pytest.mark.parametrize(
-        "name", ["", "/a", "a/", "a//b", "a/../b", "./a", "a b", "ä", "x" * 256]
-    )
+    @pytest.mark.parametrize("name", BAD_NAMES)
     def test_invalid_names_are_rejected_before_any_io(self, coord: Coordinator, name: str) -> None:
         with pytest.raises(InvalidName):
             coord.acquire(name, ttl=5, wait=0)

@@ -11,18 +11,22 @@ changes what the caller sees:
 ``delay``
     the call is forwarded after sleeping ``delay`` seconds (a slow network).
 
+:class:`AsyncFaultyBackend` does the same around an asyncio backend.
+
 Faults are armed per operation name (``"try_grant"``, ``"renew"``, ``"release"``, …) for a number
 of calls (``times``, None = until disarmed). Thread-safe.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+from fenced.coordinator.aio_backend import AsyncCoordinatorBackend
 from fenced.coordinator.backend import (
     Blocked,
     CoordinatorBackend,
@@ -34,7 +38,7 @@ from fenced.core._errors import OutcomeUnknown, Unavailable
 from fenced.core._lease import LeaseInfo
 from fenced.core._records import Record, RecordKind
 
-__all__ = ["Fault", "FaultyBackend"]
+__all__ = ["AsyncFaultyBackend", "Fault", "FaultyBackend"]
 
 Fault = Literal["unavailable", "lose_reply", "delay"]
 T = TypeVar("T")
@@ -47,11 +51,10 @@ class _Armed:
     delay: float
 
 
-class FaultyBackend:
-    """A :class:`CoordinatorBackend` that injects faults into the calls of another one."""
+class _Injector:
+    """The armed faults and the call counters; both faces' wrappers share them."""
 
-    def __init__(self, inner: CoordinatorBackend) -> None:
-        self.inner = inner
+    def __init__(self, inner: CoordinatorBackend | AsyncCoordinatorBackend) -> None:
         self.url = inner.url
         self.coordinator_id = inner.coordinator_id
         self.capabilities = inner.capabilities
@@ -92,17 +95,32 @@ class FaultyBackend:
             self.injected[operation] = self.injected.get(operation, 0) + 1
             return armed
 
-    def _call(self, operation: str, forward: Callable[[], T]) -> T:
-        armed = self._take(operation)
-        if armed is not None and armed.fault == "unavailable":
-            raise Unavailable(f"injected fault: {operation} did not reach the coordinator")
-        if armed is not None and armed.fault == "delay":
-            time.sleep(armed.delay)
-        answer = forward()
+    def _answered(self, operation: str, armed: _Armed | None) -> None:
         with self._lock:
             self.answered[operation] = self.answered.get(operation, 0) + 1
         if armed is not None and armed.fault == "lose_reply":
             raise OutcomeUnknown(f"injected fault: the reply to {operation} was lost")
+
+    @staticmethod
+    def _refuse(operation: str, armed: _Armed | None) -> None:
+        if armed is not None and armed.fault == "unavailable":
+            raise Unavailable(f"injected fault: {operation} did not reach the coordinator")
+
+
+class FaultyBackend(_Injector):
+    """A :class:`CoordinatorBackend` that injects faults into the calls of another one."""
+
+    def __init__(self, inner: CoordinatorBackend) -> None:
+        super().__init__(inner)
+        self.inner = inner
+
+    def _call(self, operation: str, forward: Callable[[], T]) -> T:
+        armed = self._take(operation)
+        self._refuse(operation, armed)
+        if armed is not None and armed.fault == "delay":
+            time.sleep(armed.delay)
+        answer = forward()
+        self._answered(operation, armed)
         return answer
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
@@ -156,3 +174,72 @@ class FaultyBackend:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class AsyncFaultyBackend(_Injector):
+    """An :class:`~fenced.coordinator.aio_backend.AsyncCoordinatorBackend` that injects the
+    same faults into the calls of another one (``delay`` sleeps the task, not a thread)."""
+
+    def __init__(self, inner: AsyncCoordinatorBackend) -> None:
+        super().__init__(inner)
+        self.inner = inner
+
+    async def _call(self, operation: str, forward: Callable[[], Awaitable[T]]) -> T:
+        armed = self._take(operation)
+        self._refuse(operation, armed)
+        if armed is not None and armed.fault == "delay":
+            await asyncio.sleep(armed.delay)
+        answer = await forward()
+        self._answered(operation, armed)
+        return answer
+
+    async def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
+        return await self._call("try_grant", lambda: self.inner.try_grant(request, ticket))
+
+    async def enqueue(self, request: GrantRequest) -> Ticket:
+        return await self._call("enqueue", lambda: self.inner.enqueue(request))
+
+    async def wait(self, ticket: Ticket, timeout: float) -> None:
+        await self.inner.wait(ticket, timeout)
+
+    async def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
+        return await self.inner.leave(ticket, take)
+
+    async def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
+        return await self._call("renew", lambda: self.inner.renew(resource, epoch, owner, ttl))
+
+    async def release(self, resource: str, epoch: int, owner: str) -> bool:
+        return await self._call("release", lambda: self.inner.release(resource, epoch, owner))
+
+    async def current(self, resource: str) -> LeaseInfo | None:
+        return await self._call("current", lambda: self.inner.current(resource))
+
+    async def last_epoch(self, resource: str) -> int:
+        return await self.inner.last_epoch(resource)
+
+    async def resources(self) -> list[str]:
+        return await self.inner.resources()
+
+    async def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
+        await self._call("proclaim", lambda: self.inner.proclaim(resource, epoch, owner, value))
+
+    async def records(
+        self, resource: str | None, after: int = 0, limit: int = 1000
+    ) -> list[Record]:
+        return await self._call("records", lambda: self.inner.records(resource, after, limit))
+
+    async def report(
+        self,
+        resource: str,
+        epoch: int,
+        holder: str,
+        kind: RecordKind,
+        detail: dict[str, object],
+    ) -> None:
+        await self._call("report", lambda: self.inner.report(resource, epoch, holder, kind, detail))
+
+    async def watch(self, resource: str, after: int, timeout: float) -> None:
+        await self.inner.watch(resource, after, timeout)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

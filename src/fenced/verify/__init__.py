@@ -59,6 +59,7 @@ def run(
     cases: str | Iterable[str] | None = None,
     keep_history: str | os.PathLike[str] | None = None,
     progress: Callable[[Row], None] | None = None,
+    api: str = "sync",
 ) -> list[Row]:
     """Run the cases of the practice table, as ``fenced verify`` does; return their rows.
 
@@ -70,6 +71,7 @@ def run(
     ``keep_history`` a directory to copy every history file to (``--keep-history``; the
     histories of failed cases are always kept, and the row says where). A single string is one
     URL or one case number. ``progress`` is called with each row as soon as its case ends.
+    ``api="async"`` runs the workers on the asyncio face (:mod:`fenced.aio`; ``--api async``).
 
     Each case starts real worker processes (``python -m fenced.verify._worker``) and sends them
     real signals; the call takes a few seconds per case. It returns the rows in table order;
@@ -94,7 +96,7 @@ def run(
         for number in chosen:
             if number not in numbers:
                 raise ConfigurationError(f"unknown case {number!r}; cases: {', '.join(numbers)}")
-    target = Target.create(coordinator, _names(stores, "stores"))
+    target = Target.create(coordinator, _names(stores, "stores"), api)
     return run_cases(
         target,
         only=chosen,

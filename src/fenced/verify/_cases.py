@@ -63,6 +63,8 @@ class Env:
     mutants: list[str]
     restorable: bool = False
     """True if the coordinator is the case's own (it may be backed up and restored)."""
+    api: str = "sync"
+    """The face the workers use (``fenced verify --api``)."""
     checks: list[tuple[str, bool]] = field(default_factory=list)
 
     def worker(self, name: str) -> WorkerProcess:
@@ -78,6 +80,7 @@ class Env:
             margin=round(self.ttl * 0.15, 4),
             mode="command",
             wait=10 * self.ttl,
+            api=self.api,
         )
         return self.run.spawn(config, self.mutants)
 
@@ -485,6 +488,7 @@ def run_case(
         CASE_TTL,
         sorted(mutants),
         target.restorable,
+        target.api,
     )
     modes = {"S": "strict", "M": "monotonic"}
     run.rec.emit(
@@ -497,6 +501,7 @@ def run_case(
         stores={role: {"url": url, "mode": modes[role]} for role, url in env.stores.items()},
         coordinator=env.coordinator,
         mutants=env.mutants,
+        api=env.api,
     )
     failure: str | None = None
     try:

@@ -29,16 +29,18 @@ For networked backends the same faults can also be injected on the wire by
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from fenced.coordinator.aio_backend import AsyncCoordinatorBackend
 from fenced.coordinator.backend import Blocked, CoordinatorBackend, Granted, GrantRequest, Ticket
 from fenced.core._errors import (
     ConfigurationError,
@@ -59,6 +61,7 @@ from fenced.verify._recorder import Recorder
 
 __all__ = [
     "FAULTS",
+    "AsyncRecordingBackend",
     "FaultPlan",
     "Planned",
     "RecordingBackend",
@@ -181,38 +184,98 @@ class _Wire:
         *,
         faults: bool = True,
     ) -> T:
-        planned = self.plan.next(op) if faults else None
-        fault = planned.fault if planned is not None else None
-        call = f"{self._prefix}{next(self._calls)}"
-        if planned is not None and fault == "delay_request":
-            fields = {**fields, "issued": self._rec.now()}
+        planned, call, fields = self._plan(op, fields, faults)
+        if planned is not None and planned.fault == "delay_request":
             time.sleep(planned.delay)
+        reply = self._sent(op, call, fields, planned)
+        try:
+            result = forward()
+        except Exception as error:
+            failure = self._failed(op, reply, planned, error)
+            if failure is error:
+                raise
+            raise failure from error
+        delay = self._answered(op, reply, planned, describe(result))
+        if delay:
+            time.sleep(delay)
+        self._rec.emit(self._reply_ev, ok=True, **reply)
+        return result
+
+    async def acall(
+        self,
+        op: str,
+        fields: dict[str, Any],
+        forward: Callable[[], Awaitable[T]],
+        describe: Callable[[T], dict[str, Any]],
+        *,
+        faults: bool = True,
+    ) -> T:
+        """:meth:`call` for an awaited ``forward``: delays suspend the task."""
+        planned, call, fields = self._plan(op, fields, faults)
+        if planned is not None and planned.fault == "delay_request":
+            await asyncio.sleep(planned.delay)
+        reply = self._sent(op, call, fields, planned)
+        try:
+            result = await forward()
+        except Exception as error:
+            failure = self._failed(op, reply, planned, error)
+            if failure is error:
+                raise
+            raise failure from error
+        delay = self._answered(op, reply, planned, describe(result))
+        if delay:
+            await asyncio.sleep(delay)
+        self._rec.emit(self._reply_ev, ok=True, **reply)
+        return result
+
+    def _plan(
+        self, op: str, fields: dict[str, Any], faults: bool
+    ) -> tuple[Planned | None, str, dict[str, Any]]:
+        planned = self.plan.next(op) if faults else None
+        call = f"{self._prefix}{next(self._calls)}"
+        if planned is not None and planned.fault == "delay_request":
+            fields = {**fields, "issued": self._rec.now()}
+        return planned, call, fields
+
+    def _sent(
+        self, op: str, call: str, fields: dict[str, Any], planned: Planned | None
+    ) -> dict[str, Any]:
+        """Record the send; the fields of its reply event. Raises an injected Unavailable."""
         self._rec.emit(self._send_ev, call=call, op=op, **fields)
+        fault = planned.fault if planned is not None else None
         reply: dict[str, Any] = {"call": call, "op": op, "fault": fault}
         if planned is not None:
             reply["delay"] = round(planned.delay, 4)
         if fault == "unavailable":
             self._rec.emit(self._reply_ev, ok=False, error="Unavailable", applied=False, **reply)
             raise Unavailable(f"injected fault: {op} did not reach its destination")
-        try:
-            result = forward()
-        except Exception as error:
-            truth = {"applied": False if _definite(error) else None, **error_fields(error)}
-            if fault == "lose_reply":
-                truth = {f"true_{k}" if k == "error" else k: v for k, v in truth.items()}
-                self._rec.emit(self._reply_ev, ok=False, error="OutcomeUnknown", **truth, **reply)
-                raise OutcomeUnknown(f"injected fault: the reply to {op} was lost") from error
-            self._rec.emit(self._reply_ev, ok=False, **truth, **reply)
-            raise
-        truth = describe(result)
-        if fault == "lose_reply":
+        return reply
+
+    def _failed(
+        self, op: str, reply: dict[str, Any], planned: Planned | None, error: Exception
+    ) -> Exception:
+        """Record a call that raised; the exception the caller gets."""
+        truth = {"applied": False if _definite(error) else None, **error_fields(error)}
+        if planned is not None and planned.fault == "lose_reply":
+            truth = {f"true_{k}" if k == "error" else k: v for k, v in truth.items()}
+            self._rec.emit(self._reply_ev, ok=False, error="OutcomeUnknown", **truth, **reply)
+            return OutcomeUnknown(f"injected fault: the reply to {op} was lost")
+        self._rec.emit(self._reply_ev, ok=False, **truth, **reply)
+        return error
+
+    def _answered(
+        self, op: str, reply: dict[str, Any], planned: Planned | None, truth: dict[str, Any]
+    ) -> float:
+        """A call that returned: raise an injected lost reply, else add its truth to ``reply``
+        and return how long to delay the reply."""
+        if planned is not None and planned.fault == "lose_reply":
             self._rec.emit(self._reply_ev, ok=False, error="OutcomeUnknown", **truth, **reply)
             raise OutcomeUnknown(f"injected fault: the reply to {op} was lost (it took effect)")
-        if planned is not None and fault == "delay_reply":
+        reply.update(truth)
+        if planned is not None and planned.fault == "delay_reply":
             reply["applied_at"] = self._rec.now()
-            time.sleep(planned.delay)
-        self._rec.emit(self._reply_ev, ok=True, **truth, **reply)
-        return result
+            return planned.delay
+        return 0.0
 
 
 class RecordingBackend:
@@ -235,25 +298,11 @@ class RecordingBackend:
         return self._wire.plan
 
     def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
-        def describe(result: Granted | Blocked) -> dict[str, Any]:
-            if isinstance(result, Granted):
-                return {
-                    "applied": True,
-                    "granted": result.epoch,
-                    "ttl": result.ttl,
-                    "expires_in": round(result.expires_in, 6),
-                    "replayed": result.owner != request.owner,
-                }
-            return {"applied": False, "blocked": True, "epoch": result.epoch}
-
-        fields = {
-            "res": request.resource,
-            "ttl": request.ttl,
-            "rid": request.request_id,
-            "ticket": ticket is not None,
-        }
         return self._wire.call(
-            "try_grant", fields, lambda: self.inner.try_grant(request, ticket), describe
+            "try_grant",
+            _grant_fields(request, ticket),
+            lambda: self.inner.try_grant(request, ticket),
+            _describe_grant(request),
         )
 
     def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
@@ -261,7 +310,7 @@ class RecordingBackend:
             "renew",
             {"res": resource, "epoch": epoch, "ttl": ttl},
             lambda: self.inner.renew(resource, epoch, owner, ttl),
-            lambda remaining: {"applied": True, "remaining": round(remaining, 6)},
+            _describe_renewal,
         )
 
     def release(self, resource: str, epoch: int, owner: str) -> bool:
@@ -269,7 +318,7 @@ class RecordingBackend:
             "release",
             {"res": resource, "epoch": epoch},
             lambda: self.inner.release(resource, epoch, owner),
-            lambda released: {"applied": bool(released), "released": bool(released)},
+            _describe_release,
         )
 
     def report(
@@ -279,7 +328,7 @@ class RecordingBackend:
             "report",
             {"res": resource, "epoch": epoch, "kind": kind.value},
             lambda: self.inner.report(resource, epoch, holder, kind, detail),
-            lambda _: {"applied": True},
+            _applied,
             faults=False,
         )
 
@@ -293,26 +342,16 @@ class RecordingBackend:
             "enqueue",
             {"res": request.resource, "ttl": request.ttl},
             lambda: self.inner.enqueue(request),
-            lambda _: {"applied": True},
+            _applied,
             faults=False,
         )
 
     def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
-        def describe(result: Granted | None) -> dict[str, Any]:
-            if result is None:
-                return {"applied": True}
-            return {
-                "applied": True,
-                "granted": result.epoch,
-                "ttl": result.ttl,
-                "expires_in": round(result.expires_in, 6),
-            }
-
         return self._wire.call(
             "leave",
             {"res": ticket.resource, "ticket": True, "take": take},
             lambda: self.inner.leave(ticket, take),
-            describe,
+            _describe_leave,
             faults=False,
         )
 
@@ -344,6 +383,148 @@ class RecordingBackend:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _grant_fields(request: GrantRequest, ticket: Ticket | None) -> dict[str, Any]:
+    return {
+        "res": request.resource,
+        "ttl": request.ttl,
+        "rid": request.request_id,
+        "ticket": ticket is not None,
+    }
+
+
+def _describe_grant(request: GrantRequest) -> Callable[[Granted | Blocked], dict[str, Any]]:
+    def describe(result: Granted | Blocked) -> dict[str, Any]:
+        if isinstance(result, Granted):
+            return {
+                "applied": True,
+                "granted": result.epoch,
+                "ttl": result.ttl,
+                "expires_in": round(result.expires_in, 6),
+                "replayed": result.owner != request.owner,
+            }
+        return {"applied": False, "blocked": True, "epoch": result.epoch}
+
+    return describe
+
+
+def _describe_renewal(remaining: float) -> dict[str, Any]:
+    return {"applied": True, "remaining": round(remaining, 6)}
+
+
+def _describe_release(released: bool) -> dict[str, Any]:
+    return {"applied": bool(released), "released": bool(released)}
+
+
+def _applied(_: object) -> dict[str, Any]:
+    return {"applied": True}
+
+
+def _describe_leave(result: Granted | None) -> dict[str, Any]:
+    if result is None:
+        return {"applied": True}
+    return {
+        "applied": True,
+        "granted": result.epoch,
+        "ttl": result.ttl,
+        "expires_in": round(result.expires_in, 6),
+    }
+
+
+class AsyncRecordingBackend:
+    """:class:`RecordingBackend` around an asyncio backend: the same events, faults and truth
+    (``fenced verify --api async``). Delays suspend the calling task."""
+
+    def __init__(self, inner: AsyncCoordinatorBackend, recorder: Recorder, plan: FaultPlan) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.coordinator_id = inner.coordinator_id
+        self.capabilities = inner.capabilities
+        self._wire = _Wire(recorder, plan, "c.send", "c.reply")
+
+    @property
+    def plan(self) -> FaultPlan:
+        return self._wire.plan
+
+    async def try_grant(self, request: GrantRequest, ticket: Ticket | None) -> Granted | Blocked:
+        return await self._wire.acall(
+            "try_grant",
+            _grant_fields(request, ticket),
+            lambda: self.inner.try_grant(request, ticket),
+            _describe_grant(request),
+        )
+
+    async def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
+        return await self._wire.acall(
+            "renew",
+            {"res": resource, "epoch": epoch, "ttl": ttl},
+            lambda: self.inner.renew(resource, epoch, owner, ttl),
+            _describe_renewal,
+        )
+
+    async def release(self, resource: str, epoch: int, owner: str) -> bool:
+        return await self._wire.acall(
+            "release",
+            {"res": resource, "epoch": epoch},
+            lambda: self.inner.release(resource, epoch, owner),
+            _describe_release,
+        )
+
+    async def report(
+        self, resource: str, epoch: int, holder: str, kind: RecordKind, detail: dict[str, object]
+    ) -> None:
+        await self._wire.acall(
+            "report",
+            {"res": resource, "epoch": epoch, "kind": kind.value},
+            lambda: self.inner.report(resource, epoch, holder, kind, detail),
+            _applied,
+            faults=False,
+        )
+
+    async def enqueue(self, request: GrantRequest) -> Ticket:
+        return await self._wire.acall(
+            "enqueue",
+            {"res": request.resource, "ttl": request.ttl},
+            lambda: self.inner.enqueue(request),
+            _applied,
+            faults=False,
+        )
+
+    async def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
+        return await self._wire.acall(
+            "leave",
+            {"res": ticket.resource, "ticket": True, "take": take},
+            lambda: self.inner.leave(ticket, take),
+            _describe_leave,
+            faults=False,
+        )
+
+    async def wait(self, ticket: Ticket, timeout: float) -> None:
+        await self.inner.wait(ticket, timeout)
+
+    async def current(self, resource: str) -> LeaseInfo | None:
+        return await self.inner.current(resource)
+
+    async def last_epoch(self, resource: str) -> int:
+        return await self.inner.last_epoch(resource)
+
+    async def resources(self) -> list[str]:
+        return await self.inner.resources()
+
+    async def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
+        await self.inner.proclaim(resource, epoch, owner, value)
+
+    async def records(
+        self, resource: str | None, after: int = 0, limit: int = 1000
+    ) -> list[Record]:
+        return await self.inner.records(resource, after, limit)
+
+    async def watch(self, resource: str, after: int, timeout: float) -> None:
+        await self.inner.watch(resource, after, timeout)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def _version(v: Version) -> dict[str, Any]:

@@ -402,6 +402,7 @@ def run_schedule(
         mutants=chosen,
         stores={role: {"url": url, "mode": modes[role]} for role, url in stores.items()},
         coordinator=coordinator,
+        api=target.api,
     )
     go = rundir / "go"
     incarnations: Counter[int] = Counter()
@@ -430,6 +431,7 @@ def run_schedule(
             pad=schedule.profile.pad,
             write_stores=list(schedule.profile.write_stores),
             commit_stops=schedule.profile.commit_stops,
+            api=target.api,
         )
         return run.spawn(config, chosen)
 

@@ -68,6 +68,10 @@ def _loopback(host: str) -> bool:
         return False
 
 
+APIS = ("sync", "async")
+"""The faces ``fenced verify --api`` can run its workers on."""
+
+
 @dataclass
 class Target:
     """The coordinator and stores under verification (see the module docstring)."""
@@ -76,10 +80,16 @@ class Target:
     """A coordinator URL, or None for a fresh embedded SQLite coordinator per run."""
     stores: dict[str, str] = field(default_factory=dict)
     """User-given stores by role (``S`` strict, ``M`` monotonic)."""
+    api: str = "sync"
+    """The face the workers use: ``sync`` (:mod:`fenced`) or ``async`` (:mod:`fenced.aio`)."""
 
     @classmethod
-    def create(cls, coordinator: str | None, stores: tuple[str, ...] = ()) -> Target:
-        """Validate the URLs (connecting once to each) before anything runs."""
+    def create(
+        cls, coordinator: str | None, stores: tuple[str, ...] = (), api: str = "sync"
+    ) -> Target:
+        """Validate the URLs (connecting once to each) and the API before anything runs."""
+        if api not in APIS:
+            raise ConfigurationError(f"api must be one of {', '.join(APIS)}, got {api!r}")
         url = None
         if coordinator is not None:
             url = resolve_url(coordinator)
@@ -98,7 +108,7 @@ class Target:
                     f"{redacted(store_url)}"
                 )
             roles[role] = store_url
-        return cls(url, roles)
+        return cls(url, roles, api)
 
     @property
     def proxied(self) -> bool:
@@ -125,7 +135,8 @@ class Target:
     def describe(self) -> str:
         coordinator = self.coordinator or "embedded SQLite (fresh per run)"
         stores = ", ".join(f"{r}={u}" for r, u in sorted(self.stores.items())) or "embedded"
-        return f"coordinator {coordinator}; stores {stores}"
+        face = "; workers on fenced.aio" if self.api == "async" else ""
+        return f"coordinator {coordinator}; stores {stores}{face}"
 
     def lease_overrun(self, ttl: float) -> float:
         """How much longer than ``ttl`` the coordinator may keep a lease live after the send

@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from fenced.coordinator._client import Coordinator
 from fenced.core._errors import (
     Busy,
     FencedError,
@@ -65,7 +66,14 @@ from fenced.core._errors import (
 from fenced.fence._store import Store, open_store
 from fenced.fence.backend import ORDINARY, Backend, Intent, Transaction
 from fenced.runtime._keeper import HeldLease
+from fenced.testing.aio_bridge import LoopThread
 from fenced.verify import _seeded as seeded
+from fenced.verify._aio_worker import (
+    BridgedCoordinator,
+    BridgedHeld,
+    bridged_coordinator,
+    bridged_store,
+)
 from fenced.verify._faults import FaultPlan, RecordingBackend, RecordingStore, error_fields
 from fenced.verify._recorder import Recorder
 
@@ -120,6 +128,8 @@ class WorkerConfig:
     mutants: list[str] = field(default_factory=list)
     """Seeded defects this worker builds its coordinator and stores with
     (:mod:`fenced.verify._seeded`)."""
+    api: str = "sync"
+    """``async``: the coordinator and stores are the asyncio face (:mod:`._aio_worker`)."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -197,8 +207,13 @@ class Worker:
         self.rng = random.Random(config.seed)
         kinds = config.kinds or None
         plan = FaultPlan(random.Random(config.seed ^ 0x5EED), config.rates, config.ttl, kinds)
-        opened = seeded.coordinator_backend(config.coordinator, defects)
-        self.coord = seeded.coordinator(RecordingBackend(opened, recorder, plan), defects)
+        self.loop = LoopThread() if config.api == "async" else None
+        self.coord: Coordinator | BridgedCoordinator
+        if self.loop is not None:
+            self.coord = bridged_coordinator(config.coordinator, recorder, plan, defects, self.loop)
+        else:
+            opened = seeded.coordinator_backend(config.coordinator, defects)
+            self.coord = seeded.coordinator(RecordingBackend(opened, recorder, plan), defects)
         self.coord_plan = plan
         self.stores: dict[str, RecordingStore] = {}
         self.in_commit: dict[str, StopInCommit] = {}
@@ -206,13 +221,17 @@ class Worker:
         for name, url in sorted(config.stores.items()):
             store_seed = config.seed ^ zlib.crc32(name.encode())
             store_plan = FaultPlan(random.Random(store_seed), config.rates, config.ttl, kinds)
-            store = seeded.store(open_store(url), defects)
+            store = (
+                cast(Store, bridged_store(url, self.loop))
+                if self.loop is not None
+                else seeded.store(open_store(url), defects)
+            )
             if config.commit_stops > 0 and name in config.fence:
                 self.in_commit[name] = StopInCommit.install(
                     store, lambda: self._pause_self(in_commit=True)
                 )
             self.stores[name] = RecordingStore(store, name, recorder, store_plan)
-        self.held: HeldLease | None = None
+        self.held: HeldLease | BridgedHeld | None = None
         self._stack: contextlib.ExitStack | None = None
         self._ops = 0
         self.pending: dict[str, Any] | None = None
@@ -226,19 +245,23 @@ class Worker:
         """Enter ``coord.hold()``; returns the epoch. Raises what ``hold`` raises."""
         assert self.held is None
         stack = contextlib.ExitStack()
-        held = stack.enter_context(
-            self.coord.hold(
-                self.config.resource,
-                self.config.ttl,
-                wait=wait,
-                fence=[self.stores[name] for name in self.config.fence],
-                holder=self.config.name,
-                request_id=request_id,
-                safety_margin=self.config.margin,
-                on_lost=lambda error: self.rec.emit(
-                    "lost", epoch=held.epoch, reason=error.reason.value
-                ),
-            )
+        held: HeldLease | BridgedHeld
+        held = cast(
+            "HeldLease | BridgedHeld",
+            stack.enter_context(
+                self.coord.hold(
+                    self.config.resource,
+                    self.config.ttl,
+                    wait=wait,
+                    fence=[self.stores[name] for name in self.config.fence],
+                    holder=self.config.name,
+                    request_id=request_id,
+                    safety_margin=self.config.margin,
+                    on_lost=lambda error: self.rec.emit(
+                        "lost", epoch=held.epoch, reason=error.reason.value
+                    ),
+                )
+            ),
         )
         self.held, self._stack = held, stack
         self.rec.emit("lease", epoch=held.epoch, deadline=held.deadline, ttl=self.config.ttl)
@@ -431,6 +454,8 @@ class Worker:
         for store in self.stores.values():
             store.store.close()
         self.coord.close()
+        if self.loop is not None:
+            self.loop.close()
 
     # -- random mode ----------------------------------------------------------------------------
 

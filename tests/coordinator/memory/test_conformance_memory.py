@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from fenced.coordinator.backends.memory._backend import MemoryBackend
+from fenced.testing.aio_conformance import AsyncCoordinatorConformance, AsyncHistoryConformance
 from fenced.testing.conformance import (
     CoordinatorConformance,
     HistoryConformance,
@@ -35,6 +36,18 @@ class TestMemoryHistory(HistoryConformance):
 
 
 class TestMemoryManualClock(ManualClockConformance):
+    @pytest.fixture
+    def url(self, memory_url: str) -> str:
+        return memory_url
+
+
+class TestMemoryCoordinatorAsync(AsyncCoordinatorConformance):
+    @pytest.fixture
+    def url(self, memory_url: str) -> str:
+        return memory_url
+
+
+class TestMemoryHistoryAsync(AsyncHistoryConformance):
     @pytest.fixture
     def url(self, memory_url: str) -> str:
         return memory_url

@@ -52,6 +52,7 @@ from fenced.fence.backend import StoreOptions
 from fenced.fence.postgres._store import open_postgres_backend
 from fenced.runtime._keeper import HeldLease
 from fenced.testing._threads import ResultThread
+from fenced.testing.aio_conformance import AsyncCoordinatorConformance, AsyncHistoryConformance
 from fenced.testing.conformance import CoordinatorConformance, HistoryConformance, wait_for
 from fenced.testing.postgres import PgBouncer, PostgresServer
 from fenced.testing.proxy import TcpProxy
@@ -76,6 +77,20 @@ class TestPostgresCoordinator(CoordinatorConformance):
 
 
 class TestPostgresHistory(HistoryConformance):
+    @pytest.fixture
+    def url(self, pg_url: str) -> str:
+        return pg_url
+
+
+class TestPostgresCoordinatorAsync(AsyncCoordinatorConformance):
+    """The same cases on the asyncio face (psycopg async connections, async LISTEN)."""
+
+    @pytest.fixture
+    def url(self, pg_url: str) -> str:
+        return pg_url
+
+
+class TestPostgresHistoryAsync(AsyncHistoryConformance):
     @pytest.fixture
     def url(self, pg_url: str) -> str:
         return pg_url

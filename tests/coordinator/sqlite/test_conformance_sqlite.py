@@ -8,9 +8,11 @@ deduplication, records (:class:`HistoryConformance`), and an injectable expiry c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
+from fenced.testing.aio_conformance import AsyncCoordinatorConformance, AsyncHistoryConformance
 from fenced.testing.conformance import (
     CoordinatorConformance,
     HistoryConformance,
@@ -36,6 +38,30 @@ class TestSQLiteManualClock(ManualClockConformance):
 
 
 class TestSQLiteHistory(HistoryConformance):
+    @pytest.fixture
+    def url(self, sqlite_url: str) -> str:
+        return sqlite_url
+
+
+class TestSQLiteCoordinatorAsync(AsyncCoordinatorConformance):
+    """Statements on the event loop's thread (the default)."""
+
+    @pytest.fixture
+    def url(self, sqlite_url: str) -> str:
+        return sqlite_url
+
+
+class TestSQLiteCoordinatorAsyncOffloaded(AsyncCoordinatorConformance):
+    """``fenced.aio.connect(url, offload=True)``: statements on a worker thread."""
+
+    connect_options: ClassVar[dict[str, Any]] = {"offload": True}
+
+    @pytest.fixture
+    def url(self, sqlite_url: str) -> str:
+        return sqlite_url
+
+
+class TestSQLiteHistoryAsync(AsyncHistoryConformance):
     @pytest.fixture
     def url(self, sqlite_url: str) -> str:
         return sqlite_url

@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -20,37 +19,14 @@ from sqlalchemy import text
 
 import fenced.fence
 from fenced.core._errors import ConfigurationError, ForeignToken, StaleToken
-from fenced.core._token import FencingToken
 from fenced.fence.postgres._guard import guard_postgres, guard_psycopg, guard_sqlalchemy
 from fenced.testing.postgres import PostgresServer
 from support.cli_processes import run_python
+from support.guard_fixtures import C1, C2, dsn, status, tok
 
-C1 = "c1" * 16
-C2 = "c2" * 16
-R = "billing/invoices"
+__all__ = ["dsn"]  # a fixture from support.guard_fixtures, used here
+
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def tok(epoch: int, coordinator: str = C1) -> FencingToken:
-    return FencingToken(coordinator, R, epoch)
-
-
-@pytest.fixture
-def dsn(postgres_server: PostgresServer) -> Iterator[str]:
-    name = "g_" + uuid.uuid4().hex[:12]
-    url = postgres_server.create_database(name)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE invoices (id int PRIMARY KEY, status text NOT NULL)")
-        conn.execute("INSERT INTO invoices VALUES (1, 'open')")
-    yield url
-    postgres_server.drop_database(name)
-
-
-def status(dsn: str) -> str:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT status FROM invoices WHERE id = 1").fetchone()
-        assert row is not None
-        return str(row[0])
 
 
 def test_a_stale_token_aborts_the_callers_whole_transaction(dsn: str) -> None:

@@ -48,12 +48,15 @@ from fenced.testing.store_conformance import (
     RecordsConformance,
     token,
 )
+from support.postgres_stores import postgres_snapshot, store_url
 from support.store_damage import (
     DAMAGES,
     assert_no_read_returns_it,
     damage_postgres_object,
     original,
 )
+
+__all__ = ["store_url"]  # a fixture from support.postgres_stores, used here
 
 
 def open_postgres_store(url: str, mode: Mode | None, options: StoreOptions) -> Store:
@@ -77,27 +80,6 @@ def _pool_of(store: Store) -> postgres_conn.Pool:
 def _options(busy_timeout: float = 5.0) -> StoreOptions:
     """Store options as open_store builds them by default (a shorter busy timeout if asked)."""
     return StoreOptions(7 * 24 * 3600.0, 3600.0, busy_timeout, SystemClock())
-
-
-@pytest.fixture
-def store_url(postgres_server: PostgresServer) -> str:
-    return postgres_server.url("postgres", schema="s_" + uuid.uuid4().hex[:12])
-
-
-def postgres_snapshot(store: Store) -> list[tuple[str, list[tuple[object, ...]]]]:
-    """Every row of every table of a ``postgresql:`` store, read through its own connection."""
-    schema = store.url.split("schema=", 1)[1].split("&", 1)[0]
-    url = store.url.split("?", 1)[0]
-    tables = ["store_domains", "store_items", "store_pointers", "store_objects", "store_chunks",
-              "store_ops", "store_meta"]  # fmt: skip
-    with psycopg.connect(url, autocommit=True) as conn:
-        return [
-            (
-                table,
-                conn.execute(f'SELECT * FROM "{schema}".{table} ORDER BY 1, 2'.encode()).fetchall(),
-            )
-            for table in tables
-        ]
 
 
 class TestPostgresStore(

@@ -30,12 +30,18 @@ not collide). That needs the CREATE privilege on the database; otherwise run
 Failure behaviour: no open transaction (an autocommit connection outside ``transaction()``) →
 :class:`~fenced.ConfigurationError`; another SQLAlchemy dialect than ``postgresql`` →
 :class:`~fenced.ConfigurationError`; driver errors → translated (the transaction is aborted).
+
+The asyncio face (:func:`fenced.aio.guard`) runs the same statements (:func:`check_statement`,
+:func:`ensure_steps`: one copy) on a psycopg ``AsyncConnection``, and this module's
+:func:`guard_sqlalchemy` itself inside a SQLAlchemy ``AsyncConnection``'s ``run_sync``.
 """
 
 from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -51,13 +57,40 @@ from fenced.core._errors import (
 )
 from fenced.core._token import FencingToken
 
-__all__ = ["GUARD_TABLE", "guard_postgres", "guard_psycopg", "guard_sqlalchemy", "install"]
+__all__ = [
+    "GUARD_TABLE",
+    "Step",
+    "Steps",
+    "check_arguments",
+    "check_statement",
+    "ensure_steps",
+    "guard_failure",
+    "guard_postgres",
+    "guard_psycopg",
+    "guard_sqlalchemy",
+    "install",
+    "is_ready",
+    "mark_ready",
+    "next_step",
+    "run_steps",
+    "transaction_problem",
+]
 
 GUARD_TABLE = "guard_fences"
 """The table (in the guard's schema, default ``fenced``): each resource's coordinator and floor."""
 _STALE = "FN001"
 _FOREIGN = "FN002"
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+
+# The guard's statements, one copy for the sync guard and the asyncio one (fenced.aio._guard).
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+_FIND_FUNCTION = "SELECT to_regprocedure(%s)"
+_FIND_SCHEMA = "SELECT to_regnamespace(%s)"
+
+
+def check_statement(schema: str) -> str:
+    """The statement that checks and records a token: parameters resource, coordinator, epoch."""
+    return f'SELECT "{schema}".guard_check(%s, %s, %s)'
 
 
 def _ddl(schema: str) -> list[str]:
@@ -101,7 +134,77 @@ def _ddl(schema: str) -> list[str]:
     ]
 
 
-def _check(token: object, schema: str) -> FencingToken:
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One statement of :func:`ensure_steps`: ``params`` None means no parameters (the DDL has
+    ``%`` of its own), ``fetch`` that the generator wants the first row back."""
+
+    sql: str
+    params: tuple[object, ...] | None = None
+    fetch: bool = False
+
+    def arguments(self) -> tuple[bytes] | tuple[str, tuple[object, ...]]:
+        """What ``execute`` is given: the SQL as bytes alone (so that psycopg takes its ``%``
+        literally), or the SQL and its parameters."""
+        return (self.sql.encode(),) if self.params is None else (self.sql, self.params)
+
+
+Steps = Generator[Step, Any, None]
+"""Statements to run in order; each ``fetch`` step is answered by sending its first row."""
+
+
+def ensure_steps(schema: str) -> Steps:
+    """Create the guard objects inside the current transaction if they are missing (sans I/O:
+    :func:`run_steps` runs them on a sync connection, fenced.aio on an async one)."""
+    found = yield Step(_FIND_FUNCTION, (f'"{schema}".guard_check(text,text,bigint)',), fetch=True)
+    if found is not None and found[0] is not None:
+        return
+    yield Step(_LOCK, (f"fenced.guard.{schema}",))
+    yield from _create_steps(schema)
+
+
+def _create_steps(schema: str) -> Steps:
+    """The guard's DDL as steps; ``CREATE SCHEMA`` only if the schema does not exist (``IF NOT
+    EXISTS`` would still need CREATE on the database, which a schema's owner may lack)."""
+    found = yield Step(_FIND_SCHEMA, (f'"{schema}"',), fetch=True)
+    statements = _ddl(schema)
+    if found is not None and found[0] is not None:
+        statements = statements[1:]
+    for statement in statements:
+        yield Step(statement)
+
+
+def next_step(steps: Steps, row: Any) -> Step | None:
+    """The next of ``steps``, sent ``row`` (the first row of the last ``fetch`` step, else
+    None), or None once they are done: what a runner of steps, sync or async, loops on."""
+    try:
+        return steps.send(row)
+    except StopIteration:
+        return None
+
+
+def run_steps(execute: Callable[..., Any], steps: Steps) -> None:
+    """Run ``steps`` with a sync ``execute(sql[, params])`` that returns a cursor."""
+    row = None
+    while (step := next_step(steps, row)) is not None:
+        cursor = execute(*step.arguments())
+        row = cursor.fetchone() if step.fetch else None
+
+
+def transaction_problem(autocommit: bool, status: pq.TransactionStatus) -> str | None:
+    """Why a psycopg connection (sync or async) in this state cannot be guarded, or None."""
+    if autocommit and status == pq.TransactionStatus.IDLE:
+        return (
+            "guard() must run inside your open transaction: this psycopg connection is in "
+            "autocommit mode; use `with conn.transaction(): guard(conn, token); ...`"
+        )
+    if status == pq.TransactionStatus.INERROR:
+        return "guard(): the transaction is already aborted by an earlier error; roll it back"
+    return None
+
+
+def check_arguments(token: object, schema: str) -> FencingToken:
+    """The token and schema checks every guard (sync or async) makes first."""
     if not isinstance(token, FencingToken):
         raise ConfigurationError(f"guard needs a fenced.FencingToken, got {type(token).__name__}")
     if not _SCHEMA.fullmatch(schema):
@@ -140,10 +243,8 @@ def install(connection: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA
     if not _SCHEMA.fullmatch(schema):
         raise ConfigurationError(f"schema must be 1-48 characters of [a-z0-9_], got {schema!r}")
     with connection.transaction():
-        connection.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"fenced.guard.{schema}",)
-        )
-        _create(connection.execute, schema)
+        connection.execute(_LOCK, (f"fenced.guard.{schema}",))
+        run_steps(connection.execute, _create_steps(schema))
 
 
 def guard_psycopg(
@@ -156,55 +257,46 @@ def guard_psycopg(
     Raises :class:`~fenced.StaleToken` / :class:`~fenced.ForeignToken` and leaves the transaction
     aborted (see the module docstring).
     """
-    token = _check(token, schema)
-    status = connection.info.transaction_status
-    if connection.autocommit and status == pq.TransactionStatus.IDLE:
-        raise ConfigurationError(
-            "guard() must run inside your open transaction: this psycopg connection is in "
-            "autocommit mode; use `with conn.transaction(): guard(conn, token); ...`"
-        )
-    if status == pq.TransactionStatus.INERROR:
-        raise ConfigurationError(
-            "guard(): the transaction is already aborted by an earlier error; roll it back"
-        )
+    token = check_arguments(token, schema)
+    problem = transaction_problem(connection.autocommit, connection.info.transaction_status)
+    if problem is not None:
+        raise ConfigurationError(problem)
     try:
-        if schema not in _ready.get(connection, set()):
-            _ensure(connection.execute, schema)
-            _ready.setdefault(connection, set()).add(schema)
+        if not is_ready(connection, schema):
+            run_steps(connection.execute, ensure_steps(schema))
+            mark_ready(connection, schema)
         row = connection.execute(
-            f'SELECT "{schema}".guard_check(%s, %s, %s)'.encode(),
+            check_statement(schema).encode(),
             (token.resource, token.coordinator_id, token.epoch),
         ).fetchone()
     except psycopg.Error as error:
-        rejection = _rejection(error, token)
-        if rejection is not None:
-            raise rejection from None
-        _forget(connection, error)
-        raise translate(error, f"guard({token.resource!r})", sent=False) from error
+        failure, cause = guard_failure(connection, error, token)
+        raise failure from cause
     assert row is not None
     return int(row[0])
 
 
-def _ensure(execute: Any, schema: str) -> None:
-    """Create the guard objects inside the current transaction if they are missing."""
-    found = execute(
-        "SELECT to_regprocedure(%s)", (f'"{schema}".guard_check(text,text,bigint)',)
-    ).fetchone()
-    if found is not None and found[0] is not None:
-        return
-    execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"fenced.guard.{schema}",))
-    _create(execute, schema)
+def is_ready(connection: object, schema: str) -> bool:
+    """Whether the guard objects of ``schema`` are known to exist for ``connection``."""
+    return schema in _ready.get(connection, set())
 
 
-def _create(execute: Any, schema: str) -> None:
-    """Run the guard's DDL; ``CREATE SCHEMA`` only if the schema does not exist (``IF NOT
-    EXISTS`` would still need CREATE on the database, which a schema's owner may lack)."""
-    found = execute("SELECT to_regnamespace(%s)", (f'"{schema}"',)).fetchone()
-    statements = _ddl(schema)
-    if found is not None and found[0] is not None:
-        statements = statements[1:]
-    for statement in statements:
-        execute(statement.encode())
+def mark_ready(connection: object, schema: str) -> None:
+    """Remember that the guard objects of ``schema`` exist for ``connection``."""
+    _ready.setdefault(connection, set()).add(schema)
+
+
+def guard_failure(
+    connection: object, error: psycopg.Error, token: FencingToken
+) -> tuple[FencedError, BaseException | None]:
+    """What a psycopg error during the guard is raised as, and from what: StaleToken or
+    ForeignToken (from None) for a rejection, else the translated error (from ``error``; the
+    guard objects are forgotten if the error says they are gone)."""
+    rejection = _rejection(error, token)
+    if rejection is not None:
+        return rejection, None
+    _forget(connection, error)
+    return translate(error, f"guard({token.resource!r})", sent=False), error
 
 
 def _forget(connection: object, error: BaseException) -> None:
@@ -225,7 +317,7 @@ def guard_sqlalchemy(connection: Any, token: FencingToken, *, schema: str = DEFA
     """
     from sqlalchemy import exc, text  # noqa: PLC0415 - SQLAlchemy is optional
 
-    token = _check(token, schema)
+    token = check_arguments(token, schema)
     if connection.dialect.name != "postgresql":
         dialect = connection.dialect.name
         raise ConfigurationError(
@@ -241,7 +333,9 @@ def guard_sqlalchemy(connection: Any, token: FencingToken, *, schema: str = DEFA
         raise ConfigurationError(
             "guard() must run inside your transaction: this SQLAlchemy connection autocommits"
         )
-    raw = connection.connection.dbapi_connection
+    # the driver's own connection (psycopg's, also under an AsyncConnection's run_sync, whose
+    # DBAPI adapter cannot be weakly referenced): what the guard's readiness is remembered for
+    raw = connection.connection.driver_connection
     key = raw if raw is not None else connection
 
     def execute(statement: str | bytes, params: tuple[object, ...] = ()) -> Any:
@@ -252,11 +346,11 @@ def guard_sqlalchemy(connection: Any, token: FencingToken, *, schema: str = DEFA
         return connection.execute(text(query), names)
 
     try:
-        if schema not in _ready.get(key, set()):
-            _ensure(execute, schema)
-            _ready.setdefault(key, set()).add(schema)
+        if not is_ready(key, schema):
+            run_steps(execute, ensure_steps(schema))
+            mark_ready(key, schema)
         epoch = execute(
-            f'SELECT "{schema}".guard_check(%s, %s, %s)',
+            check_statement(schema),
             (token.resource, token.coordinator_id, token.epoch),
         ).scalar_one()
     except exc.DBAPIError as error:

@@ -132,13 +132,11 @@ connection attempt, default 1).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import secrets
 import threading
 import time
 import weakref
-from dataclasses import replace
 
 from fenced.coordinator.backend import (
     CAP_RECORDS,
@@ -150,7 +148,6 @@ from fenced.coordinator.backend import (
     Ticket,
     owned_ticket,
 )
-from fenced.coordinator.backends.etcd import _rpc as rpc
 from fenced.coordinator.backends.etcd._base import (
     _MAX_ATTEMPTS,
     QUEUE_TTL,
@@ -160,28 +157,28 @@ from fenced.coordinator.backends.etcd._base import (
 from fenced.coordinator.backends.etcd._client import KV, EtcdRejected, Transport
 from fenced.coordinator.backends.etcd._handoff import _VIEW_IDLE
 from fenced.coordinator.backends.etcd._keys import (
-    Keys,
     LeaseValue,
-    ResourceState,
-    dumps,
-    prefix_end,
 )
-from fenced.coordinator.backends.etcd._leasepool import _IDLE_DROP, _IDLE_REFRESH, _PooledLease
 from fenced.coordinator.backends.etcd._ops import (
-    _cmp,
-    _delete,
     _first,
-    _get,
-    _int_value,
-    _owner,
-    _put,
-    _waiter_ahead,
 )
-from fenced.coordinator.backends.etcd._records import RECORDS_KEPT, _Item
+from fenced.coordinator.backends.etcd._plans import (
+    GrantPlan,
+    Refusal,
+    earlier_grant,
+    epoch_reads,
+    grant_plan,
+    meta_found,
+    meta_reads,
+    meta_txn,
+    owned_lease,
+    proclaim_txn,
+    refusal,
+)
+from fenced.coordinator.backends.etcd._records import RECORDS_KEPT
 from fenced.coordinator.backends.etcd._settings import parse_etcd_url
 from fenced.coordinator.backends.etcd._waiters import _Waiters
 from fenced.coordinator.backends.etcd._waitqueue import EtcdTicket, QueueView
-from fenced.core._clock import Clock, SystemClock
 from fenced.core._errors import (
     ConfigurationError,
     LeaseLost,
@@ -190,8 +187,6 @@ from fenced.core._errors import (
     Unavailable,
 )
 from fenced.core._lease import LeaseInfo
-from fenced.core._records import RecordKind
-from fenced.core._token import MAX_EPOCH, validate_coordinator_id
 
 __all__ = [
     "QUEUE_TTL",
@@ -218,8 +213,7 @@ class EtcdBackend(_Waiters):
 
     def __init__(self, url: str) -> None:
         settings = parse_etcd_url(url)
-        self.url = settings.display()
-        self._keys = Keys(settings.prefix)
+        self._init_state(settings)
         transport: type[Transport] = Transport
         if settings.api == "grpc":
             try:
@@ -237,30 +231,15 @@ class EtcdBackend(_Waiters):
             tls=settings.tls,
             login=settings.login,
         )
-        who = "the client certificate's user" if settings.login is None else "etcd user"
-        user = "" if settings.login is None else f" {settings.login.user!r}"
-        self._transport.permission_hint = (
-            f"{who}{user} needs readwrite permission on the key prefix {settings.prefix}/ "
-            "(docs/etcd.md, 'Least privilege')"
-        )
-        self._clock: Clock = SystemClock()  # of the pooled leases' times: counts a suspended host
-        self._lock = threading.Lock()
+        self._transport.permission_hint = settings.permission_hint()
         # one lock per resource while in use (see _grant_lock); dropped with its last user
         self._grant_locks: weakref.WeakValueDictionary[str, threading.Lock] = (
             weakref.WeakValueDictionary()
         )
-        self._res: dict[str, tuple[int, ResourceState]] = {}
-        self._minimum = (0, 0)
-        self._leases: dict[int, _PooledLease] = {}
-        self._queue_lease: _PooledLease | None = None
-        self._retention: _PooledLease | None = None
         self._orphans: dict[bytes, EtcdTicket] = {}  # waiters whose leave() failed: retried
         self._views: dict[str, QueueView] = {}
         self._planned = {}
-        self._granted: dict[str, float] = {}
         self._retiring: list[EtcdTicket] = []  # granted waiters whose watch the keeper stops
-        self._cluster_id = ""
-        self._closed = False
         self._wake = threading.Condition(self._lock)
         try:
             self.coordinator_id = self._init_meta()
@@ -275,32 +254,17 @@ class EtcdBackend(_Waiters):
 
     def _init_meta(self) -> str:
         keys = self._keys
-        candidate = secrets.token_hex(16)
-        reads = [_get(keys.coordinator_id), _get(keys.minimum)]
         try:
-            ok, responses, _ = self._txn(
-                [_cmp(keys.coordinator_id, "CREATE", 0)],
-                [_put(keys.coordinator_id, candidate.encode()), *reads],
-                reads,
-                what="reading the coordinator id",
+            ok, responses, _ = self._send(
+                meta_txn(keys, secrets.token_hex(16)), "reading the coordinator id"
             )
         except OutcomeUnknown:  # the id may have been written: read it
             ok = False
-            responses, _ = self._read(reads, "reading the coordinator id")
+            responses, _ = self._read(meta_reads(keys), "reading the coordinator id")
         except EtcdRejected as error:
             raise ConfigurationError(f"etcd: reading the coordinator id: {error}") from error
-        offset = 1 if ok else 0
-        id_kv = _first(responses[offset])
-        if id_kv is None:
-            raise Unavailable("etcd: the coordinator id could not be stored")
-        self._minimum = _int_value(_first(responses[offset + 1]))
-        try:
-            return validate_coordinator_id(id_kv.value.decode(errors="replace"))
-        except ConfigurationError as error:
-            raise ConfigurationError(
-                f"{self.url}: the key {keys.coordinator_id.decode()} does not hold a fenced "
-                f"coordinator id ({error}); is the prefix used by something else?"
-            ) from error
+        coordinator_id, self._minimum = meta_found(self.url, keys, ok, responses)
+        return coordinator_id
 
     def _keep(self) -> None:
         """Keeper thread: keeps idle pooled leases, waiters' leases and the queue lease alive,
@@ -309,32 +273,10 @@ class EtcdBackend(_Waiters):
             with contextlib.suppress(Exception):
                 self._transport.prefer_leader()
         while True:
+            due, revoke = self._keep_plan(QUEUE_TTL / 4)
             with self._lock:
                 if self._closed:
                     return
-                now = self._clock.now()  # the pooled leases' clock
-                due: list[_PooledLease] = []
-                revoke: list[_PooledLease] = []
-                for pooled in list(self._leases.values()):
-                    refresh = now - pooled.refreshed >= pooled.ttl * _IDLE_REFRESH
-                    if pooled.in_use:
-                        if pooled.reserved and not pooled.tainted:
-                            if refresh:
-                                due.append(pooled)
-                        elif pooled.tainted or pooled.grant is None:
-                            if pooled.expires < now - 1.0 and pooled.tainted:
-                                del self._leases[pooled.id]
-                        elif pooled.expires < now - 1.0:
-                            del self._leases[pooled.id]  # abandoned grant: expired in etcd
-                        continue
-                    if now - pooled.idle_since > _IDLE_DROP:
-                        del self._leases[pooled.id]
-                        revoke.append(pooled)
-                    elif refresh:
-                        due.append(pooled)
-                queue = self._queue_lease
-                if queue is not None and now - queue.refreshed >= QUEUE_TTL / 4:
-                    due.append(queue)
                 orphans = list(self._orphans.values())
                 idle = [
                     name
@@ -393,65 +335,12 @@ class EtcdBackend(_Waiters):
     def _grant_once(
         self, request: GrantRequest, ticket: EtcdTicket | None
     ) -> Granted | Blocked | None:
-        keys = self._keys
         name = request.resource
-        lease_key, res_key, queue = keys.lease(name), keys.res(name), keys.queue(name)
-        with self._lock:
-            res_rev, state = self._res.get(name, (0, ResourceState()))
-            min_rev, minimum = self._minimum
-        epoch = max(state.epoch, minimum) + 1
-        if epoch > MAX_EPOCH:
-            raise ConfigurationError(f"{name}: epochs exhausted")
-        items: list[_Item] = []
-        after = state.state
-        if state.state == "held":
-            items.append((RecordKind.EXPIRED, name, state.epoch, state.holder, {}))
-            after = "expired"
-        detail: dict[str, object] = {"after": after}
-        if request.value is not None:
-            detail["value"] = request.value
-        items.append((RecordKind.GRANTED, name, epoch, request.holder, detail))
-        record_ops, number = self._resource_records(name, state.last_record, items)
+        retention = None if request.request_id is None else self._retention_lease_id()
         pooled = self._ticket_lease(ticket) if ticket is not None else self._take_lease(request.ttl)
-        value = LeaseValue(
-            epoch, request.owner, request.holder, request.ttl, request.value, number
-        ).encode()
-        new_state = ResourceState(epoch, "held", request.holder, number)
-        compare = [
-            _cmp(lease_key, "CREATE", 0),
-            _cmp(res_key, "MOD", res_rev),
-            _cmp(keys.minimum, "MOD", min_rev),
-        ]
-        success = [
-            _put(lease_key, value, pooled.id),
-            _put(res_key, new_state.encode()),
-            *record_ops,
-        ]
-        failure = [_get(lease_key), _get(res_key), self._meta()]
-        if ticket is not None:
-            compare += [
-                _cmp(ticket.key, "CREATE", ticket.rev),
-                _cmp(queue, "CREATE", ticket.rev - 1, "GREATER", prefix_end(queue)),
-            ]
-            success.append(_delete(ticket.key))
-            failure += [
-                _get(ticket.key),
-                _waiter_ahead(queue, ticket.rev),
-            ]
-        else:
-            compare.append(_cmp(queue, "CREATE", 0, "EQUAL", prefix_end(queue)))
-        if request.request_id is not None:
-            compare.append(_cmp(keys.request(request.request_id), "CREATE", 0))
-            success.append(
-                _put(
-                    keys.request(request.request_id),
-                    dumps({"resource": name, "epoch": epoch, "owner": request.owner}),
-                    self._retention_lease_id(),
-                )
-            )
-            failure.append(_get(keys.request(request.request_id)))
         try:
-            ok, responses, revision = self._txn(compare, success, failure, what=f"grant of {name}")
+            plan = grant_plan(self._keys, request, self._cached(name), pooled.id, ticket, retention)
+            ok, responses, revision = self._send(plan.request, f"grant of {name}")
         except OutcomeUnknown:
             with self._lock:
                 pooled.tainted = True  # it may carry the grant: neither reuse nor keep it alive
@@ -468,146 +357,90 @@ class EtcdBackend(_Waiters):
                 self._give_back(pooled)
             raise
         if ok:
-            with self._lock:
-                self._res[name] = (revision, new_state)
-                pooled.grant = (name, epoch, request.owner)
-                pooled.lease_rev = revision
-                pooled.holder = request.holder
-                pooled.reserved = False
-                expires_in = min(request.ttl, pooled.expires - self._clock.now())
+            expires_in = self._granted_on(pooled, request, plan, revision)
             if ticket is not None:
                 self._retire(ticket)
             self._granted_again(name)
-            return Granted(epoch, request.owner, request.holder, request.ttl, expires_in)
+            return Granted(plan.epoch, request.owner, request.holder, request.ttl, expires_in)
         if ticket is None:
             self._give_back(pooled)
-        return self._not_granted(request, ticket, responses, revision, (res_rev, min_rev))
+        found = refusal(request, ticket, responses)
+        return self._not_granted(request, ticket, found, plan, revision)
 
     def _not_granted(
         self,
         request: GrantRequest,
         ticket: EtcdTicket | None,
-        responses: list[rpc.ResponseOp],
+        found: Refusal,
+        plan: GrantPlan,
         revision: int,
-        compared: tuple[int, int],
     ) -> Granted | Blocked | None:
-        """What a failed grant's failure branch says (``compared``: the revisions of the state
-        and of the minimum that the attempt compared)."""
+        """What a failed grant's failure branch says (:func:`~._plans.refusal`)."""
         name = request.resource
-        lease_kv, res_kv = _first(responses[0]), _first(responses[1])
-        self._remember(res=(name, res_kv))
-        self._remember_meta(responses[2])
-        if ticket is not None and lease_kv is not None and _owner(lease_kv) == request.owner:
-            granted = self._take_handed(ticket, lease_kv)  # a release handed it to us
+        self._remember(res=(name, found.res))
+        self._remember_meta(found.meta)
+        if ticket is not None and found.handed:
+            assert found.lease is not None
+            granted = self._take_handed(ticket, found.lease)  # a release handed it to us
             if granted is not None:
                 return granted
-        if request.request_id is not None:
-            earlier = _first(responses[-1])
-            if earlier is not None:
-                return self._earlier_grant(earlier, name, lease_kv)
+        if found.earlier is not None:
+            return self._earlier_grant(found.earlier, name, found.lease)
         if ticket is not None:
-            if _first(responses[3]) is None:  # our queue key is gone (handed, or it expired)
+            if not found.queued:  # our queue key is gone (handed, or it expired)
                 self._requeue(ticket)
                 return None
-            pred_kv = _first(responses[4])
-            pred = pred_kv.key if pred_kv is not None else (lease_kv.key if lease_kv else None)
-            if pred is None:
+            if found.pred is None:
                 return None  # stale cache only: try again
-            blocked = self._blocked(lease_kv, self._last(name), RECHECK, precise=False)
+            blocked = self._blocked(found.lease, self._last(name), RECHECK, precise=False)
             ticket.blocked = blocked
-            self._follow(ticket, pred, revision)
+            self._follow(ticket, found.pred, revision)
             return blocked
-        if lease_kv is not None:  # the remaining time costs a request: only for a Busy
-            return self._blocked(lease_kv, self._last(name), None, precise=not request.queues)
-        with self._lock:
-            fresh = (self._res[name][0], self._minimum[0])
-        if fresh == compared:  # every other compare held: the queue is not empty
+        if found.lease is not None:  # the remaining time costs a request: only for a Busy
+            return self._blocked(found.lease, self._last(name), None, precise=not request.queues)
+        res_rev, _, min_rev, _ = self._cached(name)
+        if (res_rev, min_rev) == plan.compared:  # every other compare held: queue not empty
             return Blocked(None, self._last(name), 0.0, None)
         return None  # a stale cache: try again
 
     def _earlier_grant(self, earlier: KV, name: str, lease_kv: KV | None) -> Granted:
-        found = json.loads(earlier.value)
-        resource, epoch, owner = str(found["resource"]), int(found["epoch"]), str(found["owner"])
-        if resource != name:  # its grant is of another resource: never a token for this one
-            raise ConfigurationError(
-                f"this request_id was already used to acquire {resource}, not {name}"
-            )
-        lease = LeaseValue.decode(lease_kv.value) if lease_kv is not None else None
-        if lease_kv is None or lease is None or (lease.epoch, lease.owner) != (epoch, owner):
-            raise LeaseLost(LossReason.REJECTED, "the lease granted for this request_id has ended")
-        with self._lock:
-            pooled = self._leases.get(lease_kv.lease)
-            if pooled is not None and (pooled.tainted or pooled.reserved):  # ours: adopt it
-                pooled.tainted = pooled.reserved = False
-                pooled.in_use = True
-                pooled.grant = (resource, epoch, owner)
-                pooled.lease_rev = lease_kv.mod_revision
-                pooled.holder = lease.holder
-        remaining = self._remaining(lease_kv, lease.ttl)
-        return Granted(epoch, owner, lease.holder, lease.ttl, remaining)
+        lease, kv = earlier_grant(earlier, name, lease_kv)
+        self._adopt(kv, lease, name)
+        remaining = self._remaining(kv, lease.ttl)
+        return Granted(lease.epoch, lease.owner, lease.holder, lease.ttl, remaining)
 
     def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
         with self._grant_lock(resource):
             pooled = self._carrying_lease(resource, epoch, owner)
             kv = self._lease_kv(resource)
-            lease = LeaseValue.decode(kv.value) if kv is not None else None
-            if kv is None or lease is None or (lease.epoch, lease.owner) != (epoch, owner):
+            if owned_lease(kv, epoch, owner) is None or kv is None:
                 if pooled is not None:
                     self._give_back(pooled)
                 raise LeaseLost(
                     LossReason.REJECTED, f"{resource} epoch {epoch} is no longer this owner's"
                 )
             granted, sent = self._keepalive(kv.lease)
-            if granted <= 0:
-                if pooled is not None:
-                    self._drop(pooled)
-                raise LeaseLost(LossReason.REJECTED, f"{resource} epoch {epoch} has expired")
-            if pooled is not None and pooled.id == kv.lease:
-                with self._lock:
-                    pooled.ttl = granted
-                    pooled.expires = sent + granted
-                    pooled.refreshed = sent
-            return float(granted)
+            return self._renewed(pooled, kv, granted, sent, resource, epoch)
 
     def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
         with self._grant_lock(resource):
             self._proclaim_locked(resource, epoch, owner, value)
 
     def _proclaim_locked(self, resource: str, epoch: int, owner: str, value: str) -> None:
-        keys = self._keys
-        lease_key = keys.lease(resource)
         pooled = self._carrying_lease(resource, epoch, owner)
         for _ in range(_MAX_ATTEMPTS):
             kv = self._lease_kv(resource)
-            lease = LeaseValue.decode(kv.value) if kv is not None else None
-            if kv is None or lease is None or (lease.epoch, lease.owner) != (epoch, owner):
+            lease = owned_lease(kv, epoch, owner)
+            if kv is None or lease is None:
                 raise LeaseLost(
                     LossReason.REJECTED, f"{resource} epoch {epoch} is no longer this owner's"
                 )
-            with self._lock:
-                res_rev, state = self._res.get(resource, (0, ResourceState()))
-            record_ops, number = self._resource_records(
-                resource,
-                state.last_record,
-                [(RecordKind.PROCLAIMED, resource, epoch, lease.holder, {"value": value})],
+            request, new_state = proclaim_txn(
+                self._keys, resource, kv, lease, value, self._cached(resource)
             )
-            new_value = LeaseValue(epoch, owner, lease.holder, lease.ttl, value, number).encode()
-            new_state = replace(state, last_record=number)
-            ok, responses, revision = self._txn(
-                [_cmp(lease_key, "MOD", kv.mod_revision), _cmp(keys.res(resource), "MOD", res_rev)],
-                [
-                    _put(lease_key, new_value, kv.lease),
-                    _put(keys.res(resource), new_state.encode()),
-                    *record_ops,
-                ],
-                [_get(keys.res(resource))],
-                what=f"proclaim on {resource}",
-            )
+            ok, responses, revision = self._send(request, f"proclaim on {resource}")
             if ok:
-                with self._lock:
-                    self._res[resource] = (revision, new_state)
-                    if pooled is not None and pooled.id == kv.lease:
-                        pooled.lease_rev = revision
+                self._proclaimed(pooled, kv, resource, revision, new_state)
                 return
             self._remember(res=(resource, _first(responses[0])))
         raise Unavailable(f"etcd: {resource} changed too often to proclaim (contention)")
@@ -617,24 +450,11 @@ class EtcdBackend(_Waiters):
         if kv is None:
             return None
         lease = LeaseValue.decode(kv.value)
-        return LeaseInfo(
-            resource,
-            lease.epoch,
-            lease.holder,
-            self._remaining(kv, lease.ttl),
-            lease.ttl,
-            self.coordinator_id,
-            lease.value,
-        )
+        return self._info(resource, lease, self._remaining(kv, lease.ttl))
 
     def last_epoch(self, resource: str) -> int:
-        responses, _ = self._read(
-            [_get(self._keys.res(resource)), _get(self._keys.minimum)], f"reading {resource}"
-        )
-        res_kv, min_kv = _first(responses[0]), _first(responses[1])
-        self._remember(res=(resource, res_kv), minimum=min_kv)
-        epoch = ResourceState.decode(res_kv.value).epoch if res_kv is not None else 0
-        return max(epoch, _int_value(min_kv)[1])
+        responses, _ = self._read(epoch_reads(self._keys, resource), f"reading {resource}")
+        return self._last_epoch(resource, responses)
 
     def close(self) -> None:
         """Stop the keeper, revoke idle pooled leases and the queue lease, close connections.
@@ -646,10 +466,8 @@ class EtcdBackend(_Waiters):
                 return
             self._closed = True
             self._wake.notify_all()
-            revoke = [p.id for p in self._leases.values() if not p.in_use]
-            if self._queue_lease is not None:
-                revoke.append(self._queue_lease.id)
-            self._leases.clear()
+        revoke = self._closing_leases()
+        with self._lock:
             views = list(self._views.values())
             self._views.clear()
             retiring, self._retiring = self._retiring, []

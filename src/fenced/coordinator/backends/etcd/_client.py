@@ -46,6 +46,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import itertools
 import json
 import logging
 import select
@@ -65,6 +66,7 @@ from fenced.coordinator.backends.etcd._security import Login, Tls, diagnose
 __all__ = [
     "KV",
     "RETRY_PAUSE",
+    "Cluster",
     "EtcdError",
     "EtcdRejected",
     "Event",
@@ -331,14 +333,16 @@ class Stream:
         self._on_close(self)
 
 
-class Transport:
-    """Requests to the JSON gateway of one etcd cluster, with failover between endpoints.
-
-    ``timeout`` is the budget of one call, retries on other endpoints included;
-    ``connect_timeout`` bounds one connection attempt. Thread-safe. After :meth:`close`, calls
-    raise :class:`NotApplied` at once, open streams end, idle connections are closed, and a
-    connection in use is closed when its request ends.
-    """
+class Cluster:
+    """What every transport to one etcd cluster keeps, whatever carries its requests (this
+    module's HTTP, :mod:`._grpc_transport`'s gRPC, :mod:`._aio_transport`'s ``grpc.aio``): the
+    endpoints and their order of preference (the last one that answered first, one that refused
+    tried last for :data:`_DOWN_FOR` seconds), the time budgets, TLS and login settings, the
+    current auth token, and the decisions about them: the schedule of attempts within one
+    call's budget (:meth:`_attempt_order`), what an etcd rejection about identity or permission
+    means (:meth:`_refused`), whether an error says the token went stale
+    (:meth:`_token_stale`), and why TLS fails (:meth:`_tls_refused`). No I/O but
+    :meth:`_tls_refused`'s probe."""
 
     def __init__(
         self,
@@ -355,10 +359,8 @@ class Transport:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.tls = tls
-        self._ssl = None if tls is None else tls.ssl_context()
         self._login = login
         self._token: str | None = None  # etcd's auth token for login (refreshed when stale)
-        self._token_lock = threading.Lock()  # one Authenticate at a time
         self.token_refreshes = 0
         """How many times a token etcd no longer took was replaced (for tests and metrics)."""
         self.permission_hint = "the etcd user needs readwrite permission on fenced's key prefix"
@@ -366,7 +368,6 @@ class Transport:
         self._lock = threading.Lock()
         self._preferred = 0
         self._closed = False
-        self._open: set[OpenStream] = set()
 
     @property
     def endpoints(self) -> list[str]:
@@ -398,6 +399,102 @@ class Transport:
             if self._endpoints[self._preferred] is endpoint:
                 self._preferred = (self._preferred + 1) % len(self._endpoints)
 
+    def _attempt_order(self, deadline: float) -> Iterator[_Endpoint | float]:
+        """The attempts of one call until ``deadline``: each endpoint in the order of
+        preference, then a pause (a float: seconds to sleep, from :data:`RETRY_PAUSE`), then
+        every endpoint again, … It ends when the budget is spent, and raises
+        :class:`NotApplied` once the client is closed. The caller tries each endpoint yielded
+        (marking it down when it refuses) and stops at the first answer."""
+        for attempt in itertools.count():
+            for endpoint in self._order():
+                if deadline - time.monotonic() <= 0:
+                    break
+                if self._closed:
+                    raise NotApplied("the client is closed")
+                yield endpoint
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            yield min(RETRY_PAUSE[min(attempt, len(RETRY_PAUSE) - 1)], remaining)
+
+    def _stream_order(self, deadline: float) -> Iterator[_Endpoint]:
+        """The endpoints to try, in order, for opening a stream until ``deadline``; raises
+        :class:`NotApplied` once the client is closed."""
+        for endpoint in self._order():
+            if deadline - time.monotonic() <= 0:
+                return
+            if self._closed:
+                raise NotApplied("the client is closed")
+            yield endpoint
+
+    # -- identity -------------------------------------------------------------------------
+    def _tls_refused(self, endpoint: _Endpoint, timeout: float) -> Refused | None:
+        """:class:`Refused` naming why TLS to ``endpoint`` fails, or None (not TLS's doing).
+        Blocks for up to ``timeout`` + 0.2 s (a probe, :func:`~._security.diagnose`)."""
+        if self.tls is None:
+            return None
+        cause = diagnose(self.tls, endpoint.host, endpoint.port, timeout)
+        return None if cause is None else Refused(f"{endpoint}: {cause}")
+
+    def _refused(self, error: EtcdRejected) -> EtcdError:
+        """The :class:`Refused` an etcd rejection about identity or permission means, else
+        ``error`` itself."""
+        message = str(error)
+        for marker, meaning in _LOGIN_REFUSED.items():
+            if marker in message:
+                who = "" if self._login is None else f" (user {self._login.user!r})"
+                return Refused(f"{meaning}{who}: {message}", error.code)
+        if "permission denied" in message:
+            return Refused(f"{message}: {self.permission_hint}", error.code)
+        return error
+
+    def _token_stale(self, message: str) -> bool:
+        """Does etcd's ``message`` say that it no longer takes our token (get a new one and
+        send again: etcd checks the token before it applies anything)?"""
+        return self._login is not None and any(marker in message for marker in _TOKEN_STALE)
+
+    def _login_body(self) -> Json:
+        """The ``Authenticate`` request of the login (only called with a login)."""
+        login = self._login
+        assert login is not None
+        return {"name": login.user, "password": login.password}
+
+    def _token_current(self, stale: str | None) -> bool:
+        """Has a token replaced ``stale`` meanwhile (another caller authenticated)?"""
+        return self._token is not None and self._token != stale
+
+    def _took_token(self, token: str, stale: str | None) -> None:
+        """``Authenticate`` answered ``token`` (``stale``: the token it replaces, if any)."""
+        self._token = token or None
+        if stale is not None:
+            self.token_refreshes += 1
+
+
+class Transport(Cluster):
+    """Requests to the JSON gateway of one etcd cluster, with failover between endpoints.
+
+    ``timeout`` is the budget of one call, retries on other endpoints included;
+    ``connect_timeout`` bounds one connection attempt. Thread-safe. After :meth:`close`, calls
+    raise :class:`NotApplied` at once, open streams end, idle connections are closed, and a
+    connection in use is closed when its request ends.
+    """
+
+    def __init__(
+        self,
+        endpoints: list[tuple[str, int]],
+        *,
+        timeout: float,
+        connect_timeout: float,
+        tls: Tls | None = None,
+        login: Login | None = None,
+    ) -> None:
+        super().__init__(
+            endpoints, timeout=timeout, connect_timeout=connect_timeout, tls=tls, login=login
+        )
+        self._ssl = None if tls is None else tls.ssl_context()
+        self._token_lock = threading.Lock()  # one Authenticate at a time
+        self._open: set[OpenStream] = set()
+
     # -- connections ----------------------------------------------------------------------
     def _connect(self, endpoint: _Endpoint, timeout: float) -> http.client.HTTPConnection:
         """A new connection to ``endpoint`` (:class:`NotApplied` if it cannot be made,
@@ -422,13 +519,6 @@ class Transport:
             raise NotApplied(f"cannot connect: {_describe(error)}") from error
         return conn
 
-    def _tls_refused(self, endpoint: _Endpoint, timeout: float) -> Refused | None:
-        """:class:`Refused` naming why TLS to ``endpoint`` fails, or None (not TLS's doing)."""
-        if self.tls is None:
-            return None
-        cause = diagnose(self.tls, endpoint.host, endpoint.port, timeout)
-        return None if cause is None else Refused(f"{endpoint}: {cause}")
-
     # -- authentication ---------------------------------------------------------------------
     def _auth_headers(self) -> dict[str, str]:
         token = self._token
@@ -440,10 +530,9 @@ class Transport:
         if login is None:
             return
         with self._token_lock:
-            if self._token is not None and self._token != stale:
+            if self._token_current(stale):
                 return
-            body = {"name": login.user, "password": login.password}
-            data = self._encode("auth/authenticate", body)
+            data = self._encode("auth/authenticate", self._login_body())
             last: EtcdError = NotApplied("no endpoint answered")
             for endpoint in self._order():
                 remaining = deadline - time.monotonic()
@@ -461,31 +550,17 @@ class Transport:
                     if refused is error:
                         raise
                     raise refused from error
-                self._token = str(reply.get("token", "")) or None
-                if stale is not None:
-                    self.token_refreshes += 1
+                self._took_token(str(reply.get("token", "")), stale)
                 return
             raise NotApplied(f"authenticating as {login.user!r}: {last}", last.code)
 
     def stale_token(self, message: str, used: str | None) -> None:
         """After a watch ended with ``message``: if etcd no longer takes the token ``used``,
         get a new one (quietly: the watch's next attempt reports what still fails)."""
-        if self._login is None or not any(marker in message for marker in _TOKEN_STALE):
+        if not self._token_stale(message):
             return
         with contextlib.suppress(EtcdError):
             self._authenticate(time.monotonic() + self.timeout, stale=used)
-
-    def _refused(self, error: EtcdRejected) -> EtcdError:
-        """The :class:`Refused` an etcd rejection about identity or permission means, else
-        ``error`` itself."""
-        message = str(error)
-        for marker, meaning in _LOGIN_REFUSED.items():
-            if marker in message:
-                who = "" if self._login is None else f" (user {self._login.user!r})"
-                return Refused(f"{meaning}{who}: {message}", error.code)
-        if "permission denied" in message:
-            return Refused(f"{message}: {self.permission_hint}", error.code)
-        return error
 
     def _checkout(self, endpoint: _Endpoint, timeout: float) -> http.client.HTTPConnection:
         """An idle pooled connection to ``endpoint`` that the server did not close, or a new one."""
@@ -532,11 +607,7 @@ class Transport:
         deadline = time.monotonic() + timeout
         if self._login is not None and self._token is None:
             self._authenticate(deadline)
-        for endpoint in self._order():
-            if deadline - time.monotonic() <= 0:
-                return
-            if self._closed:
-                raise NotApplied("the client is closed")
+        for endpoint in self._stream_order(deadline):
             yield endpoint, deadline
 
     def _adopt(self, stream: _S) -> _S:
@@ -582,27 +653,20 @@ class Transport:
         if self._login is not None and self._token is None:
             self._authenticate(deadline)
         last: EtcdError = NotApplied("no endpoint answered")
-        for attempt in range(1_000_000):
-            for endpoint in self._order():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                if self._closed:
-                    raise NotApplied("the client is closed")
-                try:
-                    return self._with_token(endpoint, path, data, deadline, mutating)
-                except NotApplied as error:
-                    last = NotApplied(f"{endpoint}: {error}", error.code)
-                    self._mark_down(endpoint)
-                except EtcdRejected as error:
-                    refused = self._refused(error)
-                    if refused is error:
-                        raise
-                    raise refused from error
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            time.sleep(min(RETRY_PAUSE[min(attempt, len(RETRY_PAUSE) - 1)], remaining))
+        for endpoint in self._attempt_order(deadline):
+            if isinstance(endpoint, float):
+                time.sleep(endpoint)
+                continue
+            try:
+                return self._with_token(endpoint, path, data, deadline, mutating)
+            except NotApplied as error:
+                last = NotApplied(f"{endpoint}: {error}", error.code)
+                self._mark_down(endpoint)
+            except EtcdRejected as error:
+                refused = self._refused(error)
+                if refused is error:
+                    raise
+                raise refused from error
         raise NotApplied(f"etcd unavailable after {budget:g}s ({last})", last.code)
 
     def _with_token(
@@ -613,7 +677,7 @@ class Transport:
         try:
             return self._once(endpoint, path, data, deadline - time.monotonic(), mutating)
         except EtcdRejected as error:
-            if self._login is None or not any(m in str(error) for m in _TOKEN_STALE):
+            if not self._token_stale(str(error)):
                 raise
         log.info("etcd auth token no longer valid; authenticating again")
         self._authenticate(deadline, stale=used)

@@ -58,7 +58,14 @@ from fenced.coordinator.backends.etcd._client import (
 from fenced.coordinator.backends.etcd._messages import METHODS, to_json, to_message
 from fenced.coordinator.backends.etcd._security import Tls
 
-__all__ = ["GrpcTransport"]
+__all__ = [
+    "GrpcTransport",
+    "call_metadata",
+    "channel_options",
+    "encode_request",
+    "multicallable",
+    "rpc_failure",
+]
 
 _METADATA = (("hasleader", "true"),)  # etcd's "require leader" (the gateway's Grpc-Metadata-)
 _OPTIONS = [
@@ -72,6 +79,59 @@ _NOT_SENT = "failed to connect to all addresses"  # the channel refused the call
 _ETCD_ANSWERS = ("etcdserver:", "mvcc:", "auth:")  # how etcd's own errors begin
 
 
+# -- what the sync and the asyncio transports share ----------------------------------------------
+
+
+def channel_options(tls: Tls | None) -> list[tuple[str, Any]]:
+    """The options of a channel to one endpoint (``grpc.Channel`` or ``grpc.aio.Channel``)."""
+    options: list[tuple[str, Any]] = list(_OPTIONS)
+    if tls is not None and tls.server_name:  # check the certificate against this name
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return options
+
+
+def multicallable(channel: Any, path: str) -> Any:
+    """The call object of etcd's method for ``path`` (:data:`~._messages.METHODS`) on
+    ``channel``, sync or asyncio: etcd's messages serialized as they are."""
+    method, request, reply, streaming = METHODS[path]
+    make = channel.stream_stream if streaming else channel.unary_unary
+    return make(
+        method,
+        request_serializer=request.SerializeToString,
+        response_deserializer=reply.FromString,
+    )
+
+
+def encode_request(path: str, body: Json | Message) -> Message:
+    """``body`` (the gateway's JSON, or a message) as etcd's request message for ``path``."""
+    method = METHODS.get(path)
+    if method is None:
+        raise ValueError(f"etcd: no gRPC method for {path!r}")
+    return to_message(method[1], body)
+
+
+def call_metadata(token: str | None, path: str = "") -> tuple[tuple[str, str], ...]:
+    """A call's metadata: etcd's "require leader" flag, and the auth token if there is one."""
+    if token is None or path == "auth/authenticate":
+        return _METADATA
+    return (*_METADATA, ("token", token))
+
+
+def rpc_failure(endpoint: object, error: Any, mutating: bool) -> tuple[EtcdError, bool]:
+    """What a failed gRPC call (``grpc.RpcError``, or grpc.aio's ``AioRpcError``) means (the
+    module docstring's table), and whether the channel must be replaced (the connection
+    failed, not etcd)."""
+    status = error.code()
+    details = str(error.details() or status.name)
+    retire = False
+    if not details.startswith(_ETCD_ANSWERS):  # the connection failed, not etcd
+        retire = True
+        if _NOT_SENT in details:
+            return NotApplied(f"{endpoint}: {details}", status.value[0]), retire
+        details = f"{endpoint}: reply lost: {status.name}: {details}"
+    return _classify(int(status.value[0]), details, mutating), retire
+
+
 # -- transport ------------------------------------------------------------------------------------
 
 
@@ -82,12 +142,10 @@ class _Channel:
     only at its next 0.2 s tick.)"""
 
     def __init__(self, endpoint: _Endpoint, tls: Tls | None, credentials: Any) -> None:
+        options = channel_options(tls)
         if tls is None:
-            self.channel = grpc.insecure_channel(str(endpoint), options=_OPTIONS)
+            self.channel = grpc.insecure_channel(str(endpoint), options=options)
         else:
-            options: list[tuple[str, Any]] = list(_OPTIONS)
-            if tls.server_name:  # check the certificate against this name, not the host
-                options.append(("grpc.ssl_target_name_override", tls.server_name))
             self.channel = grpc.secure_channel(str(endpoint), credentials, options=options)
         self.connected = False
         self.calls: dict[str, Callable[..., Any]] = {}
@@ -95,14 +153,7 @@ class _Channel:
     def method(self, path: str) -> Callable[..., Any]:
         call = self.calls.get(path)
         if call is None:
-            method, request, reply, streaming = METHODS[path]
-            make = self.channel.stream_stream if streaming else self.channel.unary_unary
-            call = make(
-                method,
-                request_serializer=request.SerializeToString,
-                response_deserializer=reply.FromString,
-            )
-            self.calls[path] = call
+            call = self.calls[path] = multicallable(self.channel, path)
         return call
 
     def close(self) -> None:
@@ -159,10 +210,7 @@ class GrpcTransport(Transport):
             channel.close()
 
     def _encode(self, path: str, body: Json | Message) -> Any:
-        method = METHODS.get(path)
-        if method is None:
-            raise ValueError(f"etcd: no gRPC method for {path!r}")
-        return to_message(method[1], body)
+        return encode_request(path, body)
 
     def _connected(self, endpoint: _Endpoint, timeout: float) -> _Channel:
         """The endpoint's channel, connected within ``connect_timeout`` (else NotApplied, or
@@ -184,10 +232,7 @@ class GrpcTransport(Transport):
         return channel
 
     def _metadata(self, path: str = "") -> tuple[tuple[str, str], ...]:
-        token = self._token
-        if token is None or path == "auth/authenticate":
-            return _METADATA
-        return (*_METADATA, ("token", token))
+        return call_metadata(self._token, path)
 
     def _once(
         self, endpoint: _Endpoint, path: str, data: Any, timeout: float, mutating: bool
@@ -223,14 +268,10 @@ class GrpcTransport(Transport):
     def _failed(
         self, endpoint: _Endpoint, channel: _Channel, error: grpc.RpcError, mutating: bool
     ) -> EtcdError:
-        status = error.code()
-        details = str(error.details() or status.name)
-        if not details.startswith(_ETCD_ANSWERS):  # the connection failed, not etcd
+        failure, retire = rpc_failure(endpoint, error, mutating)
+        if retire:
             self._retire(endpoint, channel)
-            if _NOT_SENT in details:
-                return NotApplied(f"{endpoint}: {details}", status.value[0])
-            details = f"{endpoint}: reply lost: {status.name}: {details}"
-        return _classify(int(status.value[0]), details, mutating)
+        return failure
 
     def open_stream(self, path: str, body: Json, timeout: float) -> OpenStream:
         """Start etcd's ``Watch`` stream with ``body`` (a ``WatchRequest`` as the gateway's JSON)

@@ -10,6 +10,12 @@ release ahead (:meth:`_plan_ahead`); a release uses it only if it was built from
 inputs it would be built from now (:func:`_release_inputs`), so a plan built ahead sends the same
 transaction the release would build. A release whose reply was lost reads until it learns
 whether it happened (at most the lease's TTL), else raises :class:`~fenced.OutcomeUnknown`.
+
+The decisions are functions that both faces use (the sync :class:`_Handoff` here, the asyncio
+backend in :mod:`._aio`): :func:`release_plan` builds an attempt's transaction,
+:func:`handoff_head` picks the waiter it hands to, :func:`release_reread` says what the reads
+after a failed attempt mean, :func:`settle_time` how long a lost reply is resolved,
+:func:`taken_again` when a process starts keeping a view of a line.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fenced.coordinator.backends.etcd import _rpc as rpc
-from fenced.coordinator.backends.etcd._base import _MAX_ATTEMPTS
+from fenced.coordinator.backends.etcd._base import _MAX_ATTEMPTS, _EtcdState
 from fenced.coordinator.backends.etcd._client import KV, EtcdRejected
 from fenced.coordinator.backends.etcd._keys import (
     STAMP_LATER,
+    Keys,
     LeaseValue,
     QueueValue,
     ResourceState,
@@ -35,7 +42,7 @@ from fenced.coordinator.backends.etcd._keys import (
 )
 from fenced.coordinator.backends.etcd._leasepool import _PooledLease
 from fenced.coordinator.backends.etcd._ops import _cmp, _delete, _first, _get, _handoff, _Op, _put
-from fenced.coordinator.backends.etcd._records import _Item, _Records
+from fenced.coordinator.backends.etcd._records import _Item, _Records, resource_records
 from fenced.coordinator.backends.etcd._waitqueue import QueueView
 from fenced.core._errors import ConfigurationError, OutcomeUnknown, Unavailable
 from fenced.core._records import RecordKind
@@ -86,6 +93,150 @@ def _release_inputs(
     return (epoch, holder, lease_rev, seen, res_rev, state, minimum)
 
 
+def release_plan(
+    keys: Keys,
+    resource: str,
+    epoch: int,
+    holder: str,
+    lease_rev: int,
+    head: KV | None,
+    cached: tuple[int, ResourceState, int, int],
+    retention: Callable[[], int],
+    at: float | None = None,
+) -> _Release:
+    """The transaction that releases ``epoch`` (and hands the lease to ``head``, if given),
+    built from the cached state of ``resource`` (``cached``: see ``_EtcdState._cached``), with
+    its records at ``at`` (default: now). ``retention`` gives the id of the retention lease
+    (called only for a head that queued with a request_id)."""
+    lease_key, res_key, queue = keys.lease(resource), keys.res(resource), keys.queue(resource)
+    res_rev, state, _, minimum = cached
+    compare = [_cmp(lease_key, "MOD", lease_rev), _cmp(res_key, "MOD", res_rev)]
+    request_key: bytes | None = None
+
+    def reads() -> list[_Op]:
+        found = [
+            _get(lease_key),
+            _get(res_key),
+            _get(keys.meta_prefix, prefix_end(keys.meta_prefix)),
+            _get(queue, prefix_end(queue), sort_order="ASCEND", sort_target="CREATE", limit=1),
+        ]
+        return found if request_key is None else [*found, _get(request_key)]
+
+    items: list[_Item] = [(RecordKind.RELEASED, resource, epoch, holder, {})]
+    record = keys.record(resource, state.last_record + 1)
+    inputs = _release_inputs(epoch, holder, lease_rev, head, res_rev, state, minimum)
+    if head is None:
+        record_ops, number = resource_records(keys, resource, state.last_record, items, at)
+        new_state = ResourceState(max(state.epoch, epoch), "released", holder, number)
+        success = [_delete(lease_key), _put(res_key, new_state.encode()), *record_ops]
+        request = rpc.TxnRequest(compare=compare, success=success)
+        return _Release(request, reads, new_state, record, inputs, len(record_ops))
+    waiter = QueueValue.decode(head.value)
+    granted = max(state.epoch, epoch, minimum) + 1
+    if granted > MAX_EPOCH:
+        raise ConfigurationError(f"{resource}: epochs exhausted")
+    detail: dict[str, object] = {"after": "released"}
+    if waiter.value is not None:
+        detail["value"] = waiter.value
+    items.append((RecordKind.GRANTED, resource, granted, waiter.holder, detail))
+    record_ops, number = resource_records(keys, resource, state.last_record, items, at)
+    new_state = ResourceState(granted, "held", waiter.holder, number)
+    value = LeaseValue(granted, waiter.owner, waiter.holder, waiter.ttl, waiter.value, number)
+    # The head's key, unchanged. Nothing else is needed: create revisions only grow, so a
+    # key that was the oldest at some revision (the view's, or a read's) stays the oldest
+    # while it exists; and the minimum cannot have moved while our lease key is unchanged
+    # (advance deletes every lease key in the transaction that raises it).
+    compare.append(_cmp(head.key, "MOD", head.mod_revision))
+    success = [
+        _put(lease_key, value.encode(), waiter.lease),
+        _delete(head.key),
+        _put(res_key, new_state.encode()),
+    ]
+    if waiter.request_id is not None:
+        request_key = keys.request(waiter.request_id)
+        compare.append(_cmp(request_key, "CREATE", 0))
+        success.append(
+            _put(
+                request_key,
+                dumps({"resource": resource, "epoch": granted, "owner": waiter.owner}),
+                retention(),
+            )
+        )
+    request = rpc.TxnRequest(compare=compare, success=[*success, *record_ops])
+    return _Release(request, reads, new_state, record, inputs, len(record_ops), waiter, head.key)
+
+
+def handoff_head(head: KV | None, passed: set[bytes]) -> KV | None:
+    """The waiter a release attempt hands the lease to: ``head``, unless it cannot be handed
+    the lease (``passed``, or its value does not say how)."""
+    if head is not None and (head.key in passed or not _handoff(head)):
+        return None
+    return head
+
+
+def needs_retention(head: KV | None) -> bool:
+    """Does a release that hands the lease to ``head`` (a :func:`handoff_head`) write its
+    request_id's key (on the retention lease)?"""
+    return head is not None and QueueValue.decode(head.value).request_id is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Reread:
+    """What the reads after a failed release attempt say (:func:`release_reread`)."""
+
+    released: bool  # the attempt whose reply was lost did release
+    lease: tuple[int, str] | None  # (mod revision, holder) of the owner's live lease key
+    head: KV | None  # the head of the line, for the next attempt
+    passed: bytes | None  # a waiter not to hand the lease to (its request_id had a grant)
+
+
+def release_reread(
+    plan: _Release,
+    responses: list[rpc.ResponseOp],
+    lease_kv: KV | None,
+    resource: str,
+    epoch: int,
+    owner: str,
+    unknown: bool,
+) -> _Reread:
+    """The meaning of ``plan.reads()`` plus the read of its RELEASED record's key, after the
+    attempt ``plan`` failed (``unknown``: its reply was lost)."""
+    record = _first(responses[-1])
+    if unknown and record is not None:
+        found = records_from(record.value, record.create_revision)[0]
+        if (found.kind, found.resource, found.epoch) == (RecordKind.RELEASED, resource, epoch):
+            return _Reread(True, None, None, None)  # our lost release did it
+    passed = None
+    handed = plan.handed
+    if handed is not None and handed.request_id and _first(responses[4]) is not None:
+        passed = plan.head  # that request_id was granted before: it finds that grant
+    lease = LeaseValue.decode(lease_kv.value) if lease_kv is not None else None
+    if lease_kv is None or lease is None or (lease.epoch, lease.owner) != (epoch, owner):
+        return _Reread(False, None, None, passed)
+    return _Reread(False, (lease_kv.mod_revision, lease.holder), _first(responses[3]), passed)
+
+
+def settle_time(pooled: _PooledLease | None, timeout: float) -> float:
+    """How long a release whose outcome is unknown keeps trying to learn it: a lost reply
+    usually means a member died, and the cluster answers again once it has a new leader.
+    Not longer than the lease would live anyway (its etcd TTL), nor 3 request timeouts."""
+    lease_ttl = float(pooled.ttl) if pooled is not None else 1.0
+    return min(lease_ttl, 3 * timeout)
+
+
+def taken_again(state: _EtcdState, resource: str) -> bool:
+    """Note that this process was granted ``resource`` now; True if it was granted it within
+    :data:`_VIEW_IDLE` before: then it keeps a view of the line, so that its releases can
+    hand over (a resource taken once costs nothing)."""
+    now = time.monotonic()
+    with state._lock:
+        last = state._granted.get(resource)
+        if len(state._granted) >= _GRANTS_KEPT:
+            state._granted.clear()
+        state._granted[resource] = now
+    return last is not None and now - last < _VIEW_IDLE
+
+
 class _Handoff(_Records):
     """Release and handoff of an etcd backend, and the views of lines they use."""
 
@@ -116,13 +267,7 @@ class _Handoff(_Records):
         """A process that takes a resource again within :data:`_VIEW_IDLE` watches its line (one
         watch, no cost per grant), so that its releases can hand over: a resource taken once
         costs nothing. (Waiters watch the line of the resource they queue for.)"""
-        now = time.monotonic()
-        with self._lock:
-            last = self._granted.get(resource)
-            if len(self._granted) >= _GRANTS_KEPT:
-                self._granted.clear()
-            self._granted[resource] = now
-        if last is not None and now - last < _VIEW_IDLE:
+        if taken_again(self, resource):
             self._watch_queue(resource)
 
     def _queue_head(self, resource: str) -> KV | None:
@@ -164,8 +309,7 @@ class _Handoff(_Records):
             if ahead is not None:
                 plan, ahead = ahead, None
             else:
-                if head is not None and (head.key in passed or not _handoff(head)):
-                    head = None
+                head = handoff_head(head, passed)
                 plan = self._release_plan(resource, epoch, holder, lease_rev, head)
             unknown: OutcomeUnknown | None = None
             try:
@@ -182,7 +326,7 @@ class _Handoff(_Records):
                     self._res[resource] = (revision, plan.state)
                 return True
             # (the transaction has no failure branch: a release that fails reads the state here)
-            settle = 0.0 if unknown is None else self._settle_for(pooled)
+            settle = 0.0 if unknown is None else settle_time(pooled, self._transport.timeout)
             responses = self._read_settling(
                 [*plan.reads(), _get(plan.record)], f"reading {resource} to release it", settle
             )
@@ -190,31 +334,15 @@ class _Handoff(_Records):
                 assert unknown is not None
                 raise unknown
             kv = self._remember_release(resource, responses)
-            record = _first(responses[-1])
-            if unknown is not None and record is not None:
-                found = records_from(record.value, record.create_revision)[0]
-                if (found.kind, found.resource, found.epoch) == (
-                    RecordKind.RELEASED,
-                    resource,
-                    epoch,
-                ):
-                    return True  # our lost release did it
-            handed = plan.handed
-            if handed is not None and handed.request_id and _first(responses[4]) is not None:
-                passed.add(plan.head)  # that request_id was granted before: it finds that grant
-            lease = LeaseValue.decode(kv.value) if kv is not None else None
-            if kv is None or lease is None or (lease.epoch, lease.owner) != (epoch, owner):
+            seen = release_reread(plan, responses, kv, resource, epoch, owner, unknown is not None)
+            if seen.released:
+                return True
+            if seen.passed is not None:
+                passed.add(seen.passed)
+            if seen.lease is None:
                 return None if pooled is not None else False
-            lease_rev, holder = kv.mod_revision, lease.holder
-            head = _first(responses[3])
+            (lease_rev, holder), head = seen.lease, seen.head
         raise Unavailable(f"etcd: {resource} changed too often to release (contention)")
-
-    def _settle_for(self, pooled: _PooledLease | None) -> float:
-        """How long a release whose outcome is unknown keeps trying to learn it: a lost reply
-        usually means a member died, and the cluster answers again once it has a new leader.
-        Not longer than the lease would live anyway (its etcd TTL), nor 3 request timeouts."""
-        lease_ttl = float(pooled.ttl) if pooled is not None else 1.0
-        return min(lease_ttl, 3 * self._transport.timeout)
 
     def _read_settling(
         self, ops: list[_Op], what: str, settle: float
@@ -234,12 +362,6 @@ class _Handoff(_Records):
                     return None
             time.sleep(0.05)
 
-    def _remember_release(self, resource: str, responses: list[rpc.ResponseOp]) -> KV | None:
-        """Cache what a failed release read (see :class:`_Release`); the lease key."""
-        self._remember(res=(resource, _first(responses[1])))
-        self._remember_meta(responses[2])
-        return _first(responses[0])
-
     def _release_plan(
         self,
         resource: str,
@@ -249,68 +371,17 @@ class _Handoff(_Records):
         head: KV | None,
         at: float | None = None,
     ) -> _Release:
-        """The transaction that releases ``epoch`` (and hands the lease to ``head``, if given),
-        with its records at ``at`` (default: now)."""
-        keys = self._keys
-        lease_key, res_key, queue = keys.lease(resource), keys.res(resource), keys.queue(resource)
-        with self._lock:
-            res_rev, state = self._res.get(resource, (0, ResourceState()))
-            minimum = self._minimum[1]
-        compare = [_cmp(lease_key, "MOD", lease_rev), _cmp(res_key, "MOD", res_rev)]
-        request_key: bytes | None = None
-
-        def reads() -> list[_Op]:
-            found = [
-                _get(lease_key),
-                _get(res_key),
-                self._meta(),
-                _get(queue, prefix_end(queue), sort_order="ASCEND", sort_target="CREATE", limit=1),
-            ]
-            return found if request_key is None else [*found, _get(request_key)]
-
-        items: list[_Item] = [(RecordKind.RELEASED, resource, epoch, holder, {})]
-        record = keys.record(resource, state.last_record + 1)
-        inputs = _release_inputs(epoch, holder, lease_rev, head, res_rev, state, minimum)
-        if head is None:
-            record_ops, number = self._resource_records(resource, state.last_record, items, at)
-            new_state = ResourceState(max(state.epoch, epoch), "released", holder, number)
-            success = [_delete(lease_key), _put(res_key, new_state.encode()), *record_ops]
-            request = rpc.TxnRequest(compare=compare, success=success)
-            return _Release(request, reads, new_state, record, inputs, len(record_ops))
-        waiter = QueueValue.decode(head.value)
-        granted = max(state.epoch, epoch, minimum) + 1
-        if granted > MAX_EPOCH:
-            raise ConfigurationError(f"{resource}: epochs exhausted")
-        detail: dict[str, object] = {"after": "released"}
-        if waiter.value is not None:
-            detail["value"] = waiter.value
-        items.append((RecordKind.GRANTED, resource, granted, waiter.holder, detail))
-        record_ops, number = self._resource_records(resource, state.last_record, items, at)
-        new_state = ResourceState(granted, "held", waiter.holder, number)
-        value = LeaseValue(granted, waiter.owner, waiter.holder, waiter.ttl, waiter.value, number)
-        # The head's key, unchanged. Nothing else is needed: create revisions only grow, so a
-        # key that was the oldest at some revision (the view's, or a read's) stays the oldest
-        # while it exists; and the minimum cannot have moved while our lease key is unchanged
-        # (advance deletes every lease key in the transaction that raises it).
-        compare.append(_cmp(head.key, "MOD", head.mod_revision))
-        success = [
-            _put(lease_key, value.encode(), waiter.lease),
-            _delete(head.key),
-            _put(res_key, new_state.encode()),
-        ]
-        if waiter.request_id is not None:
-            request_key = keys.request(waiter.request_id)
-            compare.append(_cmp(request_key, "CREATE", 0))
-            success.append(
-                _put(
-                    request_key,
-                    dumps({"resource": resource, "epoch": granted, "owner": waiter.owner}),
-                    self._retention_lease_id(),
-                )
-            )
-        request = rpc.TxnRequest(compare=compare, success=[*success, *record_ops])
-        return _Release(
-            request, reads, new_state, record, inputs, len(record_ops), waiter, head.key
+        """:func:`release_plan` from this backend's cache."""
+        return release_plan(
+            self._keys,
+            resource,
+            epoch,
+            holder,
+            lease_rev,
+            head,
+            self._cached(resource),
+            self._retention_lease_id,
+            at,
         )
 
     def _plan_ahead(self, resource: str) -> None:
@@ -354,8 +425,7 @@ class _Handoff(_Records):
         and minimum), with its records' time set to now; else None. Used once."""
         with self._lock:
             plan = self._planned.pop(resource, None)
-            res_rev, state = self._res.get(resource, (0, ResourceState()))
-            minimum = self._minimum[1]
+        res_rev, state, _, minimum = self._cached(resource)
         if plan is None or plan.inputs != _release_inputs(
             epoch, holder, lease_rev, head, res_rev, state, minimum
         ):

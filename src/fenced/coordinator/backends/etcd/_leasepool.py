@@ -8,6 +8,10 @@ resource's :meth:`_grant_lock`), and holds the queue lease (waiters' keys) and t
 lease (``request_id`` keys). A lease whose grant may have happened unseen (a lost reply) is
 *tainted*: never reused nor kept alive, so that grant expires within its TTL. A failed lease
 grant raises :class:`~fenced.Unavailable` (an etcd lease nobody uses expires by itself).
+
+:class:`_PoolState` is the bookkeeping (which lease to take, what a grant, keep-alive, renewal
+or handed grant changes, what the keeper does next), shared by both faces; :class:`_LeasePool`
+is the sync face's requests (the asyncio face's are in :mod:`._aio`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,22 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fenced.coordinator.backends.etcd._base import QUEUE_TTL, REQUEST_RETENTION, _EtcdBase
+from fenced.coordinator.backends.etcd._base import (
+    QUEUE_TTL,
+    REQUEST_RETENTION,
+    Json,
+    _EtcdBase,
+    _EtcdState,
+)
 from fenced.coordinator.backends.etcd._client import KV, EtcdRejected
-from fenced.core._errors import OutcomeUnknown, Unavailable
+from fenced.coordinator.backends.etcd._keys import LeaseValue, ResourceState
+from fenced.core._errors import LeaseLost, LossReason, OutcomeUnknown, Unavailable
+
+if TYPE_CHECKING:
+    from fenced.coordinator.backend import GrantRequest
+    from fenced.coordinator.backends.etcd._plans import GrantPlan
 
 log = logging.getLogger("fenced.coordinator.etcd")
 
@@ -49,33 +65,28 @@ class _PooledLease:
     idle_since: float = 0.0
 
 
-class _LeasePool(_EtcdBase):
-    """The pooled etcd leases of an etcd backend."""
+def _ttl_left(reply: Json, ttl: float) -> float:
+    """A ``TimeToLive`` answer as a lease's remaining time: etcd's whole seconds + 0.5 (its
+    countdown truncates), at most ``ttl``; 0 for a lease that is gone."""
+    left = int(reply.get("TTL", -1))
+    return 0.0 if left < 0 else min(ttl, left + 0.5)
 
-    def _grant_lease(self, want: int) -> _PooledLease:
-        sent = self._clock.now()
-        try:
-            reply = self._call("lease/grant", {"TTL": str(want)}, mutating=True, what="lease grant")
-        except OutcomeUnknown as error:  # at worst an etcd lease nobody uses: it expires
-            raise Unavailable(str(error)) from error
-        except EtcdRejected as error:
-            raise Unavailable(f"etcd: lease grant: {error}") from error
+
+class _PoolState(_EtcdState):
+    """The bookkeeping of the pooled etcd leases (no I/O): shared by both faces, whose own
+    classes send the grants and keep-alives."""
+
+    def _pooled_from(self, reply: Json, want: int, sent: float) -> _PooledLease:
+        """The pooled lease a ``LeaseGrant`` of ``want`` seconds sent at ``sent`` answered."""
         granted = int(reply.get("TTL", 0))
         lease_id = int(reply.get("ID", 0))
         if granted <= 0 or not lease_id:
             raise Unavailable(f"etcd: lease grant returned {reply!r}")
         return _PooledLease(lease_id, want, granted, sent + granted, refreshed=sent)
 
-    def _keepalive(self, lease_id: int) -> tuple[int, float]:
-        """Keep ``lease_id`` alive: ``(TTL etcd granted (0: gone), send time)``."""
-        sent = self._clock.now()
-        reply = self._call(
-            "lease/keepalive", {"ID": str(lease_id)}, mutating=False, what="lease keep-alive"
-        )
-        return int(reply.get("TTL", 0)), sent
-
-    def _take_lease(self, ttl: float) -> _PooledLease:
-        want = max(1, math.ceil(ttl))
+    def _idle_lease(self, want: int) -> _PooledLease | None:
+        """An idle pooled lease of TTL ``want`` with at least half its TTL left, now in use
+        (the longest-lived one); None: grant one. Drops idle ones with less left."""
         now = self._clock.now()
         stale: list[_PooledLease] = []
         with self._lock:
@@ -91,8 +102,10 @@ class _LeasePool(_EtcdBase):
                 del self._leases[pooled.id]
             if best is not None:
                 best.in_use = True
-                return best
-        pooled = self._grant_lease(want)
+            return best
+
+    def _pool_in_use(self, pooled: _PooledLease) -> _PooledLease:
+        """A newly granted ``pooled``, in the pool and in use."""
         pooled.in_use = True
         with self._lock:
             self._leases[pooled.id] = pooled
@@ -110,6 +123,231 @@ class _LeasePool(_EtcdBase):
     def _drop(self, pooled: _PooledLease) -> None:
         with self._lock:
             self._leases.pop(pooled.id, None)
+
+    def _carrying_lease(self, resource: str, epoch: int, owner: str) -> _PooledLease | None:
+        """The pooled lease that carries this grant (call under the resource's grant lock)."""
+        with self._lock:
+            for pooled in self._leases.values():
+                if pooled.grant == (resource, epoch, owner):
+                    return pooled
+        return None
+
+    def _carry(
+        self, pooled: _PooledLease, grant: tuple[str, int, str], kv: KV, holder: str
+    ) -> None:
+        """``pooled`` carries ``grant`` (resource, epoch, owner), whose lease key is ``kv``."""
+        with self._lock:
+            pooled.reserved = False
+            pooled.in_use = True
+            pooled.grant = grant
+            pooled.lease_rev = kv.mod_revision
+            pooled.holder = holder
+
+    def _granted_on(
+        self, pooled: _PooledLease, request: GrantRequest, plan: GrantPlan, revision: int
+    ) -> float:
+        """The grant ``plan`` of ``request`` on ``pooled`` was committed at ``revision``: the
+        time it has left (counted from the send time of ``pooled``'s last keep-alive)."""
+        with self._lock:
+            self._res[request.resource] = (revision, plan.state)
+            pooled.grant = (request.resource, plan.epoch, request.owner)
+            pooled.lease_rev = revision
+            pooled.holder = request.holder
+            pooled.reserved = False
+            return min(request.ttl, pooled.expires - self._clock.now())
+
+    def _adopt(self, kv: KV, lease: LeaseValue, resource: str) -> None:
+        """A request_id's earlier grant was found: if one of our pooled leases carries it (its
+        reply was lost, or it was handed to a waiter of ours), it carries that grant again."""
+        with self._lock:
+            pooled = self._leases.get(kv.lease)
+            if pooled is not None and (pooled.tainted or pooled.reserved):  # ours: adopt it
+                pooled.tainted = pooled.reserved = False
+                pooled.in_use = True
+                pooled.grant = (resource, lease.epoch, lease.owner)
+                pooled.lease_rev = kv.mod_revision
+                pooled.holder = lease.holder
+
+    def _renewed(
+        self,
+        pooled: _PooledLease | None,
+        kv: KV,
+        granted: int,
+        sent: float,
+        resource: str,
+        epoch: int,
+    ) -> float:
+        """The keep-alive of the etcd lease of the lease key ``kv`` (carried by ``pooled``, if
+        ours), sent at ``sent``, answered ``granted`` seconds: returned; 0 (the etcd lease is
+        gone) raises :class:`~fenced.LeaseLost`."""
+        if granted <= 0:
+            if pooled is not None:
+                self._drop(pooled)
+            raise LeaseLost(LossReason.REJECTED, f"{resource} epoch {epoch} has expired")
+        if pooled is not None and pooled.id == kv.lease:
+            with self._lock:
+                pooled.ttl = granted
+                pooled.expires = sent + granted
+                pooled.refreshed = sent
+        return float(granted)
+
+    def _proclaimed(
+        self,
+        pooled: _PooledLease | None,
+        kv: KV,
+        resource: str,
+        revision: int,
+        state: ResourceState,
+    ) -> None:
+        """A proclaim that rewrote the lease key ``kv`` was committed at ``revision``."""
+        with self._lock:
+            self._res[resource] = (revision, state)
+            if pooled is not None and pooled.id == kv.lease:
+                pooled.lease_rev = revision
+
+    def _handed_lease(self, kv: KV) -> _PooledLease | None:
+        """The pooled lease that a release handed a grant on (the lease key ``kv``) to one of
+        our waiters; None if it is not ours or no longer usable (that grant has ended)."""
+        with self._lock:
+            pooled = self._leases.get(kv.lease)
+        if pooled is None or pooled.tainted:
+            return None
+        return pooled
+
+    def _take_over(self, pooled: _PooledLease, kv: KV, resource: str) -> float:
+        """Our waiter takes the grant a release handed to it on ``pooled`` (the lease key
+        ``kv``); the time it has left. The grant's transaction wrote the resource's state at
+        the same revision: cached too."""
+        lease = LeaseValue.decode(kv.value)
+        with self._lock:
+            pooled.reserved = False
+            pooled.in_use = True
+            pooled.grant = (resource, lease.epoch, lease.owner)
+            pooled.lease_rev = kv.mod_revision
+            pooled.holder = lease.holder
+            if (
+                lease.last_record
+                and kv.mod_revision > self._res.get(resource, (0, ResourceState()))[0]
+            ):
+                state = ResourceState(lease.epoch, "held", lease.holder, lease.last_record)
+                self._res[resource] = (kv.mod_revision, state)
+            return min(lease.ttl, pooled.expires - self._clock.now())
+
+    def _unreserve(self, lease_id: int) -> _PooledLease | None:
+        """A waiter leaves: its reserved etcd lease is no longer kept alive (a grant that
+        reaches it expires)."""
+        with self._lock:
+            pooled = self._leases.get(lease_id)
+            if pooled is not None:
+                pooled.reserved = False
+        return pooled
+
+    def _queue_lease_current(self) -> int | None:
+        """The queue lease's id if it lives more than 0.2 s yet (else: grant a new one)."""
+        with self._lock:
+            current = self._queue_lease
+        if current is not None and current.expires - self._clock.now() > 0.2:
+            return current.id
+        return None
+
+    def _retention_current(self) -> int | None:
+        """The retention lease's id unless it is due for rotation (else: grant a new one)."""
+        with self._lock:
+            current = self._retention
+        if current is not None and self._clock.now() - current.refreshed < _RETENTION_ROTATE:
+            return current.id
+        return None
+
+    def _own_remaining(self, kv: KV, ttl: float) -> float | None:
+        """A lease key's remaining time if one of our pooled leases carries it (exact), else
+        None (ask etcd: :func:`_ttl_left`)."""
+        with self._lock:
+            pooled = self._leases.get(kv.lease)
+            if pooled is not None and not pooled.tainted:
+                return max(min(ttl, pooled.expires - self._clock.now()), 0.0)
+        return None
+
+    def _refreshed(self, pooled: _PooledLease, ttl: int, sent: float) -> None:
+        """A keep-alive of ``pooled`` sent at ``sent`` answered ``ttl`` (0: the lease is gone)."""
+        with self._lock:
+            if ttl <= 0:
+                self._leases.pop(pooled.id, None)
+                if self._queue_lease is pooled:
+                    self._queue_lease = None
+                return
+            pooled.ttl = ttl
+            pooled.expires = sent + ttl
+            pooled.refreshed = sent
+
+    def _keep_plan(self, queue_every: float) -> tuple[list[_PooledLease], list[_PooledLease]]:
+        """The keeper's round: the pooled leases to keep alive now (idle ones every
+        :data:`_IDLE_REFRESH` of their TTL, reserved ones, the queue lease every
+        ``queue_every`` seconds) and the idle ones to revoke (idle for :data:`_IDLE_DROP`);
+        forgets abandoned and tainted ones once etcd has expired them."""
+        with self._lock:
+            now = self._clock.now()  # the pooled leases' clock
+            due: list[_PooledLease] = []
+            revoke: list[_PooledLease] = []
+            for pooled in list(self._leases.values()):
+                refresh = now - pooled.refreshed >= pooled.ttl * _IDLE_REFRESH
+                if pooled.in_use:
+                    if pooled.reserved and not pooled.tainted:
+                        if refresh:
+                            due.append(pooled)
+                    elif pooled.tainted or pooled.grant is None:
+                        if pooled.expires < now - 1.0 and pooled.tainted:
+                            del self._leases[pooled.id]
+                    elif pooled.expires < now - 1.0:
+                        del self._leases[pooled.id]  # abandoned grant: expired in etcd
+                    continue
+                if now - pooled.idle_since > _IDLE_DROP:
+                    del self._leases[pooled.id]
+                    revoke.append(pooled)
+                elif refresh:
+                    due.append(pooled)
+            queue = self._queue_lease
+            if queue is not None and now - queue.refreshed >= queue_every:
+                due.append(queue)
+        return due, revoke
+
+    def _closing_leases(self) -> list[int]:
+        """At close: the etcd leases to revoke (idle pooled ones and the queue lease); the
+        pool is emptied (leases that carry grants expire by themselves)."""
+        with self._lock:
+            revoke = [p.id for p in self._leases.values() if not p.in_use]
+            if self._queue_lease is not None:
+                revoke.append(self._queue_lease.id)
+            self._leases.clear()
+        return revoke
+
+
+class _LeasePool(_PoolState, _EtcdBase):
+    """The pooled etcd leases of the sync etcd backend: their requests."""
+
+    def _grant_lease(self, want: int) -> _PooledLease:
+        sent = self._clock.now()
+        try:
+            reply = self._call("lease/grant", {"TTL": str(want)}, mutating=True, what="lease grant")
+        except OutcomeUnknown as error:  # at worst an etcd lease nobody uses: it expires
+            raise Unavailable(str(error)) from error
+        except EtcdRejected as error:
+            raise Unavailable(f"etcd: lease grant: {error}") from error
+        return self._pooled_from(reply, want, sent)
+
+    def _keepalive(self, lease_id: int) -> tuple[int, float]:
+        """Keep ``lease_id`` alive: ``(TTL etcd granted (0: gone), send time)``."""
+        sent = self._clock.now()
+        reply = self._call(
+            "lease/keepalive", {"ID": str(lease_id)}, mutating=False, what="lease keep-alive"
+        )
+        return int(reply.get("TTL", 0)), sent
+
+    def _take_lease(self, ttl: float) -> _PooledLease:
+        want = max(1, math.ceil(ttl))
+        best = self._idle_lease(want)
+        if best is not None:
+            return best
+        return self._pool_in_use(self._grant_lease(want))
 
     def _grant_lock(self, resource: str) -> threading.Lock:
         """The lock that renew, release, proclaim and the taking of a handed grant of
@@ -134,19 +372,10 @@ class _LeasePool(_EtcdBase):
                 self._grant_locks[resource] = lock
             return lock
 
-    def _carrying_lease(self, resource: str, epoch: int, owner: str) -> _PooledLease | None:
-        """The pooled lease that carries this grant (call under :meth:`_grant_lock`)."""
-        with self._lock:
-            for pooled in self._leases.values():
-                if pooled.grant == (resource, epoch, owner):
-                    return pooled
-        return None
-
     def _queue_lease_id(self) -> int:
-        with self._lock:
-            current = self._queue_lease
-        if current is not None and current.expires - self._clock.now() > 0.2:
-            return current.id
+        current = self._queue_lease_current()
+        if current is not None:
+            return current
         fresh = self._grant_lease(QUEUE_TTL)
         with self._lock:
             self._queue_lease = fresh
@@ -154,10 +383,9 @@ class _LeasePool(_EtcdBase):
         return fresh.id
 
     def _retention_lease_id(self) -> int:
-        with self._lock:
-            current = self._retention
-        if current is not None and self._clock.now() - current.refreshed < _RETENTION_ROTATE:
-            return current.id
+        current = self._retention_current()
+        if current is not None:
+            return current
         fresh = self._grant_lease(REQUEST_RETENTION + int(_RETENTION_ROTATE))
         with self._lock:
             self._retention = fresh
@@ -177,18 +405,16 @@ class _LeasePool(_EtcdBase):
 
     def _remaining(self, kv: KV, ttl: float) -> float:
         """A lease key's remaining time: exact for our own, etcd's whole seconds + 0.5 else."""
-        with self._lock:
-            pooled = self._leases.get(kv.lease)
-            if pooled is not None and not pooled.tainted:
-                return max(min(ttl, pooled.expires - self._clock.now()), 0.0)
+        own = self._own_remaining(kv, ttl)
+        if own is not None:
+            return own
         try:
             reply = self._call(
                 "lease/timetolive", {"ID": str(kv.lease)}, mutating=False, what="lease ttl"
             )
         except (Unavailable, EtcdRejected):
             return ttl
-        left = int(reply.get("TTL", -1))
-        return 0.0 if left < 0 else min(ttl, left + 0.5)
+        return _ttl_left(reply, ttl)
 
     def _refresh(self, pooled: _PooledLease) -> None:
         try:
@@ -196,12 +422,4 @@ class _LeasePool(_EtcdBase):
         except Exception as error:
             log.debug("keep-alive of etcd lease %x failed: %s", pooled.id, error)
             return
-        with self._lock:
-            if ttl <= 0:
-                self._leases.pop(pooled.id, None)
-                if self._queue_lease is pooled:
-                    self._queue_lease = None
-                return
-            pooled.ttl = ttl
-            pooled.expires = sent + ttl
-            pooled.refreshed = sent
+        self._refreshed(pooled, ttl, sent)

@@ -1,25 +1,29 @@
 """Records (``P/log/NAME:N``), the listing of resources, and restore (:meth:`advance`).
 
-:meth:`_records_ops` builds the puts of a transaction's records, numbered by each resource's own
+:func:`records_ops` builds the puts of a transaction's records, numbered by each resource's own
 counter in ``P/res/NAME`` (compared in the same transaction, so two changes never write one
 record key), pruning each resource's records beyond :data:`RECORDS_KEPT`. Reading records first
-records the expiries nobody recorded yet (:meth:`_settle`); reads are paged and never split one
-transaction's records. :meth:`advance` raises epochs to their floors, then in one transaction
-raises the minimum epoch and deletes every live lease key, and records the restore of every
-resource. Contention beyond a bounded number of attempts raises :class:`~fenced.Unavailable`.
+records the expiries nobody recorded yet (:func:`settle_txn`); reads are paged
+(:class:`RecordPages`) and never split one transaction's records. These builders and readers
+are the decisions both faces send (the sync :class:`_Records` here, the asyncio backend in
+:mod:`._aio`): only the sending differs. :meth:`advance` raises epochs to their floors, then
+in one transaction raises the minimum epoch and deletes every live lease key, and records the
+restore of every resource. Contention beyond a bounded number of attempts raises
+:class:`~fenced.Unavailable`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fenced.coordinator.backends.etcd import _rpc as rpc
 from fenced.coordinator.backends.etcd._base import _MAX_ATTEMPTS
 from fenced.coordinator.backends.etcd._client import KV, Event
 from fenced.coordinator.backends.etcd._keys import (
     SEQ_PER_REVISION,
+    Keys,
     ResourceState,
     prefix_end,
     records_from,
@@ -63,144 +67,242 @@ def _restored(
     ]
 
 
+def records_ops(
+    keys: Keys, items: list[_Item], numbers: dict[str, int], at: float | None = None
+) -> tuple[list[_Op], dict[str, int]]:
+    """Puts of the records ``items`` of one transaction: one key per resource, numbered after
+    the resource's last record key in ``numbers``; the raised numbers (to be written in the
+    same transaction, with each resource's ``P/res/NAME`` compared). A resource whose number
+    crosses a multiple of :data:`_PRUNE_EVERY` also loses its record keys older than the newest
+    :data:`RECORDS_KEPT`. The records' time is ``at`` (default: now; :data:`STAMP_LATER`: see
+    :func:`stamped`)."""
+    if len(items) > SEQ_PER_REVISION:
+        raise ValueError(f"{len(items)} records in one transaction")
+    at = time.time() if at is None else at
+    grouped: dict[str, list[tuple[int, Record]]] = {}
+    for index, (kind, resource, epoch, holder, detail) in enumerate(items):
+        record = Record(0, at, kind, resource, epoch, holder, detail)
+        grouped.setdefault(resource, []).append((index, record))
+    raised = dict(numbers)
+    ops: list[_Op] = []
+    for resource, records in grouped.items():
+        raised[resource] += 1
+        ops.append(_put(keys.record(resource, raised[resource]), records_value(records)))
+    for resource, new in raised.items():
+        if new // _PRUNE_EVERY > numbers[resource] // _PRUNE_EVERY and new > RECORDS_KEPT:
+            ops.append(
+                _delete(keys.record(resource, 0), keys.record(resource, new - RECORDS_KEPT + 1))
+            )
+    return ops, raised
+
+
+def resource_records(
+    keys: Keys, resource: str, number: int, items: list[_Item], at: float | None = None
+) -> tuple[list[_Op], int]:
+    """:func:`records_ops` for records of one resource whose last number is ``number``."""
+    ops, raised = records_ops(keys, items, {resource: number}, at)
+    return ops, raised[resource]
+
+
+def settle_reads(keys: Keys, resource: str | None) -> list[_Op]:
+    """What :func:`settle_txn` reads: the states and the live lease keys (of one resource,
+    or of all)."""
+    if resource is None:
+        return [
+            _get(keys.res_prefix, prefix_end(keys.res_prefix)),
+            _get(keys.lease_prefix, prefix_end(keys.lease_prefix), keys_only=True),
+        ]
+    return [_get(keys.res(resource)), _get(keys.lease(resource), keys_only=True)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Settle:
+    """The transaction that records expiries nobody recorded yet (:func:`settle_txn`)."""
+
+    request: rpc.TxnRequest
+    expired: dict[str, ResourceState]  # the states it writes
+    more: bool  # more expiries than one transaction records: settle again after it
+
+
+def settle_txn(keys: Keys, responses: list[rpc.ResponseOp]) -> _Settle | None:
+    """What :func:`settle_reads` found: the transaction that records the expiries of leases
+    whose state is still ``held`` but whose lease key is gone (at most :data:`_SETTLE_CHUNK`),
+    each compared unchanged; None if there are none."""
+    live = {kv.key for kv in _kvs(responses[1])}
+    ended: list[tuple[str, KV, ResourceState]] = []
+    for kv in _kvs(responses[0]):
+        name = keys.name_of(kv.key, keys.res_prefix)
+        state = ResourceState.decode(kv.value)
+        if state.state == "held" and keys.lease(name) not in live:
+            ended.append((name, kv, state))
+    if not ended:
+        return None
+    chunk = ended[:_SETTLE_CHUNK]
+    record_ops, numbers = records_ops(
+        keys,
+        [(RecordKind.EXPIRED, name, state.epoch, state.holder, {}) for name, _, state in chunk],
+        {name: state.last_record for name, _, state in chunk},
+    )
+    compare: list[rpc.Compare] = []
+    success = list(record_ops)
+    expired: dict[str, ResourceState] = {}
+    for name, kv, state in chunk:
+        expired[name] = ResourceState(state.epoch, "expired", state.holder, numbers[name])
+        compare += [
+            _cmp(kv.key, "MOD", kv.mod_revision),
+            _cmp(keys.lease(name), "CREATE", 0),
+        ]
+        success.append(_put(kv.key, expired[name].encode()))
+    request = rpc.TxnRequest(compare=compare, success=success, failure=[])
+    return _Settle(request, expired, len(ended) > _SETTLE_CHUNK)
+
+
+class RecordPages:
+    """The reads of ``records(resource, after, limit)`` (no I/O: the caller sends
+    :meth:`next_read` and gives its answer to :meth:`feed` until it returns None).
+
+    Read in pages sorted by create revision from ``after``'s revision on (etcd filters and
+    sorts). A full page may end inside one transaction's records: its last revision is left
+    for the next page, which starts at that revision (and a page filled by one transaction's
+    records is followed by a read of all of them). :attr:`found` then holds the records with
+    ``seq > after``, oldest first, at most ``limit``; :attr:`revision` the revision of the
+    first read.
+    """
+
+    def __init__(self, keys: Keys, resource: str | None, after: int, limit: int) -> None:
+        self._start = keys.log_prefix if resource is None else keys.log(resource)
+        self._end = prefix_end(self._start)
+        self._after = max(after, 0)
+        self._first = self._after // SEQ_PER_REVISION
+        self._limit = limit
+        self._whole: int | None = None  # a revision whose records filled a page
+        self._done = False
+        self._found: list[Record] = []
+        self.revision = 0
+
+    @property
+    def found(self) -> list[Record]:
+        return self._found[: self._limit]
+
+    def next_read(self) -> list[_Op] | None:
+        """The next read, or None: done."""
+        if self._whole is not None:
+            last = self._whole
+            return [
+                _get(self._start, self._end, min_create_revision=last, max_create_revision=last)
+            ]
+        if self._done or len(self._found) >= self._limit:
+            return None
+        return [
+            _get(
+                self._start,
+                self._end,
+                min_create_revision=self._first,
+                sort_order="ASCEND",
+                sort_target="CREATE",
+                limit=_PAGE,
+            )
+        ]
+
+    def feed(self, responses: list[rpc.ResponseOp], revision: int) -> None:
+        """The answer to :meth:`next_read`."""
+        page = _kvs(responses[0])
+        if self._whole is not None:  # every record of one transaction
+            self._first, self._whole = self._whole + 1, None
+            self._take(page)
+            return
+        self.revision = self.revision or revision
+        full = len(page) >= _PAGE
+        if full:
+            last = page[-1].create_revision
+            page = [kv for kv in page if kv.create_revision < last]
+            if not page:  # one transaction's records fill the page: read them all
+                self._whole = last
+                return
+            self._first = last
+        else:
+            self._done = True
+        self._take(page)
+
+    def _take(self, page: list[KV]) -> None:
+        records = sorted(
+            (r for kv in page for r in records_from(kv.value, kv.create_revision)),
+            key=lambda r: r.seq,
+        )
+        self._found += [record for record in records if record.seq > self._after]
+
+
+def resources_read(keys: Keys, start: bytes | None) -> list[_Op]:
+    """A page of resource names from ``start`` (None: the first page)."""
+    prefix = keys.res_prefix
+    return [_get(start or prefix, prefix_end(prefix), keys_only=True, limit=_PAGE)]
+
+
+def resources_page(keys: Keys, responses: list[rpc.ResponseOp]) -> tuple[list[str], bytes | None]:
+    """The names a page of :func:`resources_read` holds, and where the next page starts (None:
+    this was the last)."""
+    found = _kvs(responses[0])
+    names = [keys.name_of(kv.key, keys.res_prefix) for kv in found]
+    return names, (found[-1].key + b"\x00" if len(found) >= _PAGE else None)
+
+
+def report_txn(
+    keys: Keys, resource: str, res_rev: int, state: ResourceState, item: _Item
+) -> tuple[rpc.TxnRequest, ResourceState]:
+    """The transaction that appends a holder's report ``item`` to ``resource``'s records (its
+    state as cached: ``res_rev``, ``state``), and the state it writes."""
+    res_key = keys.res(resource)
+    record_ops, number = resource_records(keys, resource, state.last_record, [item])
+    new_state = replace(state, last_record=number)
+    request = rpc.TxnRequest(
+        compare=[_cmp(res_key, "MOD", res_rev)],
+        success=[_put(res_key, new_state.encode()), *record_ops],
+        failure=[_get(res_key)],
+    )
+    return request, new_state
+
+
 class _Records(_LeasePool):
     """Records, resources and restore of an etcd backend."""
 
     def _records_ops(
         self, items: list[_Item], numbers: dict[str, int], at: float | None = None
     ) -> tuple[list[_Op], dict[str, int]]:
-        """Puts of the records ``items`` of one transaction: one key per resource, numbered
-        after the resource's last record key in ``numbers``; the raised numbers (to be written
-        in the same transaction, with each resource's ``P/res/NAME`` compared). A resource
-        whose number crosses a multiple of :data:`_PRUNE_EVERY` also loses its record keys
-        older than the newest :data:`RECORDS_KEPT`. The records' time is ``at`` (default: now;
-        :data:`STAMP_LATER`: see :func:`stamped`)."""
-        if len(items) > SEQ_PER_REVISION:
-            raise ValueError(f"{len(items)} records in one transaction")
-        keys = self._keys
-        at = time.time() if at is None else at
-        grouped: dict[str, list[tuple[int, Record]]] = {}
-        for index, (kind, resource, epoch, holder, detail) in enumerate(items):
-            record = Record(0, at, kind, resource, epoch, holder, detail)
-            grouped.setdefault(resource, []).append((index, record))
-        raised = dict(numbers)
-        ops: list[_Op] = []
-        for resource, records in grouped.items():
-            raised[resource] += 1
-            ops.append(_put(keys.record(resource, raised[resource]), records_value(records)))
-        for resource, new in raised.items():
-            if new // _PRUNE_EVERY > numbers[resource] // _PRUNE_EVERY and new > RECORDS_KEPT:
-                ops.append(
-                    _delete(keys.record(resource, 0), keys.record(resource, new - RECORDS_KEPT + 1))
-                )
-        return ops, raised
+        """:func:`records_ops` under this backend's prefix."""
+        return records_ops(self._keys, items, numbers, at)
 
     def _resource_records(
         self, resource: str, number: int, items: list[_Item], at: float | None = None
     ) -> tuple[list[_Op], int]:
-        """:meth:`_records_ops` for records of one resource whose last number is ``number``."""
-        ops, raised = self._records_ops(items, {resource: number}, at)
-        return ops, raised[resource]
+        """:func:`resource_records` under this backend's prefix."""
+        return resource_records(self._keys, resource, number, items, at)
 
     def _settle(self, resource: str | None) -> None:
         """Record the expiries of leases whose end was not recorded yet (and cache states)."""
-        keys = self._keys
-        if resource is None:
-            res_op = _get(keys.res_prefix, prefix_end(keys.res_prefix))
-            lease_op = _get(keys.lease_prefix, prefix_end(keys.lease_prefix), keys_only=True)
-        else:
-            res_op, lease_op = _get(keys.res(resource)), _get(keys.lease(resource), keys_only=True)
+        reads = settle_reads(self._keys, resource)
         for _ in range(_MAX_ATTEMPTS):
-            responses, _ = self._read([res_op, lease_op], "reading records")
-            live = {kv.key for kv in _kvs(responses[1])}
-            ended: list[tuple[str, KV, ResourceState]] = []
-            for kv in _kvs(responses[0]):
-                name = keys.name_of(kv.key, keys.res_prefix)
-                state = ResourceState.decode(kv.value)
-                if state.state == "held" and keys.lease(name) not in live:
-                    ended.append((name, kv, state))
-            if not ended:
+            responses, _ = self._read(reads, "reading records")
+            settle = settle_txn(self._keys, responses)
+            if settle is None:
                 return
-            chunk = ended[:_SETTLE_CHUNK]
-            record_ops, numbers = self._records_ops(
-                [
-                    (RecordKind.EXPIRED, name, state.epoch, state.holder, {})
-                    for name, _, state in chunk
-                ],
-                {name: state.last_record for name, _, state in chunk},
-            )
-            compare: list[rpc.Compare] = []
-            success = list(record_ops)
-            expired: dict[str, ResourceState] = {}
-            for name, kv, state in chunk:
-                expired[name] = ResourceState(state.epoch, "expired", state.holder, numbers[name])
-                compare += [
-                    _cmp(kv.key, "MOD", kv.mod_revision),
-                    _cmp(keys.lease(name), "CREATE", 0),
-                ]
-                success.append(_put(kv.key, expired[name].encode()))
-            ok, _, revision = self._txn(compare, success, [], what="recording expiries")
+            ok, _, revision = self._send(settle.request, "recording expiries")
             if ok:
                 with self._lock:
-                    for name, state in expired.items():
+                    for name, state in settle.expired.items():
                         self._res[name] = (revision, state)
-                if len(ended) <= _SETTLE_CHUNK:
+                if not settle.more:
                     return
 
     def _read_records(
         self, resource: str | None, after: int, limit: int
     ) -> tuple[list[Record], int]:
         """Records with ``seq > after`` (of ``resource``, or all), oldest first; and the revision
-        of the first read.
-
-        Read in pages sorted by create revision from ``after``'s revision on (etcd filters and
-        sorts). A full page may end inside one transaction's records: its last revision is
-        left for the next page, which starts at that revision (and a page filled by one
-        transaction's records is followed by a read of all of them).
-        """
-        keys = self._keys
-        start = keys.log_prefix if resource is None else keys.log(resource)
-        end = prefix_end(start)
-        after = max(after, 0)
-        first = after // SEQ_PER_REVISION
-        found: list[Record] = []
-        revision = 0
-        while len(found) < limit:
-            responses, read_rev = self._read(
-                [
-                    _get(
-                        start,
-                        end,
-                        min_create_revision=first,
-                        sort_order="ASCEND",
-                        sort_target="CREATE",
-                        limit=_PAGE,
-                    )
-                ],
-                "reading records",
-            )
-            revision = revision or read_rev
-            page = _kvs(responses[0])
-            full = len(page) >= _PAGE
-            if full:
-                last = page[-1].create_revision
-                page = [kv for kv in page if kv.create_revision < last]
-                if not page:  # one transaction's records fill the page: read them all
-                    responses, _ = self._read(
-                        [_get(start, end, min_create_revision=last, max_create_revision=last)],
-                        "reading records",
-                    )
-                    page = _kvs(responses[0])
-                    last += 1
-                first = last
-            records = sorted(
-                (r for kv in page for r in records_from(kv.value, kv.create_revision)),
-                key=lambda r: r.seq,
-            )
-            found += [record for record in records if record.seq > after]
-            if not full:
-                break
-        return found[:limit], revision
+        of the first read (:class:`RecordPages`)."""
+        pages = RecordPages(self._keys, resource, after, limit)
+        while (ops := pages.next_read()) is not None:
+            responses, revision = self._read(ops, "reading records")
+            pages.feed(responses, revision)
+        return pages.found, pages.revision
 
     def records(self, resource: str | None, after: int = 0, limit: int = 1000) -> list[Record]:
         self._settle(resource)
@@ -214,20 +316,12 @@ class _Records(_LeasePool):
         kind: RecordKind,
         detail: dict[str, object],
     ) -> None:
-        res_key = self._keys.res(resource)
         for _ in range(_MAX_ATTEMPTS):
-            with self._lock:
-                res_rev, state = self._res.get(resource, (0, ResourceState()))
-            record_ops, number = self._resource_records(
-                resource, state.last_record, [(kind, resource, epoch, holder, detail)]
+            res_rev, state, _, _ = self._cached(resource)
+            request, new_state = report_txn(
+                self._keys, resource, res_rev, state, (kind, resource, epoch, holder, detail)
             )
-            new_state = replace(state, last_record=number)
-            ok, responses, revision = self._txn(
-                [_cmp(res_key, "MOD", res_rev)],
-                [_put(res_key, new_state.encode()), *record_ops],
-                [_get(res_key)],
-                what="report",
-            )
+            ok, responses, revision = self._send(request, "report")
             if ok:
                 with self._lock:
                     self._res[resource] = (revision, new_state)
@@ -279,18 +373,14 @@ class _Records(_LeasePool):
                     stream.stop()
 
     def resources(self) -> list[str]:
-        prefix = self._keys.res_prefix
         names: list[str] = []
-        start = prefix
+        start: bytes | None = None
         while True:
-            responses, _ = self._read(
-                [_get(start, prefix_end(prefix), keys_only=True, limit=_PAGE)], "listing resources"
-            )
-            found = _kvs(responses[0])
-            names += [self._keys.name_of(kv.key, prefix) for kv in found]
-            if len(found) < _PAGE:
+            responses, _ = self._read(resources_read(self._keys, start), "listing resources")
+            found, start = resources_page(self._keys, responses)
+            names += found
+            if start is None:
                 return sorted(names)
-            start = found[-1].key + b"\x00"
 
     def advance(self, minimum: int, floors: dict[str, int], detail: dict[str, object]) -> int:
         """Restore safety (see the backend contract); for an etcd snapshot restore.

@@ -55,6 +55,7 @@ __all__ = [
     "TxnResponse",
     "WatchCancelRequest",
     "WatchCreateRequest",
+    "WatchProgressRequest",
     "WatchRequest",
     "WatchResponse",
 ]
@@ -102,5 +103,6 @@ AuthenticateResponse = _message("AuthenticateResponse")
 Event = _message("Event")
 WatchCreateRequest = _message("WatchCreateRequest")
 WatchCancelRequest = _message("WatchCancelRequest")
+WatchProgressRequest = _message("WatchProgressRequest")
 WatchRequest = _message("WatchRequest")
 WatchResponse = _message("WatchResponse")

@@ -34,6 +34,15 @@ class EtcdSettings:
     tls: Tls | None = None
     login: Login | None = None
 
+    def permission_hint(self) -> str:
+        """What a "permission denied" from etcd needs: who needs which permission where."""
+        who = "the client certificate's user" if self.login is None else "etcd user"
+        user = "" if self.login is None else f" {self.login.user!r}"
+        return (
+            f"{who}{user} needs readwrite permission on the key prefix {self.prefix}/ "
+            "(docs/etcd.md, 'Least privilege')"
+        )
+
     def display(self) -> str:
         """The URL as fenced shows it: every setting that differs from its default, the user
         but never the password (``etcds://bob@h:1?ca=/p/ca.pem``)."""

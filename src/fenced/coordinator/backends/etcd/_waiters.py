@@ -20,17 +20,20 @@ from fenced.coordinator.backend import Blocked, Granted, GrantRequest, Ticket, o
 from fenced.coordinator.backends.etcd._base import RECHECK
 from fenced.coordinator.backends.etcd._client import KV, EtcdRejected
 from fenced.coordinator.backends.etcd._handoff import _Handoff
-from fenced.coordinator.backends.etcd._keys import LeaseValue, QueueValue, ResourceState, prefix_end
+from fenced.coordinator.backends.etcd._keys import LeaseValue
 from fenced.coordinator.backends.etcd._leasepool import _PooledLease
 from fenced.coordinator.backends.etcd._ops import (
-    _cmp,
-    _delete,
     _first,
-    _get,
-    _kvs,
     _owner,
-    _put,
-    _waiter_ahead,
+)
+from fenced.coordinator.backends.etcd._plans import (
+    blocked_by,
+    leave_txn,
+    queued,
+    standing,
+    ticket_reads,
+    ticket_shortcut,
+    ticket_txn,
 )
 from fenced.coordinator.backends.etcd._waitqueue import EtcdTicket
 from fenced.core._errors import OutcomeUnknown, Unavailable
@@ -80,35 +83,11 @@ class _Waiters(_Handoff):
     def _put_ticket(self, ticket: EtcdTicket) -> None:
         keys = self._keys
         name = ticket.resource
-        queue = keys.queue(name)
-        request = ticket.request
-        value = QueueValue(
-            request.holder,
-            request.owner,
-            request.ttl,
-            ticket.lease_id,
-            request.value,
-            request.request_id,
-        ).encode()
         for _ in range(3):
             lease_id = self._queue_lease_id()
             try:
-                ok, responses, revision = self._txn(
-                    [_cmp(ticket.key, "CREATE", 0)],
-                    [
-                        _put(ticket.key, value, lease_id),
-                        _get(
-                            queue,
-                            prefix_end(queue),
-                            sort_order="DESCEND",
-                            sort_target="CREATE",
-                            limit=2,
-                            keys_only=True,
-                        ),
-                        _get(keys.lease(name)),
-                    ],
-                    [_get(ticket.key)],
-                    what=f"queueing for {name}",
+                ok, responses, revision = self._send(
+                    ticket_txn(keys, ticket, lease_id), f"queueing for {name}"
                 )
             except OutcomeUnknown:
                 ticket.rev = 0  # unknown: the keeper deletes the key if it exists
@@ -125,14 +104,7 @@ class _Waiters(_Handoff):
                 ticket.key = keys.ticket(name, secrets.token_hex(8))
                 continue
             ticket.rev = revision
-            queued = _kvs(responses[1])
-            lease_kv = _first(responses[2])
-            pred = queued[1].key if len(queued) > 1 else (lease_kv.key if lease_kv else None)
-            if lease_kv is not None:
-                lease = LeaseValue.decode(lease_kv.value)
-                ticket.blocked = Blocked(lease.holder, lease.epoch, lease.ttl, RECHECK)
-            else:
-                ticket.blocked = Blocked(None, self._last(name), 0.0, RECHECK)
+            pred, ticket.blocked = queued(responses, self._last(name))
             self._follow(ticket, pred, revision)
             return
         raise Unavailable(f"etcd: could not queue for {name}")
@@ -176,21 +148,8 @@ class _Waiters(_Handoff):
         then reads the lease key), or take (``take``) or release the lease a release handed to
         it instead."""
         name = ticket.resource
-        with self._lock:
-            pooled = self._leases.get(ticket.lease_id)
-            if pooled is not None:
-                pooled.reserved = False  # no more keep-alives: a grant to it will expire
-        queued = (
-            _cmp(ticket.key, "CREATE", ticket.rev)
-            if ticket.rev
-            else _cmp(ticket.key, "CREATE", 0, "GREATER")
-        )
-        ok, responses, _ = self._txn(
-            [queued],
-            [_delete(ticket.key)],
-            [_get(self._keys.lease(name))],
-            what="leaving the queue",
-        )
+        pooled = self._unreserve(ticket.lease_id)  # no more keep-alives: a grant to it expires
+        ok, responses, _ = self._send(leave_txn(self._keys, ticket), "leaving the queue")
         lease_kv = None if ok else _first(responses[0])
         if lease_kv is None or _owner(lease_kv) != ticket.request.owner:
             if pooled is not None:
@@ -202,11 +161,7 @@ class _Waiters(_Handoff):
                 return granted
         lease = LeaseValue.decode(lease_kv.value)
         if pooled is not None and pooled.id == lease_kv.lease:
-            with self._lock:
-                pooled.in_use = True
-                pooled.grant = (name, lease.epoch, lease.owner)
-                pooled.lease_rev = lease_kv.mod_revision
-                pooled.holder = lease.holder
+            self._carry(pooled, (name, lease.epoch, lease.owner), lease_kv, lease.holder)
         self.release(name, lease.epoch, lease.owner)
         return None
 
@@ -225,39 +180,25 @@ class _Waiters(_Handoff):
             if granted is not None:
                 return granted
             ticket.handed = None
-        if ticket.pred is None or ticket.blocked is None:
-            return None
-        keys = self._keys
         name = ticket.resource
         woken = ticket.changed.is_set()
-        if woken and ticket.deleted and ticket.pred == keys.lease(name):
-            return None
-        if not woken and ticket.watching and time.monotonic() - ticket.checked_at < RECHECK:
-            return ticket.blocked
-        queue = keys.queue(name)
-        responses, revision = self._read(
-            [
-                _get(keys.lease(name)),
-                _waiter_ahead(queue, ticket.rev),
-                _get(ticket.key, keys_only=True),
-                _get(keys.res(name)),
-                self._meta(),
-            ],
-            "checking the queue",
-        )
-        lease_kv, pred_kv, mine, res_kv = (_first(r) for r in responses[:4])
-        self._remember(res=(name, res_kv))
-        self._remember_meta(responses[4])
-        if lease_kv is not None and _owner(lease_kv) == ticket.request.owner:
-            return self._take_handed(ticket, lease_kv)  # None: that grant ended; try again
-        if mine is None:
+        shortcut = ticket_shortcut(self._keys, ticket, woken, ticket.watching)
+        if shortcut != "read":
+            return ticket.blocked if shortcut == "blocked" else None
+        responses, revision = self._read(ticket_reads(self._keys, ticket), "checking the queue")
+        found = standing(ticket, responses)
+        self._remember(res=(name, found.res))
+        self._remember_meta(found.meta)
+        if found.handed:
+            assert found.lease is not None
+            return self._take_handed(ticket, found.lease)  # None: that grant ended; try again
+        if not found.queued:
             return None  # our key is gone: the grant attempt queues us again
-        pred = pred_kv.key if pred_kv is not None else (lease_kv.key if lease_kv else None)
-        if pred is None:
+        if found.pred is None:
             return None
-        if woken or pred != ticket.pred or not ticket.watching:
-            ticket.blocked = self._blocked(lease_kv, self._last(name), RECHECK, precise=False)
-            self._follow(ticket, pred, revision)
+        if woken or found.pred != ticket.pred or not ticket.watching:
+            ticket.blocked = self._blocked(found.lease, self._last(name), RECHECK, precise=False)
+            self._follow(ticket, found.pred, revision)
         ticket.checked_at = time.monotonic()
         return ticket.blocked
 
@@ -268,35 +209,20 @@ class _Waiters(_Handoff):
         it waited; with less than half its TTL left (this process was stopped) it is kept alive
         once more first. None if that grant has ended already.
         """
-        lease = LeaseValue.decode(kv.value)
-        name = ticket.resource
-        with self._lock:
-            pooled = self._leases.get(kv.lease)
-        if pooled is None or pooled.tainted:
+        pooled = self._handed_lease(kv)
+        if pooled is None:
             return None
+        name = ticket.resource
         with self._grant_lock(name):
             if pooled.expires - self._clock.now() < pooled.ttl * 0.5:
                 granted, sent = self._keepalive(pooled.id)
                 if granted <= 0:
                     self._drop(pooled)
                     return None
-                with self._lock:
-                    pooled.ttl, pooled.expires, pooled.refreshed = granted, sent + granted, sent
-            with self._lock:
-                pooled.reserved = False
-                pooled.in_use = True
-                pooled.grant = (name, lease.epoch, lease.owner)
-                pooled.lease_rev = kv.mod_revision
-                pooled.holder = lease.holder
-                if (
-                    lease.last_record
-                    and kv.mod_revision > self._res.get(name, (0, ResourceState()))[0]
-                ):
-                    # the grant's transaction wrote the state too, at the same revision
-                    state = ResourceState(lease.epoch, "held", lease.holder, lease.last_record)
-                    self._res[name] = (kv.mod_revision, state)
-                expires_in = min(lease.ttl, pooled.expires - self._clock.now())
+                self._refreshed(pooled, granted, sent)
+            expires_in = self._take_over(pooled, kv, name)
         self._retire(ticket)
+        lease = LeaseValue.decode(kv.value)
         return Granted(lease.epoch, lease.owner, lease.holder, lease.ttl, expires_in)
 
     def _retire(self, ticket: EtcdTicket) -> None:
@@ -312,10 +238,8 @@ class _Waiters(_Handoff):
     ) -> Blocked:
         """Blocked by ``lease_kv`` (or by waiters ahead); ``precise``: ask etcd the remaining
         time of another client's lease (a queued waiter does not need it: a watch wakes it)."""
-        if lease_kv is None:
-            return Blocked(None, last, 0.0, retry_in)
-        lease = LeaseValue.decode(lease_kv.value)
-        remaining = self._remaining(lease_kv, lease.ttl) if precise else lease.ttl
-        return Blocked(
-            lease.holder, lease.epoch, remaining, remaining if retry_in is None else retry_in
-        )
+        remaining = 0.0
+        if lease_kv is not None:
+            ttl = LeaseValue.decode(lease_kv.value).ttl
+            remaining = self._remaining(lease_kv, ttl) if precise else ttl
+        return blocked_by(lease_kv, last, retry_in, remaining)

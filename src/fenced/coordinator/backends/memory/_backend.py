@@ -43,6 +43,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fenced.coordinator._hostclock import SystemHostClock
@@ -95,6 +96,15 @@ class MemoryState:
     log: list[Record] = field(default_factory=list)
     minimum: int = 0
     ended: dict[str, str] = field(default_factory=dict)
+    wakers: set[Callable[[], None]] = field(default_factory=set)
+    """Called (holding ``cond``) at every change: how the asyncio face's waiting tasks of this
+    state are woken (``_aio.py``), as ``cond`` wakes the waiting threads."""
+
+    def wake(self) -> None:
+        """Wake every waiter, thread or task (the caller holds ``cond``)."""
+        self.cond.notify_all()
+        for waker in self.wakers:
+            waker()
 
     def append(
         self,
@@ -108,7 +118,7 @@ class MemoryState:
         """Append a record (the caller holds ``cond``) and wake watchers."""
         seq = len(self.log) + 1
         self.log.append(Record(seq, at, kind, resource, epoch, holder, detail or {}))
-        self.cond.notify_all()
+        self.wake()
 
 
 _STATES: dict[str, MemoryState] = {}
@@ -229,7 +239,7 @@ class MemoryBackend:
             queue = self._state.queues.get(ticket.resource, [])
             if ticket.number in queue:
                 queue.remove(ticket.number)
-                self._state.cond.notify_all()
+                self._state.wake()
         return None
 
     def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:

@@ -93,40 +93,19 @@ parameter goes to libpq (``sslmode``, ``connect_timeout``, ``application_name``,
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import random
 import secrets
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from fenced._drivers.postgres import (
-    DEFAULT_OP_TIMEOUT,
-    connect_listening,
-    dedicated,
-    migrate,
-    parse_url,
-    translate,
-)
+from fenced._drivers.postgres import Lender, connect_listening, dedicated, migrate, translate
 from fenced._drivers.postgres_borrowed import lender
-from fenced.coordinator.backend import (
-    CAP_RECORDS,
-    CAP_REQUEST_ID,
-    CAP_WAIT_NOTIFY,
-    Blocked,
-    Granted,
-    GrantRequest,
-    Ticket,
-    owned_ticket,
-)
+from fenced.coordinator.backend import Blocked, Granted, GrantRequest, Ticket
+from fenced.coordinator.backends.postgres import _plans as plans
 from fenced.coordinator.backends.postgres import _schema as postgres_schema
 from fenced.coordinator.backends.postgres._listener import (
     LISTEN_PING,
@@ -135,21 +114,13 @@ from fenced.coordinator.backends.postgres._listener import (
     Listener,
     Subscription,
 )
-from fenced.coordinator.backends.postgres._statements import StatementRunner
-from fenced.core._clock import Clock, SystemClock
+from fenced.coordinator.backends.postgres._plans import GAP_SETTLE, QUEUE_KEEPALIVE
+from fenced.coordinator.backends.postgres._statements import Call, Rows, StatementRunner
 from fenced.core._closing import Closing
-from fenced.core._errors import (
-    ConfigurationError,
-    FencedError,
-    LeaseLost,
-    LossReason,
-    OutcomeUnknown,
-    Unavailable,
-)
+from fenced.core._errors import ConfigurationError, FencedError
 from fenced.core._lease import LeaseInfo
-from fenced.core._names import validate_resource
 from fenced.core._records import Record, RecordKind
-from fenced.core._token import MAX_EPOCH, validate_coordinator_id
+from fenced.core._token import validate_coordinator_id
 
 __all__ = [
     "GAP_SETTLE",
@@ -158,73 +129,77 @@ __all__ = [
     "RECHECK",
     "PostgresBackend",
     "PostgresTicket",
+    "initialise_schema",
 ]
 
 log = logging.getLogger("fenced.coordinator.postgres")
 
-QUEUE_KEEPALIVE = 2.0
-"""Seconds a waiter keeps its place after its last ``try_grant`` (a dead waiter is skipped)."""
-GAP_SETTLE = 2.0
-"""Seconds after which a gap in ``records(None, …)`` is taken as a rolled-back transaction."""
-WATCH_KEEPALIVE = 6.0
-"""Seconds a watcher's row lives after its last refresh (refreshed every third of that)."""
-_URL_KEYS = ("listen_url", "listen", "pool_size", "timeout", "prepare")
-_PRUNE_CHANCE = 0.005
-"""The share of grants that also prune (the ``try_grant`` function): up to 1000 records past
-``records_retention`` and 512 request ids older than 24 h, more than a grant ever adds."""
+
+def initialise_schema(
+    pool: Lender, schema: str, display: str, budget: float, new_id: str | None
+) -> str:
+    """Create or migrate the coordinator's tables in ``schema`` on a connection of its own
+    (:func:`~fenced._drivers.postgres.dedicated`) and return the coordinator id.
+
+    ``new_id`` is the id of a schema created here (else a random one). Raises
+    :class:`~fenced.ConfigurationError` (authentication, missing database or privileges, a
+    schema of a newer fenced, a damaged meta table) or :class:`~fenced.Unavailable`.
+    """
+    where = f"{display} (schema {schema})"
+    try:
+        # a connection of its own: a failure here (wrong password, missing database, newer
+        # schema) is reported at once and starts no pool threads
+        with dedicated(pool, budget) as conn:
+            meta = migrate(
+                conn,
+                schema=schema,
+                meta_table="meta",
+                fmt=postgres_schema.FORMAT,
+                migrations=postgres_schema.migrations(schema),
+                initial={
+                    "coordinator_id": new_id or secrets.token_hex(16),
+                    "minimum_epoch": "0",
+                    "records_retention": str(7 * 24 * 3600),
+                    "created_at": repr(time.time()),
+                },
+                where=where,
+            )
+    except psycopg.Error as error:
+        raise translate(
+            error, "initialising the coordinator schema", sent=False, where=where
+        ) from error
+    try:
+        return validate_coordinator_id(meta.get("coordinator_id"))
+    except ConfigurationError as error:
+        raise ConfigurationError(f"{where}: damaged meta table: {error}") from None
 
 
 # -- tickets ----------------------------------------------------------------------------------
 
 
-class PostgresTicket:
-    """A place in one resource's queue: a ``waiters`` row plus the waiter's subscription.
+class PostgresTicket(plans.QueueTicket[Subscription]):
+    """A place in one resource's queue: a ``waiters`` row plus the waiter's subscription (see
+    :class:`~fenced.coordinator.backends.postgres._plans.QueueTicket`). Used by one thread at a
+    time; :meth:`PostgresBackend.wait` on an ended ticket returns at once."""
 
-    Used by one thread at a time. It ends when granted or left; :meth:`PostgresBackend.wait` on
-    an ended ticket returns at once. ``sent_at`` is when the last request that kept the row
-    alive was sent (on the deadline clock, ``Clock.now``), ``seen_epoch`` the largest epoch a
-    blocked answer reported: a grant handed over by a releaser is newer than that, and came
-    after that send.
-    """
-
-    __slots__ = (
-        "_backend",
-        "_sub",
-        "ended",
-        "owner",
-        "resource",
-        "seen_epoch",
-        "sent_at",
-        "waiter_id",
-    )
-
-    def __init__(
-        self, backend: PostgresBackend, resource: str, waiter_id: int, owner: str, sent_at: float
-    ) -> None:
-        self._backend = backend
-        self.resource = resource
-        self.waiter_id = waiter_id
-        self.owner = owner
-        self.sent_at = sent_at
-        self.seen_epoch = 0
-        self.ended = False
-        self._sub: Subscription | None = None
-
-    def __repr__(self) -> str:
-        return f"PostgresTicket({self.resource!r}, waiter_id={self.waiter_id})"
+    __slots__ = ()
 
 
 # -- the backend ------------------------------------------------------------------------------
 
 
-class PostgresBackend(Closing):
+class PostgresBackend(plans.Face[PostgresTicket, Listener], Closing):
     """The coordinator backend on PostgreSQL (see the module docstring). Thread-safe.
 
     Creates the schema and its tables on first use (or migrates them). Raises
     :class:`~fenced.ConfigurationError` for a bad URL, an unusable database or schema, a schema
     of a newer fenced; :class:`~fenced.Unavailable` if the server cannot be reached.
     ``coordinator_id_for_new`` is used only when the schema is created here (restores, tests).
+    What it shares with the asyncio backend (every statement, answer and I/O-free step) is in
+    :mod:`~fenced.coordinator.backends.postgres._plans`.
     """
+
+    _ticket_type = PostgresTicket
 
     def __init__(
         self,
@@ -233,82 +208,37 @@ class PostgresBackend(Closing):
         coordinator_id_for_new: str | None = None,
         options: Mapping[str, object] | None = None,
     ) -> None:
-        parsed, self._pool = lender(url, _URL_KEYS, options)
+        parsed, self._pool = lender(url, plans.URL_KEYS, options)
         self._parsed = parsed
-        self.url = parsed.display
-        self.schema = parsed.schema
-        self.capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
         try:
-            self._op_timeout = parsed.option_float("timeout", DEFAULT_OP_TIMEOUT, minimum=0.01)
-            listen = parsed.options.get("listen_url")
-            self._listen_enabled = parsed.option_flag("listen", True)
+            found = plans.settings(parsed)
             self._listen_connect: Callable[[], tuple[psycopg.Connection[Any], Callable[[], None]]]
-            if listen is not None:
-                self._listen_connect = partial(connect_listening, parse_url(listen, ()).conninfo)
+            if found.listen_conninfo is not None:
+                self._listen_connect = partial(connect_listening, found.listen_conninfo)
             else:
-                if self._listen_enabled:
+                if found.listen_enabled:
                     self._pool.check_listen()
                 self._listen_connect = self._pool.listen_connection
         except BaseException:
             self._pool.close()
             raise
-        self._connect_budget = min(parsed.connect_timeout, self._op_timeout)
-        self._clock: Clock = SystemClock()  # the deadline clock: counts a suspended host
+        self._connect_budget = found.connect_budget
         if coordinator_id_for_new is not None:
             validate_coordinator_id(coordinator_id_for_new)
-        self._channel = postgres_schema.channel(self.schema)
-        self._statements = StatementRunner(
-            self._pool,
-            self.url,
-            sql.Identifier(self.schema).as_string(None),
-            self._channel,
-            op_timeout=self._op_timeout,
-            connect_budget=self._connect_budget,
-        )
-        self._direct = self._statements.direct
+        self._statements = StatementRunner(self._pool, parsed.display, parsed.schema, found)
+        super().__init__(self._statements, listen_enabled=found.listen_enabled)
         self.coordinator_id = self._initialise(coordinator_id_for_new)
-        self._listener_obj: Listener | None = None
-        self._listener_lock = threading.Lock()
-        self._tickets: set[PostgresTicket] = set()
-        self._tickets_lock = threading.Lock()
-        self._closed = False
-
-    def __repr__(self) -> str:
-        return f"PostgresBackend({self.url!r})"
 
     # -- set-up -------------------------------------------------------------------------------
 
     def _initialise(self, new_id: str | None) -> str:
-        where = f"{self.url} (schema {self.schema})"
         try:
-            # a connection of its own: a failure here (wrong password, missing database, newer
-            # schema) is reported at once and starts no pool threads
-            with dedicated(self._pool, self._connect_budget) as conn:
-                meta = migrate(
-                    conn,
-                    schema=self.schema,
-                    meta_table="meta",
-                    fmt=postgres_schema.FORMAT,
-                    migrations=postgres_schema.migrations(self.schema),
-                    initial={
-                        "coordinator_id": new_id or secrets.token_hex(16),
-                        "minimum_epoch": "0",
-                        "records_retention": str(7 * 24 * 3600),
-                        "created_at": repr(time.time()),
-                    },
-                    where=where,
-                )
-        except psycopg.Error as error:
-            raise translate(
-                error, "initialising the coordinator schema", sent=False, where=where
-            ) from error
+            return initialise_schema(
+                self._pool, self.schema, self.url, self._connect_budget, new_id
+            )
         except BaseException:
             self._pool.close()
             raise
-        try:
-            return validate_coordinator_id(meta.get("coordinator_id"))
-        except ConfigurationError as error:
-            raise ConfigurationError(f"{where}: damaged meta table: {error}") from None
 
     def _call(
         self,
@@ -319,11 +249,15 @@ class PostgresBackend(Closing):
         mutation: bool,
         timeout: float | None = None,
         idempotent: bool = False,
-    ) -> list[tuple[Any, ...]]:
+    ) -> Rows:
         """Run one statement (see :meth:`StatementRunner.call`); ConfigurationError once closed."""
-        if self._closed:
-            raise ConfigurationError(f"{self!r} is closed")
-        return self._statements.call(
+        self._check_open()
+        return self._statements.call((doing, name, params, mutation, timeout, idempotent))
+
+    def _send(self, call: Call) -> Rows:
+        """Run ``call`` (through :meth:`_call`, where every statement passes)."""
+        doing, name, params, mutation, timeout, idempotent = call
+        return self._call(
             doing, name, params, mutation=mutation, timeout=timeout, idempotent=idempotent
         )
 
@@ -347,92 +281,11 @@ class PostgresBackend(Closing):
         lives and raises ``LeaseLost(REJECTED)`` once it ended; reused for another resource it
         is a ``ConfigurationError``.
         """
-        mine = self._own_ticket(ticket, request.resource)
-        if mine is not None and (handed := self._handed_over(mine, request)) is not None:
-            return handed
-        prune = random.random() < _PRUNE_CHANCE
-        fast = mine is None and request.request_id is None and not prune
-        name = "grant" if fast else "grant_queued"
-        params = self._direct[name].bind(
-            name=request.resource,
-            owner=request.owner,
-            holder=request.holder,
-            ttl=float(request.ttl),
-            value=request.value,
-            keepalive=QUEUE_KEEPALIVE,
-            retry_cap=QUEUE_KEEPALIVE / 3,
-            request_id=request.request_id,
-            ticket=None if mine is None else mine.waiter_id,
-            listen_key=None if fast else self._handoff_key(request),
-            prune=prune,
-        )
+        mine, step = self._attempt(request, ticket)
+        if isinstance(step, Granted):
+            return step
         sent = self._clock.now()
-        rows = self._call(
-            f"acquiring {request.resource}",
-            name,
-            params,
-            mutation=True,
-            idempotent=True,  # the owner secret identifies this request's grant
-        )
-        status, epoch, owner, holder, ttl, remaining, retry_in, new_ticket = rows[0]
-        if status == "granted":
-            if mine is not None:
-                self._end_ticket(mine)
-            return Granted(int(epoch), str(owner), str(holder), float(ttl), float(remaining))
-        if status == "lost":
-            raise LeaseLost(LossReason.REJECTED, "the lease granted for this request_id has ended")
-        if status == "foreign":
-            raise ConfigurationError(
-                f"this request_id was already used to acquire {holder}, not {request.resource}"
-            )
-        if mine is not None:
-            mine.sent_at = sent
-            mine.seen_epoch = max(mine.seen_epoch, int(epoch))
-            if new_ticket is not None and new_ticket != mine.waiter_id:
-                mine.waiter_id = int(new_ticket)
-                if mine._sub is not None:
-                    self._listener().update(mine._sub, mine.waiter_id)
-        return Blocked(
-            None if holder is None else str(holder),
-            int(epoch),
-            float(remaining or 0.0),
-            None if retry_in is None else float(retry_in),
-        )
-
-    def _handed_over(self, mine: PostgresTicket, request: GrantRequest) -> Granted | None:
-        """The grant a releaser handed to ``mine`` (announced by NOTIFY), or None.
-
-        The grant was made after the server answered the ticket's last request (which reported
-        only older epochs), ``since_keep`` seconds (server clock) after that request kept the
-        row alive; that request was sent at ``mine.sent_at``. So the lease expires no earlier
-        than ``sent_at + since_keep + ttl`` here, and ``expires_in`` counts from that. A grant
-        that arrives with less than half its ttl left is left to a round trip (which returns
-        it with its exact expiry if it still lives).
-        """
-        sub = mine._sub
-        handoff = None if sub is None else sub.handoff
-        if sub is None or handoff is None:
-            return None
-        sub.handoff = None
-        epoch, since_keep = handoff
-        if epoch <= mine.seen_epoch or request.owner != mine.owner:
-            return None  # stale: a later answer of the server already knew a newer epoch
-        elapsed = self._clock.now() - mine.sent_at
-        left = request.ttl - elapsed + min(since_keep, elapsed)
-        if left < request.ttl / 2:
-            return None
-        self._end_ticket(mine)
-        return Granted(epoch, request.owner, request.holder, request.ttl, left)
-
-    def _handoff_key(self, request: GrantRequest) -> int | None:
-        """The listen key a queued ``request`` offers to releasers (None: wake it instead).
-
-        Requests with a ``request_id`` grant themselves: their id must be recorded with the
-        grant, which a releaser does not do.
-        """
-        if request.request_id is not None:
-            return None
-        return self._listener().handoff_key
+        return self._answered(request, mine, sent, self._send(step))
 
     def renew(self, resource: str, epoch: int, owner: str, ttl: float) -> float:
         """Extend this owner's live lease to ``ttl`` from now (server clock); return ``ttl``.
@@ -441,19 +294,8 @@ class PostgresBackend(Closing):
         revived. Commits synchronously. Gives up after a third of ``ttl`` (at least 0.2 s) so
         that a hung connection makes the lease UNCERTAIN, not silently HELD.
         """
-        remaining = self._call(
-            f"renewing {resource}",
-            "renew",
-            (resource, epoch, owner, float(ttl)),
-            mutation=True,
-            timeout=max(ttl / 3, 0.2),
-        )[0][0]
-        if remaining is None:
-            raise LeaseLost(
-                LossReason.REJECTED,
-                f"the coordinator has no live lease of {resource} at epoch {epoch} for this owner",
-            )
-        return float(remaining)
+        rows = self._send(plans.renew_call(resource, epoch, owner, ttl))
+        return plans.renewed(rows, resource, epoch)
 
     def release(self, resource: str, epoch: int, owner: str) -> bool:
         """End this owner's live lease and wake the first waiter; True if it ended now.
@@ -462,41 +304,23 @@ class PostgresBackend(Closing):
         nothing. Committed with ``synchronous_commit = off`` — unless it hands the resource to
         the first waiter, which is a grant (see the module docstring).
         """
-        params = self._direct["release"].bind(name=resource, epoch=epoch, owner=owner)
-        released = self._call(f"releasing {resource}", "release", params, mutation=True)[0][0]
-        return bool(released)
+        rows = self._send(plans.release_call(self._direct, resource, epoch, owner))
+        return bool(rows[0][0])
 
     def current(self, resource: str) -> LeaseInfo | None:
-        rows = self._call(f"reading {resource}", "current", (resource,), mutation=False)
-        if not rows or rows[0][0] is None:
-            return None
-        epoch, holder, remaining, ttl, value = rows[0]
-        return LeaseInfo(
-            resource,
-            int(epoch),
-            str(holder),
-            float(remaining),
-            float(ttl),
-            self.coordinator_id,
-            None if value is None else str(value),
-        )
+        rows = self._send(plans.current_call(resource))
+        return plans.lease_info(rows, resource, self.coordinator_id)
 
     def last_epoch(self, resource: str) -> int:
-        rows = self._call("reading epochs", "last_epoch", (resource,), mutation=False)
+        rows = self._send(plans.last_epoch_call(resource))
         return int(rows[0][0] or 0)
 
     def resources(self) -> list[str]:
-        rows = self._call("listing resources", "resources", (), mutation=False)
-        return [str(row[0]) for row in rows]
+        return [str(row[0]) for row in self._send(plans.RESOURCES_CALL)]
 
     def proclaim(self, resource: str, epoch: int, owner: str, value: str) -> None:
-        done = self._call(
-            f"proclaiming on {resource}", "proclaim", (resource, epoch, owner, value), mutation=True
-        )[0][0]
-        if not done:
-            raise LeaseLost(
-                LossReason.REJECTED, f"{resource} epoch {epoch} is no longer this owner's"
-            )
+        rows = self._send(plans.proclaim_call(resource, epoch, owner, value))
+        plans.proclaimed(rows, resource, epoch)
 
     # -- records ------------------------------------------------------------------------------
 
@@ -507,27 +331,8 @@ class PostgresBackend(Closing):
         before the first gap in ``seq`` that is younger than :data:`GAP_SETTLE` (see the
         module docstring), so a reader paging with ``after`` misses nothing.
         """
-        rows = self._call(
-            "reading records", "records", (resource, max(int(after), 0), int(limit)), mutation=False
-        )
-        found: list[Record] = []
-        expected = max(int(after), 0) + 1
-        for seq, at, kind, name, epoch, holder, detail, age in rows:
-            if resource is None and seq > expected and age < GAP_SETTLE:
-                break  # a younger gap: its transaction may still commit (module docstring)
-            found.append(
-                Record(
-                    int(seq),
-                    float(at),
-                    RecordKind(kind),
-                    str(name),
-                    int(epoch),
-                    None if holder is None else str(holder),
-                    dict(detail or {}),
-                )
-            )
-            expected = int(seq) + 1
-        return found
+        rows = self._send(plans.records_call(resource, after, limit))
+        return plans.records_of(rows, resource, after)
 
     def report(
         self,
@@ -537,18 +342,14 @@ class PostgresBackend(Closing):
         kind: RecordKind,
         detail: dict[str, object],
     ) -> None:
-        self._call(
-            f"recording {kind.value} of {resource}",
-            "report",
-            (resource, epoch, holder, kind.value, Jsonb(detail, dumps=_dumps)),
-            mutation=True,
-        )
+        self._send(plans.report_call(resource, epoch, holder, kind, detail))
 
     def watch(self, resource: str, after: int, timeout: float) -> None:
         """Block until ``resource`` has a record with ``seq > after``, or ``timeout`` passed.
 
         Woken by NOTIFY (a watcher row tells writers to send one), at the live lease's expiry
-        (to detect and record it), and at least every third of :data:`WATCH_KEEPALIVE`.
+        (to detect and record it), and at least every third of :data:`~._plans.WATCH_KEEPALIVE`
+        (:func:`~fenced.coordinator.backends.postgres._plans.watch_pause`).
         """
         deadline = time.monotonic() + max(timeout, 0.0)
         listener = self._listener()
@@ -556,39 +357,20 @@ class PostgresBackend(Closing):
         sub = listener.subscribe(resource, None)
         watcher: int | None = None
         try:
-            watcher = int(
-                self._call(
-                    f"watching {resource}",
-                    "watch_start",
-                    (resource, WATCH_KEEPALIVE),
-                    mutation=True,
-                )[0][0]
-            )
+            watcher = int(self._send(plans.watch_start_call(resource))[0][0])
             while True:
-                changed, watcher, remaining = self._call(
-                    f"watching {resource}",
-                    "watch_poll",
-                    (resource, max(int(after), 0), watcher, WATCH_KEEPALIVE),
-                    mutation=True,
-                    idempotent=True,
+                changed, watcher, remaining = self._send(
+                    plans.watch_poll_call(resource, after, watcher)
                 )[0]
-                if changed:
+                pause = plans.watch_pause(changed, remaining, deadline, listener.healthy)
+                if pause is None:
                     return
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                pause = min(left, WATCH_KEEPALIVE / 3)
-                if remaining is not None:
-                    pause = min(pause, max(float(remaining), 0.0) + 0.001)
-                if not listener.healthy:
-                    pause = min(pause, RECHECK)
-                sub.event.wait(pause)
-                sub.event.clear()
+                sub.wait(pause)
         finally:
             listener.unsubscribe(sub)
             if watcher is not None:
                 with contextlib.suppress(FencedError):
-                    self._call(f"watching {resource}", "unwatch", (watcher,), mutation=True)
+                    self._send(plans.unwatch_call(resource, watcher))
 
     def advance(self, minimum: int, floors: dict[str, int], detail: dict[str, object]) -> int:
         """Restore safety: no later grant gets an epoch ≤ ``minimum`` (see the contract).
@@ -597,67 +379,25 @@ class PostgresBackend(Closing):
         synchronously; records the expiries that are due, ends every live lease, a RESTORED
         record per resource; wakes everyone.
         """
-        for value in (minimum, *floors.values()):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EPOCH:
-                raise ConfigurationError(
-                    f"epochs must be integers in 0..{MAX_EPOCH}, got {value!r}"
-                )
-        for name in floors:
-            validate_resource(name)
-        rows = self._call(
-            "advancing epochs",
-            "advance",
-            (minimum, Jsonb({k: str(v) for k, v in floors.items()}), Jsonb(detail, dumps=_dumps)),
-            mutation=True,
-        )
-        return int(rows[0][0])
+        return int(self._send(plans.advance_call(minimum, floors, detail))[0][0])
 
     # -- waiting ------------------------------------------------------------------------------
 
-    def _listener(self) -> Listener:
-        with self._listener_lock:
-            listener = self._listener_obj
-            if listener is None or listener._pid != os.getpid():
-                listener = Listener(
-                    self._listen_connect,
-                    self.url,
-                    self._channel,
-                    self._probe,
-                    enabled=self._listen_enabled,
-                )
-                self._listener_obj = listener
-            return listener
+    def _new_listener(self) -> Listener:
+        return Listener(
+            self._listen_connect, self.url, self._channel, self._probe, enabled=self._listen_enabled
+        )
 
     def _probe(self, nonce: str) -> None:
-        self._call(
-            "probing notifications", "probe", (self._channel, f"probe:{nonce}"), mutation=True
-        )
+        self._send(plans.probe_call(self._channel, nonce))
 
     def enqueue(self, request: GrantRequest) -> PostgresTicket:
         """Take a place at the end of ``request.resource``'s queue (and start listening)."""
         listener = self._listener()
         listener.start(PROBE_TIMEOUT + 1)
         sent = self._clock.now()
-        rows = self._call(
-            f"queueing for {request.resource}",
-            "enqueue",
-            (
-                request.resource,
-                request.holder,
-                QUEUE_KEEPALIVE,
-                request.owner,
-                float(request.ttl),
-                request.value,
-                self._handoff_key(request),
-            ),
-            mutation=True,
-            idempotent=True,
-        )
-        ticket = PostgresTicket(self, request.resource, int(rows[0][0]), request.owner, sent)
-        ticket._sub = listener.subscribe(request.resource, ticket.waiter_id)
-        with self._tickets_lock:
-            self._tickets.add(ticket)
-        return ticket
+        rows = self._send(plans.enqueue_call(request, self._handoff_key(request)))
+        return self._queued(request, rows, sent, listener)
 
     def wait(self, ticket: Ticket, timeout: float) -> None:
         """Block until notified for ``ticket`` or ``timeout`` passed (no database access).
@@ -665,14 +405,9 @@ class PostgresBackend(Closing):
         Returns at once for an ended ticket; at most :data:`RECHECK` seconds while the listener
         is not proven to receive notifications.
         """
-        mine = self._own_ticket(ticket, ticket.resource)
-        assert mine is not None
-        if mine.ended or mine._sub is None:
-            return
-        if not self._listener().healthy:
-            timeout = min(timeout, RECHECK)
-        mine._sub.event.wait(max(timeout, 0.0))
-        mine._sub.event.clear()
+        sub, timeout = self._waiting(ticket, timeout)
+        if sub is not None:
+            sub.wait(timeout)
 
     def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
         """Leave the queue (idempotent, best effort: a row left behind lapses after
@@ -680,46 +415,14 @@ class PostgresBackend(Closing):
         next waiter is woken. If a releaser had handed the resource to this ticket (before or
         after it gave up), that lease is returned with ``take`` (``leave_taking``, under the
         resource's row lock), else released and the resource passed on."""
-        mine = self._own_ticket(ticket, ticket.resource)
-        assert mine is not None
-        if mine.ended:
-            return None
-        try:
-            rows = self._call(
-                f"leaving the queue of {mine.resource}",
-                "leave_taking" if take else "leave",
-                (mine.resource, mine.waiter_id, mine.owner),
-                mutation=True,
-                idempotent=True,
-            )
-        except (Unavailable, OutcomeUnknown) as error:
-            log.debug("leaving the queue of %s: %s", mine.resource, error)
-            return None
-        finally:
-            self._end_ticket(mine)
-        if not take or not rows:
-            return None
-        epoch, holder, ttl, remaining = rows[0]
-        return Granted(int(epoch), mine.owner, str(holder), float(ttl), float(remaining))
-
-    def _own_ticket(self, ticket: Ticket | None, resource: str) -> PostgresTicket | None:
-        return owned_ticket(self, ticket, resource, PostgresTicket)
-
-    def _end_ticket(self, ticket: PostgresTicket) -> None:
-        ticket.ended = True
-        if ticket._sub is not None:
-            self._listener().unsubscribe(ticket._sub)
-            ticket._sub.event.set()
-        with self._tickets_lock:
-            self._tickets.discard(ticket)
+        mine = self._leaving(ticket)
+        rows: Rows = []
+        if mine is not None:
+            with self._left(mine):
+                rows = self._send(plans.leave_call(mine, take))
+        return plans.taken(rows, mine.owner) if mine is not None and take else None
 
     # -- life cycle ---------------------------------------------------------------------------
-
-    @property
-    def listener_state(self) -> str:
-        """``starting`` / ``listening`` / ``unreliable`` / ``down`` / ``off`` (diagnostics)."""
-        listener = self._listener_obj
-        return "idle" if listener is None else listener.state
 
     def close(self) -> None:
         """Leave every open ticket's queue (best effort), stop the listener, close connections.
@@ -728,18 +431,11 @@ class PostgresBackend(Closing):
         """
         if self._closed:
             return
-        with self._tickets_lock:
-            tickets = list(self._tickets)
-        for ticket in tickets:
+        for ticket in self._open_tickets():
             with contextlib.suppress(FencedError):
                 self.leave(ticket)
         self._closed = True
-        with self._listener_lock:
-            listener, self._listener_obj = self._listener_obj, None
+        listener = self._detach_listener()
         if listener is not None:
             listener.close()
         self._statements.close()
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, default=str, separators=(",", ":"))

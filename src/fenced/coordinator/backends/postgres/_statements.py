@@ -6,7 +6,8 @@ grant) are :class:`DirectStatement` s run through libpq as prepared statements w
 derived from their text. :class:`StatementRunner` sends one statement per call within the
 caller's budget: ``Unavailable`` if nothing was sent, ``OutcomeUnknown`` if a mutation was sent
 and its reply lost or late (the connection is then cut), ``ConfigurationError`` for
-authentication, missing objects or privileges.
+authentication, missing objects or privileges. What it shares with the asyncio runner (the
+statements, budgets, re-sending, error translation, prepared statements) is :class:`Statements`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import psycopg
-from psycopg import pq
+from psycopg import pq, sql
 
 from fenced._drivers.postgres import (
     Lender,
@@ -37,13 +38,40 @@ from fenced._drivers.postgres import (
 from fenced.coordinator.backends.postgres import _schema as postgres_schema
 from fenced.core._errors import FencedError, OutcomeUnknown, Unavailable
 
-__all__ = ["DirectStatement", "StatementRunner", "named_statements"]
+if TYPE_CHECKING:
+    from fenced.coordinator.backends.postgres._plans import Settings
+
+__all__ = [
+    "Call",
+    "DirectStatement",
+    "Rows",
+    "StatementRunner",
+    "Statements",
+    "direct_statements",
+    "named_statements",
+    "never_ran",
+    "text_params",
+]
 
 log = logging.getLogger("fenced.coordinator.postgres")
 
 _RESEND_CONNECT = 3.0  # seconds spent reconnecting before an idempotent request is re-sent
 
 _NAMED = re.compile(r"%\((\w+)\)s")
+
+Rows = list[tuple[Any, ...]]
+"""The rows of a statement's answer."""
+
+
+Call = tuple[str, str, Sequence[object], bool, float | None, bool]
+"""One statement to send, as both backends send it: ``(doing, name, params, mutation,
+timeout, idempotent)``, the arguments of :meth:`StatementRunner.call`. ``doing`` says what it
+does (for messages: ``renewing r``); ``name`` is its name in :func:`named_statements` or
+:func:`direct_statements`; ``mutation``: it may change something (lost after it was sent:
+OutcomeUnknown); ``timeout``: the seconds it may take at most, if less than ``?timeout=``
+(None: ``?timeout=``); ``idempotent``: it may be sent once more on a new connection if its
+connection broke under it. A plain tuple: one is built for every statement, on the hot path
+too."""
 
 
 class DirectStatement:
@@ -219,6 +247,23 @@ owner's live lease, a first waiter that is gone or cannot be granted here) is th
 function's, in the same statement."""
 
 
+def direct_statements(s: str, channel: str) -> dict[str, DirectStatement]:
+    """The hot statements, by name (``{s}``: the quoted schema; ``channel``: its NOTIFY
+    channel): the uncontended grant, the queued grant and the release."""
+    return {
+        name: DirectStatement(
+            text.replace("{s}", s)
+            .replace("{c}", channel)
+            .replace("{k}", str(postgres_schema.LISTEN_LOCK_CLASS))
+        )
+        for name, text in (
+            ("grant", _FAST_GRANT),
+            ("grant_queued", _TRY_GRANT),
+            ("release", _FAST_RELEASE),
+        )
+    }
+
+
 def named_statements(s: str) -> dict[str, bytes]:
     """The statements other than the hot ones, by name (``{s}``: the quoted schema)."""
 
@@ -250,7 +295,97 @@ def named_statements(s: str) -> dict[str, bytes]:
     }
 
 
-class StatementRunner:
+class _Switch(Protocol):
+    """What a runner asks of its pool about prepared statements (:class:`~fenced._drivers.
+    postgres.PreparedSwitch`)."""
+
+    @property
+    def prepare(self) -> bool: ...
+
+    def lost_prepared_statement(
+        self, error: psycopg.Error, conn: psycopg.Connection[tuple[Any, ...]]
+    ) -> bool: ...
+
+
+_P = TypeVar("_P", bound=_Switch)
+
+
+class Statements(Generic[_P]):
+    """What the sync and the asyncio statement runners share: the statements, the budget of a
+    call, whether to send one again, the translation of its errors and the bookkeeping of
+    prepared statements. No I/O: :class:`StatementRunner` (threads) and the asyncio runner of
+    :mod:`~fenced.coordinator.backends.postgres._aio` send and wait.
+    """
+
+    def __init__(self, pool: _P, url: str, schema: str, found: Settings) -> None:
+        self.pool = pool
+        self.url = url
+        self.schema = schema
+        self.op_timeout = found.op_timeout
+        self.connect_budget = found.connect_budget
+        self.channel = postgres_schema.channel(schema)
+        quoted = sql.Identifier(schema).as_string(None)
+        self.queries = named_statements(quoted)
+        self.direct = direct_statements(quoted, self.channel)
+        self._prepared: weakref.WeakKeyDictionary[pq.abc.PGconn, set[bytes]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._prepared_lock = threading.Lock()
+
+    def budget(self, timeout: float | None) -> float:
+        """Seconds a call may take: ``?timeout=``, or ``timeout`` if shorter."""
+        return self.op_timeout if timeout is None else min(timeout, self.op_timeout)
+
+    @staticmethod
+    def resend(doing: str, unknown: OutcomeUnknown, idempotent: bool) -> bool:
+        """Whether a statement whose outcome is ``unknown`` is sent once more, on a new
+        connection (:data:`_RESEND_CONNECT`): an ``idempotent`` one whose connection broke
+        under it (a server restart terminates the session), never one that timed out."""
+        if not idempotent or getattr(unknown, "timed_out", False):
+            return False
+        log.debug("%s: %s; sending it again", doing, unknown)
+        return True
+
+    def failure(
+        self, error: psycopg.Error, doing: str, budget: float, *, mutation: bool, fired: bool
+    ) -> FencedError:
+        """fenced's error for psycopg's ``error`` of a statement (``fired``: cut at the end of
+        its ``budget``): a ``mutation`` sent is OutcomeUnknown, nothing sent Unavailable."""
+        sent = mutation and not isinstance(error, psycopg.InterfaceError)
+        if fired:
+            return _timed_out(doing, self.url, budget, sent=sent)
+        return translate(error, doing, sent=sent, where=self.url)
+
+    def session(self, conn: Any) -> tuple[pq.abc.PGconn, str, set[bytes]]:
+        """What a hot statement needs of ``conn``: its libpq connection, its encoding and the
+        names of the hot statements prepared on its server session."""
+        pgconn = conn.pgconn
+        with self._prepared_lock:
+            names = self._prepared.setdefault(pgconn, set())
+        return pgconn, conn.info.encoding, names
+
+    def lost(
+        self, error: psycopg.Error, conn: Any, names: set[bytes], direct: DirectStatement
+    ) -> bool:
+        """True if ``error`` says a pooler lost ``direct``'s prepared statement (it had not
+        run; prepared statements are off from now on): then it is sent again unprepared."""
+        if not self.pool.lost_prepared_statement(error, conn):
+            return False
+        names.discard(direct.name)
+        return True
+
+
+def never_ran(error: psycopg.OperationalError) -> psycopg.InterfaceError:
+    """The error of a failed Parse of a hot statement: nothing was sent."""
+    return psycopg.InterfaceError(f"preparing a statement: {error}")
+
+
+def text_params(params: Sequence[object], encoding: str) -> list[bytes]:
+    """``params`` in PostgreSQL's text format (:data:`_DUMPERS`; None is NULL)."""
+    return cast(list[bytes], [_DUMPERS[type(value)](value, encoding) for value in params])
+
+
+class StatementRunner(Statements[Lender]):
     """Runs the coordinator's statements, one transaction and one round trip each, within a
     budget. Thread-safe.
 
@@ -261,37 +396,8 @@ class StatementRunner:
     :class:`~fenced.OutcomeUnknown`.
     """
 
-    def __init__(
-        self,
-        pool: Lender,
-        url: str,
-        quoted_schema: str,
-        channel: str,
-        *,
-        op_timeout: float,
-        connect_budget: float,
-    ) -> None:
-        self.pool = pool
-        self.url = url
-        self.op_timeout = op_timeout
-        self.connect_budget = connect_budget
-        self.queries = named_statements(quoted_schema)
-        self.direct = {
-            name: DirectStatement(
-                text.replace("{s}", quoted_schema)
-                .replace("{c}", channel)
-                .replace("{k}", str(postgres_schema.LISTEN_LOCK_CLASS))
-            )
-            for name, text in (
-                ("grant", _FAST_GRANT),
-                ("grant_queued", _TRY_GRANT),
-                ("release", _FAST_RELEASE),
-            )
-        }
-        self._prepared: weakref.WeakKeyDictionary[pq.abc.PGconn, set[bytes]] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._prepared_lock = threading.Lock()
+    def __init__(self, pool: Lender, url: str, schema: str, found: Settings) -> None:
+        super().__init__(pool, url, schema, found)
         self._kept: _Kept | None = None
         self._kept_lock = threading.Lock()
 
@@ -304,44 +410,27 @@ class StatementRunner:
                 self._kept_lock.release()
         self.pool.close()
 
-    def call(
-        self,
-        doing: str,
-        name: str,
-        params: Sequence[object],
-        *,
-        mutation: bool,
-        timeout: float | None = None,
-        idempotent: bool = False,
-    ) -> list[tuple[Any, ...]]:
+    def call(self, call: Call) -> Rows:
         """Run one statement of :func:`named_statements` or :attr:`direct` (one transaction, one
         round trip).
 
-        ``idempotent``: the statement may be sent again. When the connection breaks under it
-        (a server restart terminates the session) it is re-sent once on a new connection
-        instead of reporting :class:`OutcomeUnknown` — never after a timeout.
+        An ``idempotent`` one may be sent again. When the connection breaks under it (a server
+        restart terminates the session) it is re-sent once on a new connection instead of
+        reporting :class:`OutcomeUnknown` — never after a timeout (:meth:`~Statements.resend`).
         """
-        budget = self.op_timeout if timeout is None else min(timeout, self.op_timeout)
+        doing, _name, _params, _mutation, timeout, idempotent = call
+        budget = self.budget(timeout)
         try:
-            return self._send(doing, name, params, mutation, budget, self.connect_budget)
+            return self._send(call, budget, self.connect_budget)
         except OutcomeUnknown as unknown:
-            if not idempotent or getattr(unknown, "timed_out", False):
+            if not self.resend(doing, unknown, idempotent):
                 raise
-            log.debug("%s: %s; sending it again", doing, unknown)
             try:
-                return self._send(doing, name, params, mutation, budget, _RESEND_CONNECT)
+                return self._send(call, budget, _RESEND_CONNECT)
             except Unavailable:
                 raise unknown from None  # the first attempt's outcome is still unknown
 
-    def _send(
-        self,
-        doing: str,
-        name: str,
-        params: Sequence[object],
-        mutation: bool,
-        budget: float,
-        connect_budget: float,
-    ) -> list[tuple[Any, ...]]:
+    def _send(self, call: Call, budget: float, connect_budget: float) -> Rows:
         """One attempt within ``budget`` seconds: a connection (waiting at most
         ``connect_budget`` for it), then the statement with the time left, so that connecting
         never makes the call outlast its budget."""
@@ -351,26 +440,20 @@ class StatementRunner:
             try:
                 conn = self._kept_connection(wait)
                 try:
-                    return self._run(conn, doing, name, params, mutation, budget, deadline)
+                    return self._run(conn, call, budget, deadline)
                 except BaseException:
                     self._drop_kept()  # closed unless it is idle, else back to the pool
                     raise
             finally:
                 self._kept_lock.release()
         with self.pool.connection(wait) as conn:
-            return self._run(conn, doing, name, params, mutation, budget, deadline)
+            return self._run(conn, call, budget, deadline)
 
     def _run(
-        self,
-        conn: psycopg.Connection[Any],
-        doing: str,
-        name: str,
-        params: Sequence[object],
-        mutation: bool,
-        budget: float,
-        deadline: float,
-    ) -> list[tuple[Any, ...]]:
+        self, conn: psycopg.Connection[Any], call: Call, budget: float, deadline: float
+    ) -> Rows:
         """The statement on ``conn``, cut at ``deadline`` (the end of the call's ``budget``)."""
+        doing, name, params, mutation, _timeout, _idempotent = call
         with guarded(conn, _left(doing, self.url, deadline, budget)) as fired:
             try:
                 direct = self.direct.get(name)
@@ -380,10 +463,9 @@ class StatementRunner:
             except psycopg.Error as error:
                 if conn.broken:
                     self.pool.discard_idle()  # they probably share the same fate
-                sent = mutation and not isinstance(error, psycopg.InterfaceError)
-                if fired():
-                    raise _timed_out(doing, self.url, budget, sent=sent) from error
-                raise translate(error, doing, sent=sent, where=self.url) from error
+                raise self.failure(
+                    error, doing, budget, mutation=mutation, fired=fired()
+                ) from error
 
     def _kept_connection(self, wait: float) -> psycopg.Connection[Any]:
         """The pooled connection this runner keeps lent between its statements (under
@@ -427,23 +509,19 @@ class StatementRunner:
         """
         if not self.pool.prepare:
             return psycopg.RawCursor(conn).execute(direct.query, params, prepare=False).fetchall()
-        pgconn = conn.pgconn
-        encoding = conn.info.encoding
-        with self._prepared_lock:
-            names = self._prepared.setdefault(pgconn, set())
+        pgconn, encoding, names = self.session(conn)
         try:
             if direct.name not in names:
                 try:
                     checked(conn, pgconn.prepare(direct.name, direct.query))
-                except psycopg.OperationalError as error:  # the statement never ran
-                    raise psycopg.InterfaceError(f"preparing a statement: {error}") from error
+                except psycopg.OperationalError as error:
+                    raise never_ran(error) from error
                 names.add(direct.name)
-            values = [_DUMPERS[type(value)](value, encoding) for value in params]
-            result = checked(conn, pgconn.exec_prepared(direct.name, cast(list[bytes], values)))
+            values = text_params(params, encoding)
+            result = checked(conn, pgconn.exec_prepared(direct.name, values))
         except psycopg.Error as error:
-            if not self.pool.lost_prepared_statement(error, conn):
+            if not self.lost(error, conn, names, direct):
                 raise
-            names.discard(direct.name)
             return psycopg.RawCursor(conn).execute(direct.query, params, prepare=False).fetchall()
         return _rows(result, encoding)
 

@@ -168,32 +168,47 @@ class WaitingQueue:
         deadline = time.monotonic() + timeout
         sock = WakeSocket()
         try:
-            with self._db.transaction(f"watching {resource}", durable=False) as conn:
-                _, params = self._params(
-                    name=resource, addr=sock.address, netns=NETNS, until=timeout + QUEUE_KEEPALIVE
-                )
-                conn.execute(f"DELETE FROM watchers WHERE NOT ({_LIVE_WAITER})", params)
-                (row_id,) = conn.execute(
-                    "INSERT INTO watchers (name, addr, netns, expires_at, boot_id) "
-                    "VALUES (:name, :addr, :netns, :now + :until, :boot) RETURNING id",
-                    params,
-                ).fetchone()
-                conn.execute(_WATCHED_ON, params)
+            row_id = self.start_watching(resource, sock, timeout)
             try:
-                while not self.records(resource, after, limit=1):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return
-                    lease = self.current(resource)
-                    if lease is not None:
-                        left = min(left, lease.expires_in + EXPIRY_MARGIN)
+                while (left := self.watch_pause(resource, after, deadline - time.monotonic())) > 0:
                     sock.wait(left)
             finally:
-                with suppress(FencedError), self._db.transaction("unwatching", durable=False) as c:
-                    c.execute("DELETE FROM watchers WHERE id = ?", (row_id,))
-                    c.execute(_WATCHED_OFF, {"name": resource})
+                self.stop_watching(resource, row_id)
         finally:
             sock.close()
+
+    def start_watching(self, resource: str, sock: WakeSocket, timeout: float) -> int:
+        """Register ``sock`` as a watcher of ``resource`` for up to ``timeout`` seconds (plus
+        the keep-alive); its row id. Both faces watch through these three steps."""
+        with self._db.transaction(f"watching {resource}", durable=False) as conn:
+            _, params = self._params(
+                name=resource, addr=sock.address, netns=NETNS, until=timeout + QUEUE_KEEPALIVE
+            )
+            conn.execute(f"DELETE FROM watchers WHERE NOT ({_LIVE_WAITER})", params)
+            (row_id,) = conn.execute(
+                "INSERT INTO watchers (name, addr, netns, expires_at, boot_id) "
+                "VALUES (:name, :addr, :netns, :now + :until, :boot) RETURNING id",
+                params,
+            ).fetchone()
+            conn.execute(_WATCHED_ON, params)
+        return int(row_id)
+
+    def watch_pause(self, resource: str, after: int, left: float) -> float:
+        """How long a watcher may sleep on its socket now: 0 when ``resource`` has a record
+        after ``after`` or ``left`` (the time left) is over, else up to the live lease's
+        expiry."""
+        if self.records(resource, after, limit=1) or left <= 0:
+            return 0.0
+        lease = self.current(resource)
+        if lease is not None:
+            left = min(left, lease.expires_in + EXPIRY_MARGIN)
+        return max(left, 1e-6)
+
+    def stop_watching(self, resource: str, row_id: int) -> None:
+        """Remove the watcher row ``row_id`` (best effort)."""
+        with suppress(FencedError), self._db.transaction("unwatching", durable=False) as c:
+            c.execute("DELETE FROM watchers WHERE id = ?", (row_id,))
+            c.execute(_WATCHED_OFF, {"name": resource})
 
     # -- waiting --------------------------------------------------------------------------------
 
@@ -227,21 +242,39 @@ class WaitingQueue:
         the epoch of a lease a datagram says was handed to it for the next :meth:`try_grant`,
         which confirms it in the database before it returns it.
         """
+        mine = self.waiting(ticket)
+        if mine is None:
+            return
+        started = time.monotonic()
+        mine._notified = mine._socket.wait(timeout)
+        patience = self.woken(mine)
+        if patience is not None:
+            left = timeout - (time.monotonic() - started)
+            mine._socket.wait(max(0.0, min(left, patience)))
+            self._read_messages(mine)
+        mine._prepared = False
+
+    def waiting(self, ticket: Ticket) -> SQLiteTicket | None:
+        """The ticket to wait on, or None when a wait must return at once (the resource was
+        free with nobody ahead at enqueue). Both faces wait through :meth:`waiting` and
+        :meth:`woken` around a wait on the ticket's socket."""
         mine = self._own_ticket(ticket, ticket.resource)
         assert mine is not None
         if mine._pending:
             mine._pending = False
             mine._notified = True
-            return
-        started = time.monotonic()
-        mine._notified = mine._socket.wait(timeout)
-        self._read_messages(mine)
-        if mine._prepared and mine._handed is None:
-            # A release is committing a hand-off to us: its grant follows within an fsync.
-            left = timeout - (time.monotonic() - started)
-            mine._socket.wait(max(0.0, min(left, _HANDOVER_PATIENCE)))
-            self._read_messages(mine)
-        mine._prepared = False
+            return None
+        return mine
+
+    def woken(self, ticket: SQLiteTicket) -> float | None:
+        """After a wait on the ticket's socket: read what the datagrams said; the seconds to
+        wait once more when a release is committing a hand-off to this ticket (its grant
+        follows within an fsync), else None. The caller then reads the messages again and
+        clears ``_prepared``."""
+        self._read_messages(ticket)
+        if ticket._prepared and ticket._handed is None:
+            return _HANDOVER_PATIENCE
+        return None
 
     @staticmethod
     def _read_messages(ticket: SQLiteTicket) -> None:

@@ -111,6 +111,14 @@ class WakeSocket:
             self._drain()
         return woken
 
+    def fileno(self) -> int:
+        """The socket's descriptor (-1 once closed): an event loop waits on it for reading."""
+        return self._sock.fileno()
+
+    def drain(self) -> None:
+        """Consume every datagram queued now, as :meth:`wait` does when woken."""
+        self._drain()
+
     def _drain(self) -> None:
         while True:
             try:
