@@ -120,7 +120,6 @@ from fenced.coordinator.backends.etcd._plans import (
     owned_lease,
     proclaim_txn,
     queued,
-    refusal,
     standing,
     ticket_reads,
     ticket_shortcut,
@@ -638,32 +637,15 @@ class AsyncEtcdBackend(_PoolState):
             pooled = await self._take_lease(request.ttl)
         try:
             plan = grant_plan(self._keys, request, self._cached(name), pooled.id, ticket, retention)
-            ok, responses, revision = await self._send(plan.request, f"grant of {name}")
-        except (OutcomeUnknown, asyncio.CancelledError):
-            with self._lock:
-                pooled.tainted = True  # it may carry the grant: neither reuse nor keep it alive
-            raise
-        except EtcdRejected as error:
-            if error.code == 5:  # the pooled etcd lease expired meanwhile (e.g. SIGSTOP)
-                self._drop(pooled)
-                return None
-            if ticket is None:
-                self._give_back(pooled)
-            raise Unavailable(f"etcd: grant of {name}: {error}") from error
-        except BaseException:
-            if ticket is None:
-                self._give_back(pooled)
-            raise
-        if ok:
-            expires_in = self._granted_on(pooled, request, plan, revision)
-            if ticket is not None:
-                self._retire(ticket)
+            answer = await self._send(plan.request, f"grant of {name}")
+        except BaseException as error:
+            self._grant_failed(pooled, ticket, name, error)  # raises, or: try again
+            return None
+        found = self._grant_answered(pooled, request, ticket, plan, answer)
+        if isinstance(found, Granted):
             await self._granted_again(name)
-            return Granted(plan.epoch, request.owner, request.holder, request.ttl, expires_in)
-        if ticket is None:
-            self._give_back(pooled)
-        found = refusal(request, ticket, responses)
-        return await self._not_granted(request, ticket, found, plan, revision)
+            return found
+        return await self._not_granted(request, ticket, found, plan, answer[2])
 
     async def _not_granted(
         self,

@@ -173,7 +173,6 @@ from fenced.coordinator.backends.etcd._plans import (
     meta_txn,
     owned_lease,
     proclaim_txn,
-    refusal,
 )
 from fenced.coordinator.backends.etcd._records import RECORDS_KEPT
 from fenced.coordinator.backends.etcd._settings import parse_etcd_url
@@ -340,32 +339,15 @@ class EtcdBackend(_Waiters):
         pooled = self._ticket_lease(ticket) if ticket is not None else self._take_lease(request.ttl)
         try:
             plan = grant_plan(self._keys, request, self._cached(name), pooled.id, ticket, retention)
-            ok, responses, revision = self._send(plan.request, f"grant of {name}")
-        except OutcomeUnknown:
-            with self._lock:
-                pooled.tainted = True  # it may carry the grant: neither reuse nor keep it alive
-            raise
-        except EtcdRejected as error:
-            if error.code == 5:  # the pooled etcd lease expired meanwhile (e.g. SIGSTOP)
-                self._drop(pooled)
-                return None
-            if ticket is None:
-                self._give_back(pooled)
-            raise Unavailable(f"etcd: grant of {name}: {error}") from error
-        except BaseException:
-            if ticket is None:
-                self._give_back(pooled)
-            raise
-        if ok:
-            expires_in = self._granted_on(pooled, request, plan, revision)
-            if ticket is not None:
-                self._retire(ticket)
+            answer = self._send(plan.request, f"grant of {name}")
+        except BaseException as error:
+            self._grant_failed(pooled, ticket, name, error)  # raises, or: try again
+            return None
+        found = self._grant_answered(pooled, request, ticket, plan, answer)
+        if isinstance(found, Granted):
             self._granted_again(name)
-            return Granted(plan.epoch, request.owner, request.holder, request.ttl, expires_in)
-        if ticket is None:
-            self._give_back(pooled)
-        found = refusal(request, ticket, responses)
-        return self._not_granted(request, ticket, found, plan, revision)
+            return found
+        return self._not_granted(request, ticket, found, plan, answer[2])
 
     def _not_granted(
         self,

@@ -16,12 +16,15 @@ is the sync face's requests (the asyncio face's are in :mod:`._aio`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from fenced.coordinator.backend import Granted
+from fenced.coordinator.backends.etcd import _rpc as rpc
 from fenced.coordinator.backends.etcd._base import (
     QUEUE_TTL,
     REQUEST_RETENTION,
@@ -35,7 +38,8 @@ from fenced.core._errors import LeaseLost, LossReason, OutcomeUnknown, Unavailab
 
 if TYPE_CHECKING:
     from fenced.coordinator.backend import GrantRequest
-    from fenced.coordinator.backends.etcd._plans import GrantPlan
+    from fenced.coordinator.backends.etcd._plans import GrantPlan, Refusal
+    from fenced.coordinator.backends.etcd._waitqueue import Place
 
 log = logging.getLogger("fenced.coordinator.etcd")
 
@@ -155,6 +159,54 @@ class _PoolState(_EtcdState):
             pooled.holder = request.holder
             pooled.reserved = False
             return min(request.ttl, pooled.expires - self._clock.now())
+
+    def _retire(self, ticket: Any) -> None:
+        """The ticket was granted: forget it (each face's own)."""
+        raise NotImplementedError
+
+    def _grant_failed(
+        self, pooled: _PooledLease, ticket: object | None, name: str, error: BaseException
+    ) -> None:
+        """A grant attempt on ``pooled`` raised ``error`` (both faces): return when the attempt
+        is to be made again (the pooled etcd lease expired meanwhile, e.g. SIGSTOP), else raise
+        what the caller gets. A grant that may have happened unseen (a lost reply, a cancelled
+        task) taints ``pooled``: neither reused nor kept alive."""
+        if isinstance(error, OutcomeUnknown | asyncio.CancelledError):
+            with self._lock:
+                pooled.tainted = True
+            raise error
+        if isinstance(error, EtcdRejected) and error.code == 5:
+            self._drop(pooled)
+            return
+        if ticket is None:
+            self._give_back(pooled)
+        if isinstance(error, EtcdRejected):
+            raise Unavailable(f"etcd: grant of {name}: {error}") from error
+        raise error
+
+    def _grant_answered(
+        self,
+        pooled: _PooledLease,
+        request: GrantRequest,
+        ticket: Place | None,
+        plan: GrantPlan,
+        answer: tuple[bool, list[rpc.ResponseOp], int],
+    ) -> Granted | Refusal:
+        """A grant attempt's answer (both faces): the lease if it succeeded (``pooled`` carries
+        it, a ticket is retired), else what its failure branch read (``pooled`` is idle again
+        unless it is a ticket's)."""
+        # _plans imports the records, which extend this pool: imported here, not at the top
+        from fenced.coordinator.backends.etcd._plans import refusal  # noqa: PLC0415
+
+        ok, responses, revision = answer
+        if ok:
+            expires_in = self._granted_on(pooled, request, plan, revision)
+            if ticket is not None:
+                self._retire(ticket)
+            return Granted(plan.epoch, request.owner, request.holder, request.ttl, expires_in)
+        if ticket is None:
+            self._give_back(pooled)
+        return refusal(request, ticket, responses)
 
     def _adopt(self, kv: KV, lease: LeaseValue, resource: str) -> None:
         """A request_id's earlier grant was found: if one of our pooled leases carries it (its
