@@ -114,6 +114,23 @@ class _EtcdState:
             if minimum is not False:
                 self._minimum = _int_value(minimum if isinstance(minimum, KV) else None)
 
+    def _reported(
+        self,
+        resource: str,
+        new_state: ResourceState,
+        answer: tuple[bool, list[rpc.ResponseOp], int],
+    ) -> bool:
+        """A report transaction's answer (both faces): True if the record was appended (the
+        resource's state is now ``new_state``); else the state it compared is remembered as
+        read, for the next attempt."""
+        ok, responses, revision = answer
+        if ok:
+            with self._lock:
+                self._res[resource] = (revision, new_state)
+            return True
+        self._remember(res=(resource, _first(responses[0])))
+        return False
+
     def _meta(self) -> _Op:
         """One read of ``P/meta/``: the minimum epoch (and the id)."""
         return _get(self._keys.meta_prefix, prefix_end(self._keys.meta_prefix))

@@ -321,12 +321,8 @@ class _Records(_LeasePool):
             request, new_state = report_txn(
                 self._keys, resource, res_rev, state, (kind, resource, epoch, holder, detail)
             )
-            ok, responses, revision = self._send(request, "report")
-            if ok:
-                with self._lock:
-                    self._res[resource] = (revision, new_state)
+            if self._reported(resource, new_state, self._send(request, "report")):
                 return
-            self._remember(res=(resource, _first(responses[0])))
         raise Unavailable(f"etcd: {resource} changed too often to report (contention)")
 
     def watch(self, resource: str, after: int, timeout: float) -> None:
