@@ -18,7 +18,11 @@ in the order the tasks asked for them:
 **Waiting holds no thread.** A waiter's ticket has its datagram socket (:mod:`._wakeup`), as in
 the sync face; here the socket is registered with the event loop's selector
 (``loop.add_reader``), so the loop's one epoll wakes every waiting task of the process —
-1,000 waiting tasks cost 1,000 sockets and no thread. The same holds for ``watch``.
+1,000 waiting tasks cost 1,000 sockets and no thread. The same holds for ``watch``. A wait's
+datagrams are read by the selector's callback as they arrive (:class:`_Waiting`): a hand-off
+being prepared keeps the wait going without waking the task, which runs once, when its grant has
+come; the reader is removed after the task has run (off the hand-off's path), from a duplicate
+of the socket's descriptor, so a ticket that ended meanwhile cannot lose a later wait's reader.
 
 Cancellation: a step is never interrupted (SQLite statements are not): on the loop it is over
 before the cancellation can arrive; on the worker thread the cancelled task gets
@@ -31,13 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest, Ticket
 from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
-from fenced.coordinator.backends.sqlite._waiting import WaitingQueue
+from fenced.coordinator.backends.sqlite._waiting import SQLiteTicket, WaitingQueue
 from fenced.coordinator.backends.sqlite._wakeup import WakeSocket
 from fenced.core._errors import ConfigurationError
 from fenced.core._lease import LeaseInfo
@@ -97,19 +102,18 @@ class AsyncSQLiteBackend:
         return await self._run(lambda: self._sync.enqueue(request))
 
     async def wait(self, ticket: Ticket, timeout: float) -> None:
-        """Suspend until the ticket's socket is woken or ``timeout`` passed (no thread)."""
+        """Suspend until the ticket's socket is woken or ``timeout`` passed (no thread).
+
+        The datagrams are read by the selector's callback, as they arrive: a hand-off being
+        prepared keeps the wait going (for its grant, as the sync face's second wait does)
+        without waking the task, so the task runs once, when there is something to do."""
         mine = self._sync.waiting(ticket)
         if mine is None:
             return
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        mine._notified = await _readable(mine._socket, timeout)
-        patience = self._sync.woken(mine)
-        if patience is not None:
-            left = timeout - (loop.time() - started)
-            await _readable(mine._socket, max(0.0, min(left, patience)))
-            WaitingQueue._read_messages(mine)
-        mine._prepared = False
+        try:
+            await _Waiting(self._sync, mine, timeout).done
+        finally:
+            mine._prepared = False
 
     async def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
         return await self._run(lambda: self._sync.leave(ticket, take))
@@ -184,6 +188,66 @@ class AsyncSQLiteBackend:
             await self._worker.run(self._sync.close)
         finally:
             await self._worker.aclose()
+
+
+class _Waiting:
+    """One wait of a ticket: the sync face's two waits (:meth:`SQLiteBackend.wait`) as selector
+    and timer callbacks; :attr:`done` is completed once, when the wait is over."""
+
+    def __init__(self, sync: SQLiteBackend, ticket: SQLiteTicket, timeout: float) -> None:
+        self._sync = sync
+        self._ticket = ticket
+        self._loop = loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + timeout
+        self._first = True
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._fd = fd = ticket._socket.fileno()
+        if fd < 0:
+            self._timer = loop.call_soon(self._over, False)
+            return
+        # The loop watches a duplicate of the socket's descriptor, closed by _stop: the ticket
+        # may end (its socket closed) before _stop runs, and its number be reused meanwhile.
+        self._fd = fd = os.dup(fd)
+        loop.add_reader(fd, self._over, True)
+        self._timer = loop.call_later(max(timeout, 0.0), self._over, False)
+        self.done.add_done_callback(self._cancelled)
+
+    def _over(self, woken: bool) -> None:
+        if self.done.done():
+            return
+        ticket = self._ticket
+        if woken:
+            ticket._socket.drain()
+        if not self._first:
+            WaitingQueue._read_messages(ticket)
+            self._finish()
+            return
+        self._first = False
+        ticket._notified = woken
+        patience = self._sync.woken(ticket)
+        if patience is None:
+            self._finish()
+            return
+        self._timer.cancel()
+        left = self._deadline - self._loop.time()
+        self._timer = self._loop.call_later(max(0.0, min(left, patience)), self._over, False)
+
+    def _finish(self) -> None:
+        # The task runs first; the reader and the timer go after it (off the hand-off's path):
+        # a readable socket meanwhile finds the wait over and leaves its datagrams queued.
+        self.done.set_result(None)
+        self._loop.call_soon(self._stop)
+
+    def _cancelled(self, done: asyncio.Future[None]) -> None:
+        if done.cancelled():
+            self._stop()
+
+    def _stop(self) -> None:
+        self._timer.cancel()
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
 
 
 async def _readable(sock: WakeSocket, timeout: float) -> bool:
