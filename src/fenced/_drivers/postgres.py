@@ -70,6 +70,7 @@ __all__ = [
     "Pool",
     "PreparedSwitch",
     "Statement",
+    "Watchdog",
     "checked",
     "connect_listening",
     "deadlines",
@@ -174,6 +175,17 @@ def deadlines() -> Deadlines:
         if _deadlines is None or _deadlines._pid != os.getpid():
             _deadlines = Deadlines()
         return _deadlines
+
+
+class Watchdog(Protocol):
+    """What cuts the connection of a statement past its deadline: the process's
+    :class:`Deadlines` thread (sync code), or timers of the event loop (green code, see
+    :mod:`fenced._drivers.postgres_green`). ``arm`` returns a key and a handle whose ``fired``
+    says whether the deadline cut the connection."""
+
+    def arm(self, fd: int, timeout: float) -> tuple[int, Any]: ...
+
+    def disarm(self, key: int, armed: Any) -> None: ...
 
 
 # -- the pool -------------------------------------------------------------------------------
@@ -295,9 +307,15 @@ class PreparedSwitch:
     user's pool, :class:`~fenced._drivers.postgres_borrowed.Borrowed`)."""
 
     display: str
+    direct = True
+    """Whether hot statements may use libpq's blocking calls (:class:`Statement`)."""
 
     def __init__(self, prepare: bool) -> None:
         self._prepare = prepare
+
+    def watchdog(self) -> Watchdog:
+        """The deadlines of this lender's statements: the process's :class:`Deadlines`."""
+        return deadlines()
 
     @property
     def prepare(self) -> bool:
@@ -331,9 +349,16 @@ class Lender(Protocol):
     autocommit mode, prepares nothing by itself and returns tuples."""
 
     display: str
+    direct: bool
+    """False: no blocking libpq call on its connections (green code: :class:`Statement` takes
+    psycopg's path)."""
 
     @property
     def prepare(self) -> bool: ...
+
+    def watchdog(self) -> Watchdog:
+        """Where statements on its connections arm their deadlines."""
+        ...
 
     @property
     def may_keep(self) -> bool:
@@ -770,6 +795,9 @@ class Statement:
     def run(
         self, pool: Lender, conn: psycopg.Connection[tuple[Any, ...]], params: Sequence[object]
     ) -> None:
+        if not pool.direct:  # green code: every wait goes through psycopg
+            execute(pool, conn, self.fallback, params)
+            return
         encoding = self._on.get(conn)
         prepared = encoding is not None
         if encoding is None:
@@ -812,10 +840,12 @@ class Statement:
 
 @contextlib.contextmanager
 def guarded(
-    conn: psycopg.Connection[tuple[Any, ...]], timeout: float
+    conn: psycopg.Connection[tuple[Any, ...]], timeout: float, watchdog: Watchdog | None = None
 ) -> Iterator[Callable[[], bool]]:
-    """Arm a deadline for the statements run inside; yields "did the deadline fire?"."""
-    watchdog = deadlines()
+    """Arm a deadline for the statements run inside (on ``watchdog``, by default the process's
+    :class:`Deadlines`); yields "did the deadline fire?"."""
+    if watchdog is None:
+        watchdog = deadlines()
     key, armed = watchdog.arm(conn.fileno(), timeout)
     try:
         yield lambda: armed.fired

@@ -1,13 +1,13 @@
 """The asyncio face of stores: ``await fenced.aio.open_store(url)`` and :class:`AsyncStore`.
 
 An :class:`AsyncStore` is the sync :class:`~fenced.fence.Store` run on **one worker thread of
-its own**: every call is handed to that thread, in the order it was made, and awaited. So every
-SQLite statement, every ``fsync`` of the ``file:`` store and every PostgreSQL round trip happens
-off the event loop, calls of one store never overlap (the worker runs them one after the
-other, in order), and the behaviour is the sync store's, not a second copy of it. Before a
-call is handed over, its arguments are checked **on the loop** by the same functions the sync
-store uses (:func:`fenced.fence._store.check_put` and its siblings), so bad input raises the same
-exception, with the same message, without touching the thread.
+its own** (PostgreSQL: on the loop, see below): every call is handed to that thread, in the
+order it was made, and awaited. So every SQLite statement and every ``fsync`` of the ``file:``
+store happens off the event loop, calls of one store never overlap (the worker runs them one
+after the other, in order), and the behaviour is the sync store's, not a second copy of it.
+Before a call is handed over, its arguments are checked **on the loop** by the same functions
+the sync store uses (:func:`fenced.fence._store.check_put` and its siblings), so bad input raises
+the same exception, with the same message, without touching the thread.
 
 ``publish`` takes what the sync one takes (bytes, an ``os.PathLike`` path — a ``str`` is
 refused, as there — or a binary stream, read on the worker) and also an **async iterator of
@@ -27,11 +27,15 @@ calls already made, then ends the thread and joins it; it is idempotent, and lat
 :class:`~fenced.ConfigurationError`. A store that is dropped unclosed is closed by its worker
 when it is garbage collected.
 
-**PostgreSQL** stores run on the worker thread too, through psycopg's sync API: the cost is one
-thread per *open store* (not per call), whatever the number of tasks using it, and a store's
-calls queue behind one another where the sync store would let threads run them side by side
-on its connection pool. Open several stores for parallel PostgreSQL writes. A native asyncio
-PostgreSQL store (psycopg's ``AsyncConnection``) could replace it without changing this API.
+**PostgreSQL** stores (a ``postgresql://`` URL) run on the event loop instead, with no thread:
+a :class:`GreenRunner` runs each call of the sync store in a greenlet
+(:mod:`fenced._drivers.green`) whose every wait for the server is awaited on the loop, over
+psycopg ``AsyncConnection`` s (:mod:`fenced._drivers.postgres_green`); statement deadlines are
+timers of the loop. The calls keep the rules above: one at a time, in order, a started call runs
+to its end (in a task of its own), a call cancelled before it started never runs. A store's calls
+queue behind one another where the sync store would let threads run them side by side on its
+connection pool: open several stores for parallel PostgreSQL writes. A user's psycopg pool or
+SQLAlchemy engine (not a URL) runs on a worker thread, as the local stores do.
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ import queue
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from functools import partial
-from typing import IO, Any, BinaryIO, Final, TypeVar, cast
+from typing import IO, Any, BinaryIO, Final, Protocol, TypeVar, cast
 
+from fenced._drivers.green import await_only, greenlet_spawn
 from fenced.core._clock import Clock
 from fenced.core._closing import AsyncClosing
 from fenced.core._errors import ConfigurationError
@@ -54,6 +59,7 @@ from fenced.core._names import validate_resource
 from fenced.core._records import Record
 from fenced.core._tasks import Worker
 from fenced.core._token import FencingToken
+from fenced.fence import _registry as registry
 from fenced.fence import _store as sync
 from fenced.fence._source import CHUNK_SIZE, Source
 from fenced.fence._values import Item, Mode, Publication, Version
@@ -65,6 +71,8 @@ __all__ = [
     "AsyncPublishData",
     "AsyncReader",
     "AsyncStore",
+    "GreenRunner",
+    "Runner",
     "open_store",
 ]
 
@@ -118,8 +126,9 @@ async def open_store(
         options=options,
         create=create,
     )
-    worker = Worker(f"{THREAD_PREFIX}{next(_names)}")
-    opening = worker.submit(partial(sync.open_checked, url, mode, validated))
+    green = registry.kind_of(url)[1].runs_green(url)
+    worker: Runner = GreenRunner() if green else Worker(f"{THREAD_PREFIX}{next(_names)}")
+    opening = worker.submit(partial(sync.open_checked, url, mode, validated, green=green))
     try:
         store = await asyncio.wrap_future(opening)
     except BaseException as error:
@@ -128,9 +137,77 @@ async def open_store(
         worker.submit(partial(_close_opened, opening))
         worker.stop()
         if not isinstance(error, asyncio.CancelledError):
-            worker.thread.join()  # idle: the open is over
+            worker.join()  # idle: the open is over
         raise
     return AsyncStore(store, worker)
+
+
+class Runner(Protocol):
+    """Where an :class:`AsyncStore` runs the sync store's calls, one at a time, in order: a
+    :class:`~fenced.core._tasks.Worker` thread, or a :class:`GreenRunner`."""
+
+    def submit(self, call: Callable[[], _T]) -> concurrent.futures.Future[_T]: ...
+
+    def stop(self) -> None: ...
+
+    def join(self) -> None: ...
+
+
+class GreenRunner:
+    """The :class:`Runner` of a store whose backend does its I/O on the event loop (PostgreSQL,
+    :mod:`fenced._drivers.green`): each call is run by :func:`~fenced._drivers.green.
+    greenlet_spawn` in a task of its own, after the calls submitted before it (one at a time:
+    an ``asyncio.Lock``, first come first served). No thread.
+
+    As with the worker thread, a call cancelled before it started never runs, and one that
+    started runs to its end (its task is not the caller's: the caller's cancellation does not
+    reach it). Made and used on one event loop; :meth:`submit` from another thread (a
+    finalizer) is handed to the loop, or dropped if the loop is closed.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._turn = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, call: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        try:
+            here = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._start(call, future)
+        else:
+            try:
+                self._loop.call_soon_threadsafe(self._start, call, future)
+            except RuntimeError:  # the loop is closed: nothing can run it
+                future.cancel()
+        return future
+
+    def _start(self, call: Callable[[], _T], future: concurrent.futures.Future[_T]) -> None:
+        task = self._loop.create_task(self._job(call, future))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _job(self, call: Callable[[], _T], future: concurrent.futures.Future[_T]) -> None:
+        async with self._turn:
+            if not future.set_running_or_notify_cancel():  # cancelled before it started
+                return
+            try:
+                result = await greenlet_spawn(call)
+            except BaseException as error:  # handed to the caller
+                future.set_exception(error)
+                if isinstance(error, asyncio.CancelledError):
+                    raise
+            else:
+                future.set_result(result)
+
+    def stop(self) -> None:
+        """Nothing to end: the calls are tasks of the loop."""
+
+    def join(self) -> None:
+        """Nothing to wait for (no thread)."""
 
 
 class AsyncStore(AsyncClosing, sync.StoreIdentity):
@@ -140,7 +217,7 @@ class AsyncStore(AsyncClosing, sync.StoreIdentity):
 
     _shown_as = "fenced.aio.AsyncStore"
 
-    def __init__(self, store: sync.Store, worker: Worker) -> None:
+    def __init__(self, store: sync.Store, worker: Runner) -> None:
         self._store = store
         self._worker = worker
         self._closed = False
@@ -194,7 +271,7 @@ class AsyncStore(AsyncClosing, sync.StoreIdentity):
                 partial(self._store.publish, token, data, name=name, op_id=op_id)
             )
         self._check_open()
-        pipe = _Pipe(asyncio.get_running_loop())
+        pipe = _Pipe(asyncio.get_running_loop(), green=isinstance(self._worker, GreenRunner))
         reader = cast(BinaryIO, pipe)  # what the sync publish reads: read(n) -> bytes
         work = asyncio.wrap_future(
             self._worker.submit(partial(self._store.publish, token, reader, name=name, op_id=op_id))
@@ -303,7 +380,7 @@ class AsyncStore(AsyncClosing, sync.StoreIdentity):
             await asyncio.shield(asyncio.wrap_future(closing))
         finally:
             if closing.done():
-                self._worker.thread.join()  # its last job is done: it is ending
+                self._worker.join()  # its last job is done: it is ending
 
     # -- the worker ------------------------------------------------------------------------
 
@@ -312,7 +389,8 @@ class AsyncStore(AsyncClosing, sync.StoreIdentity):
             raise ConfigurationError(f"the store {self.url} is closed")
 
     async def _run(self, call: Callable[[], _T]) -> _T:
-        """Run ``call`` on the worker, after the calls made before it, and await its result."""
+        """Run ``call`` on the worker (or the green runner), after the calls made before it, and
+        await its result."""
         self._check_open()
         return await asyncio.wrap_future(self._worker.submit(call))
 
@@ -364,7 +442,7 @@ def _close_opened(opening: concurrent.futures.Future[sync.Store]) -> None:
         opening.result().close()
 
 
-def _abandon(worker: Worker, store: sync.Store) -> None:
+def _abandon(worker: Runner, store: sync.Store) -> None:
     """An unclosed store was garbage collected: its worker closes it and ends."""
     worker.submit(store.close)
     worker.stop()
@@ -385,12 +463,23 @@ class _Pipe:
     worker blocks until it has ``n`` bytes or the end, as a file's would.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, green: bool = False) -> None:
         self._loop = loop
-        self._chunks: queue.SimpleQueue[bytes | _Aborted] = queue.SimpleQueue()
         self._slots = asyncio.Semaphore(PIPE_CHUNKS)
         self._pending = memoryview(_END)
         self._ended = False
+        self._put: Callable[[bytes | _Aborted], None]
+        self._take: Callable[[], bytes | _Aborted]
+        self._freed: Callable[[], None]
+        if green:  # the reader is green code on the loop: it awaits the queue
+            waiting: asyncio.Queue[bytes | _Aborted] = asyncio.Queue()
+            self._put = waiting.put_nowait
+            self._take = lambda: await_only(waiting.get())
+            self._freed = self._slots.release
+        else:
+            chunks: queue.SimpleQueue[bytes | _Aborted] = queue.SimpleQueue()
+            self._put, self._take = chunks.put, chunks.get
+            self._freed = self._freed_threadsafe
 
     # -- the loop's side -------------------------------------------------------------------
 
@@ -405,14 +494,14 @@ class _Pipe:
             if not data:
                 continue  # an empty chunk is not the end
             await self._slots.acquire()
-            self._chunks.put(data)
-        self._chunks.put(_END)
+            self._put(data)
+        self._put(_END)
 
     def abort(self) -> None:
         """Make the worker's next read fail (nothing more will come)."""
-        self._chunks.put(_Aborted("the data of this publish stopped: it was cancelled"))
+        self._put(_Aborted("the data of this publish stopped: it was cancelled"))
 
-    def _freed(self) -> None:
+    def _freed_threadsafe(self) -> None:
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody feeds any more
             self._loop.call_soon_threadsafe(self._slots.release)
 
@@ -425,9 +514,9 @@ class _Pipe:
             if not self._pending:
                 if self._ended:
                     break
-                item = self._chunks.get()
+                item = self._take()
                 if isinstance(item, _Aborted):
-                    self._chunks.put(item)  # every later read fails too
+                    self._put(item)  # every later read fails too
                     raise item
                 if not item:
                     self._ended = True

@@ -69,6 +69,10 @@ class Worker:
         """End the thread once the calls submitted so far are done (returns at once)."""
         self._jobs.put(None)
 
+    def join(self) -> None:
+        """Wait for the thread to end (after :meth:`stop`)."""
+        self.thread.join()
+
     async def aclose(self) -> None:
         """:meth:`stop`, then wait (polling the loop, no thread) until the thread has ended."""
         self.stop()

@@ -44,18 +44,35 @@ class StoreKind:
     """Whether the factory gets the URL's path or the whole URL."""
     alias: bool = False
     """Another spelling of a scheme listed before it (not shown in error messages)."""
+    green: str | None = None
+    """The factory of the same backend for sync code run on an event loop
+    (:mod:`fenced._drivers.green`: the asyncio face's non-blocking I/O), if the kind has one;
+    it is given a URL only."""
 
-    def load(self) -> Factory:
-        """Import the module and return the factory."""
-        module, _, name = self.factory.partition(":")
+    def load(self, green: bool = False) -> Factory:
+        """Import the module and return the factory (the ``green`` one if asked)."""
+        module, _, name = (self.green if green and self.green else self.factory).partition(":")
         return cast(Factory, getattr(importlib.import_module(module), name))
+
+    def runs_green(self, url: object) -> bool:
+        """Whether the asyncio face opens ``url`` (of this kind) with :attr:`green`."""
+        return self.green is not None and isinstance(url, str)
 
 
 STORE_KINDS: dict[str, StoreKind] = {
     "file": StoreKind("fenced.fence.file._store:open_file_backend", "path"),
     "sqlite": StoreKind("fenced.fence.sqlite._store:open_sqlite_backend", "path"),
-    "postgresql": StoreKind("fenced.fence.postgres._store:open_postgres_backend", "url"),
-    "postgres": StoreKind("fenced.fence.postgres._store:open_postgres_backend", "url", alias=True),
+    "postgresql": StoreKind(
+        "fenced.fence.postgres._store:open_postgres_backend",
+        "url",
+        green="fenced.fence.postgres._store:open_green_postgres_backend",
+    ),
+    "postgres": StoreKind(
+        "fenced.fence.postgres._store:open_postgres_backend",
+        "url",
+        alias=True,
+        green="fenced.fence.postgres._store:open_green_postgres_backend",
+    ),
 }
 """Every store kind, by URL scheme."""
 
@@ -92,12 +109,15 @@ def check_url(url: object) -> None:
         local_path(url, scheme)
 
 
-def open_backend(url: object, mode: Mode | None, options: StoreOptions) -> Backend:
-    """Open the backend of ``url`` with validated ``options`` (see the module docstring)."""
+def open_backend(
+    url: object, mode: Mode | None, options: StoreOptions, *, green: bool = False
+) -> Backend:
+    """Open the backend of ``url`` with validated ``options`` (see the module docstring); with
+    ``green``, the kind's green factory where :meth:`StoreKind.runs_green`."""
     scheme, kind = kind_of(url)
     if kind.location == "path":
         assert isinstance(url, str)
         if options.backend_options is not None:
             raise ConfigurationError(f"options= is for a pool or an engine, not {scheme}: stores")
         return kind.load()(str(local_path(url, scheme)), mode, options)
-    return kind.load()(url, mode, options)
+    return kind.load(green and kind.runs_green(url))(url, mode, options)

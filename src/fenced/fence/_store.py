@@ -172,9 +172,13 @@ def open_store(
     return open_checked(url, mode, validated)
 
 
-def open_checked(url: str | object, mode: Mode | None, options: StoreOptions) -> Store:
-    """Open the store at ``url`` with options :func:`check_open` returned (this does the I/O)."""
-    return Store(registry.open_backend(url, mode, options), options)
+def open_checked(
+    url: str | object, mode: Mode | None, options: StoreOptions, *, green: bool = False
+) -> Store:
+    """Open the store at ``url`` with options :func:`check_open` returned (this does the I/O);
+    ``green``: on the kind's green backend, if it has one (see
+    :func:`fenced.fence._registry.open_backend`)."""
+    return Store(registry.open_backend(url, mode, options, green=green), options)
 
 
 class _Described(Protocol):

@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from fenced._drivers.postgres import guarded, translate
+from fenced._drivers.postgres import Watchdog, guarded, translate
 from fenced.fence._chunks import ChunkReader
 
 __all__ = ["ChunkStream", "copy_chunks", "delete_object", "durable"]
@@ -83,8 +83,10 @@ class ChunkStream(ChunkReader):
         *,
         timeout: float,
         where: str,
+        watchdog: Watchdog | None = None,
     ) -> None:
         super().__init__(object_id, chunks)
+        self._watchdog = watchdog
         self._db = conn
         self._release = release
         self._select_chunk = select_chunk
@@ -93,7 +95,7 @@ class ChunkStream(ChunkReader):
 
     def _read_chunk(self, seq: int) -> bytes | None:
         try:
-            with guarded(self._db, self._timeout):
+            with guarded(self._db, self._timeout, self._watchdog):
                 row = self._db.execute(
                     self._select_chunk, (self._object_id, seq), prepare=False
                 ).fetchone()

@@ -57,7 +57,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, BinaryIO, cast
 
@@ -67,8 +67,8 @@ from psycopg import pq, sql
 from fenced._drivers.migrations import Migration
 from fenced._drivers.postgres import (
     DEFAULT_OP_TIMEOUT,
+    Lender,
     Statement,
-    deadlines,
     dedicated,
     execute,
     guarded,
@@ -76,6 +76,7 @@ from fenced._drivers.postgres import (
     translate,
 )
 from fenced._drivers.postgres_borrowed import lender
+from fenced._drivers.postgres_url import ParsedURL
 from fenced.core._errors import (
     ConfigurationError,
     CorruptData,
@@ -306,6 +307,18 @@ def open_postgres_backend(url: object, mode: Mode | None, options: StoreOptions)
     return PostgresBackend(url, mode, options)
 
 
+def open_green_postgres_backend(
+    url: object, mode: Mode | None, options: StoreOptions
+) -> PostgresBackend:
+    """:func:`open_postgres_backend` for the asyncio face, called inside
+    :func:`~fenced._drivers.green.greenlet_spawn`: the same backend on
+    :class:`~fenced._drivers.postgres_green.GreenLender` connections (psycopg's
+    ``AsyncConnection`` s on the running loop, no thread). A URL only."""
+    from fenced._drivers.postgres_green import green_lender  # noqa: PLC0415 - asyncio only
+
+    return PostgresBackend(url, mode, options, lend=green_lender)
+
+
 _REMEMBERED_DOMAINS = 4096  # domains whose state a backend remembers for speculation
 
 
@@ -323,8 +336,18 @@ class PostgresBackend:
     )
     fast_paths = frozenset({FastPath.SPECULATION})
 
-    def __init__(self, url: object, mode: Mode | None, options: StoreOptions) -> None:
-        parsed, self._pool = lender(url, _URL_KEYS, options.backend_options)
+    def __init__(
+        self,
+        url: object,
+        mode: Mode | None,
+        options: StoreOptions,
+        *,
+        lend: Callable[
+            [object, Sequence[str], Mapping[str, object] | None], tuple[ParsedURL, Lender]
+        ] = lender,
+    ) -> None:
+        parsed, self._pool = lend(url, _URL_KEYS, options.backend_options)
+        self._watch = self._pool.watchdog()
         self.url = parsed.display
         self.schema = parsed.schema
         self._where = f"postgres store {parsed.display}"
@@ -430,7 +453,7 @@ class PostgresBackend:
         deadline = self._deadline()
         with (
             self._pool.connection(self._connect_budget) as conn,
-            guarded(conn, self._left(doing, deadline)),
+            guarded(conn, self._left(doing, deadline), self._watch),
         ):
             try:
                 return execute(self._pool, conn, self._sql(query), params)
@@ -460,7 +483,7 @@ class PostgresBackend:
         deadline = self._deadline()
         with self._pool.connection(self._connect_budget) as conn:
             left = self._left(f"writing {resource!r}", deadline)
-            watchdog = deadlines()  # as guarded(): the statements below end at the deadline
+            watchdog = self._watch  # as guarded(): the statements below end at the deadline
             armed_key, armed = watchdog.arm(conn.fileno(), left)
             tx = PostgresTransaction(self, conn, resource, intent.key, intent.pointer, known)
             try:
@@ -531,7 +554,7 @@ class PostgresBackend:
         deadline = self._deadline()
         with (
             self._pool.connection(self._connect_budget) as conn,
-            guarded(conn, self._left(doing, deadline)) as fired,
+            guarded(conn, self._left(doing, deadline), self._watch) as fired,
         ):
             cur: psycopg.ClientCursor[tuple[Any, ...]] = psycopg.ClientCursor(conn)
             try:
@@ -611,7 +634,7 @@ class PostgresBackend:
         conn, give_back = self._pool.lend_dedicated(self._connect_budget)
         release = partial(self._end_snapshot, conn, give_back)
         try:
-            with guarded(conn, self._left(f"reading {resource!r}", deadline)):
+            with guarded(conn, self._left(f"reading {resource!r}", deadline), self._watch):
                 conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 rows = conn.execute(self._sql(POINTER), (resource, name), prepare=False).fetchall()
                 if not rows:
@@ -643,6 +666,7 @@ class PostgresBackend:
             int(found[0]),
             timeout=self._timeout,
             where=self._where,
+            watchdog=self._watch,
         )
         return publication, cast(BinaryIO, reader)
 
@@ -653,7 +677,7 @@ class PostgresBackend:
         reusable; a broken one is discarded) and give the connection back. Never raises."""
         with contextlib.suppress(Exception):
             if not conn.broken and conn.info.transaction_status != pq.TransactionStatus.IDLE:
-                with guarded(conn, self._timeout):
+                with guarded(conn, self._timeout, self._watch):
                     conn.execute(b"ROLLBACK")
         with contextlib.suppress(Exception):
             give_back()
@@ -675,7 +699,7 @@ class PostgresBackend:
         )
         deadline = self._deadline()
         with self._pool.connection(self._connect_budget) as conn:
-            watchdog = deadlines()
+            watchdog = self._watch
             key, armed = watchdog.arm(conn.fileno(), self._left(doing, deadline))
 
             def sent() -> None:  # each chunk gets the whole timeout
@@ -712,7 +736,7 @@ class PostgresBackend:
         try:
             with (
                 self._pool.connection(self._connect_budget) as conn,
-                guarded(conn, self._left(f"discarding object {object_id}", deadline)),
+                guarded(conn, self._left(f"discarding object {object_id}", deadline), self._watch),
                 conn.transaction(),
             ):
                 delete_object(conn, self._quoted_schema, object_id)

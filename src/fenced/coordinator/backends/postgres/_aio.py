@@ -65,7 +65,7 @@ preparation is never used, see :class:`~fenced._drivers.postgres.Pool`), sent wi
 (:class:`_Replies`: the task is woken once, no generator, no timer per statement). As the sync
 runner does, the runner keeps one pooled connection lent between statements for one task at a
 time (the others borrow from the pool), checked without a round trip before each use; the
-deadlines of all statements share one timer of the loop (:class:`_Deadlines`). ``?prepare=off``,
+deadlines of all statements share one timer of the loop (:class:`LoopDeadlines`). ``?prepare=off``,
 or a pooler seen to lose one, sends them unprepared through psycopg.
 """
 
@@ -74,7 +74,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import select
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -84,16 +83,19 @@ from typing import Any, Self, TypeVar, cast
 
 import psycopg
 from psycopg import generators, pq
-from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from fenced._drivers.postgres import (
-    _PROBE_AFTER,
     Pool,
-    PreparedSwitch,
-    _cut,
-    _transient,
     checked,
-    translate,
+)
+from fenced._drivers.postgres_aio import (
+    AsyncConn,
+    AsyncPool,
+    LoopDeadlines,
+    async_pool,
+    close_quietly,
+    dead,
 )
 from fenced._drivers.postgres_borrowed import lender
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest, Ticket
@@ -127,8 +129,6 @@ from fenced.core._token import validate_coordinator_id
 __all__ = ["AsyncPostgresBackend", "AsyncPostgresTicket", "open_async_postgres"]
 
 log = logging.getLogger("fenced.coordinator.postgres")
-
-AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 _UNWATCH_TIMEOUT = 1.0  # the best-effort removal of a watcher's row
 
@@ -192,13 +192,7 @@ async def open_async_postgres(
             sync_lender.close()
 
     coordinator_id = await _in_thread(initialise, "fenced-pg-aio-init")
-    pool = _AsyncPool(
-        parsed.conninfo,
-        display=parsed.display,
-        size=sync_lender.size,
-        connect_timeout=parsed.connect_timeout,
-        prepare=sync_lender.prepare,
-    )
+    pool = async_pool(parsed, sync_lender)
     await pool.open()
     listen_conninfo = found.listen_conninfo or parsed.conninfo
     return AsyncPostgresBackend(
@@ -254,232 +248,6 @@ async def _connect_listening(conninfo: str) -> AsyncConn:
         conninfo, autocommit=True, application_name=f"{name or 'fenced'}-listen"
     )
     return conn
-
-
-# -- connections ------------------------------------------------------------------------------
-
-
-def _idle(conn: AsyncConn) -> bool:
-    """True if ``conn`` is open, not broken and outside a transaction."""
-    pgconn = conn.pgconn
-    return (
-        pgconn.status != pq.ConnStatus.BAD
-        and pgconn.transaction_status == pq.TransactionStatus.IDLE
-    )
-
-
-def _dead(conn: AsyncConn) -> bool:
-    """True if an idle connection is unusable: closed, or readable (EOF or an error pending).
-    No round trip."""
-    if not _idle(conn):
-        return True
-    try:
-        poller = select.poll()
-        poller.register(conn.fileno(), select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):
-        return True
-
-
-async def _close_quietly(conn: AsyncConn) -> None:
-    with contextlib.suppress(Exception):
-        await conn.close()
-
-
-class _Armed:
-    """One statement's deadline (:meth:`_Deadlines.arm`); :attr:`fired`: its socket was cut."""
-
-    __slots__ = ("fd", "fired", "when")
-
-    def __init__(self, fd: int, when: float) -> None:
-        self.fd = fd
-        self.when = when
-        self.fired = False
-
-
-class _Deadlines:
-    """Shuts down the socket of a statement still running at its deadline (a blackholed
-    network, a hung server): the statement then fails at once, as under the sync backend's
-    watchdog (:class:`~fenced._drivers.postgres.Deadlines`). One timer of the loop for all the
-    statements of a runner, armed at the earliest deadline (not one timer per statement); no
-    task."""
-
-    def __init__(self) -> None:
-        self._armed: set[_Armed] = set()
-        self._timer: asyncio.TimerHandle | None = None
-        self._when = float("inf")
-
-    def arm(self, conn: AsyncConn, seconds: float) -> _Armed:
-        """Arm a deadline ``seconds`` from now for the statement about to run on ``conn``;
-        :meth:`disarm` it when the statement is over."""
-        try:
-            fd = conn.pgconn.socket
-        except psycopg.Error:  # already lost: the statement fails by itself
-            fd = -1
-        loop = asyncio.get_running_loop()
-        armed = _Armed(fd, loop.time() + max(seconds, 0.0))
-        self._armed.add(armed)
-        if armed.when < self._when:
-            self._schedule(loop, armed.when)
-        return armed
-
-    def disarm(self, armed: _Armed) -> None:
-        self._armed.discard(armed)
-
-    def close(self) -> None:
-        """Cancel the timer if no statement is armed (else it ends after their deadlines)."""
-        if not self._armed and self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._when = None, float("inf")
-
-    def _schedule(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._when = when
-        self._timer = loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self._timer, self._when = None, float("inf")
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        for armed in [armed for armed in self._armed if armed.when <= now]:
-            self._armed.discard(armed)
-            armed.fired = True
-            if armed.fd >= 0:
-                _cut(armed.fd)
-        if self._armed:
-            self._schedule(loop, min(armed.when for armed in self._armed))
-
-
-class _AsyncPool(PreparedSwitch):
-    """Autocommit connections to one server, at most ``size`` lent at once: a
-    ``psycopg_pool.AsyncConnectionPool`` (its scheduler and worker are tasks) plus fenced's
-    errors, as :class:`~fenced._drivers.postgres.Pool` does for threads.
-
-    A connection is checked without a round trip before it is lent (a dead one is closed with
-    every idle one). When the pool lends nothing within a moment while some connections are
-    free, a direct connection is tried: it serves the operation if it connects, its error is
-    translated if it fails for good (a wrong password: ConfigurationError), a refused or
-    starting server is tried again until the budget is spent (then Unavailable). With every
-    connection lent it only waits, then Unavailable. A connection given back that is not idle
-    outside a transaction (cut, cancelled, broken) is closed: the pool replaces it.
-    """
-
-    def __init__(
-        self, conninfo: str, *, display: str, size: int, connect_timeout: float, prepare: bool
-    ) -> None:
-        super().__init__(prepare)
-        self.conninfo = conninfo
-        self.display = display
-        self.size = size
-        self.connect_timeout = connect_timeout
-        self._inner: AsyncConnectionPool[AsyncConn] | None = None
-        self._lent = 0
-        self._closed = False
-
-    @property
-    def may_keep(self) -> bool:
-        """Whether the runner may keep one connection lent between statements (as
-        :attr:`Pool.may_keep <fenced._drivers.postgres.Pool.may_keep>`: not the only one)."""
-        return self.size > 1
-
-    async def open(self) -> None:
-        inner: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
-            self.conninfo,
-            kwargs={"autocommit": True, "prepare_threshold": None},  # see Pool's docstring
-            min_size=0,
-            max_size=self.size,
-            open=False,
-            check=self._check,
-            name=f"fenced-pg-aio:{self.display}",
-            timeout=self.connect_timeout,
-            reconnect_timeout=self.connect_timeout,
-            num_workers=1,
-        )
-        await inner.open(wait=False)
-        self._inner = inner
-
-    async def _check(self, conn: AsyncConn) -> None:
-        if _dead(conn):
-            await _close_quietly(conn)  # the pool replaces a closed connection
-            await self.discard_idle()
-            raise psycopg.OperationalError("the idle connection was closed by the server")
-
-    async def take(self, budget: float) -> tuple[AsyncConn, bool]:
-        """A connection within ``budget`` seconds: pooled (True) or direct (False)."""
-        inner = self._inner
-        if inner is None or self._closed:
-            raise ConfigurationError(f"the connection pool of {self.display} is closed")
-        deadline = time.monotonic() + budget
-        wait = min(budget, _PROBE_AFTER)
-        while True:
-            try:
-                conn = await inner.getconn(timeout=max(wait, 0.001))
-            except PoolTimeout:
-                pass
-            except PoolClosed as error:
-                raise ConfigurationError(
-                    f"the connection pool of {self.display} is closed"
-                ) from error
-            else:
-                self._lent += 1
-                return conn, True
-            remaining = deadline - time.monotonic()
-            if self._lent >= self.size:  # only waiting helps
-                if remaining <= 0:
-                    raise Unavailable(
-                        f"{self.display}: all {self.size} pooled connections stayed busy for "
-                        f"{budget:g}s; nothing was sent (raise ?pool_size=)"
-                    )
-                wait = remaining
-                continue
-            if remaining <= 0:
-                raise self._no_connection(budget)
-            try:
-                async with asyncio.timeout(remaining):
-                    direct: AsyncConn = await psycopg.AsyncConnection.connect(
-                        self.conninfo, autocommit=True, prepare_threshold=None
-                    )
-            except TimeoutError:
-                raise self._no_connection(budget) from None
-            except psycopg.Error as error:
-                if not _transient(error) or deadline - time.monotonic() <= 0:
-                    raise translate(error, "connecting", sent=False, where=self.display) from error
-            else:
-                return direct, False
-            wait = min(max(deadline - time.monotonic(), 0.0), wait * 2, 0.5)
-
-    def _no_connection(self, budget: float) -> Unavailable:
-        return Unavailable(
-            f"connecting ({self.display}): no connection within {budget:g}s; nothing was "
-            "changed, retry"
-        )
-
-    async def give(self, conn: AsyncConn, pooled: bool) -> None:
-        """Give back what :meth:`take` lent: a direct connection is closed; a pooled one goes
-        back to the pool, closed first unless it is idle outside a transaction."""
-        if not pooled:
-            await _close_quietly(conn)
-            return
-        self._lent -= 1
-        if not _idle(conn):
-            await _close_quietly(conn)
-        if self._inner is not None:
-            await self._inner.putconn(conn)  # a closed pool closes it
-
-    async def discard_idle(self) -> None:
-        """Close every idle connection (a failure suggests they are all stale); lent ones are
-        closed when they come back."""
-        inner = self._inner
-        if inner is not None and not self._closed:
-            await inner.drain()
-
-    async def close(self) -> None:
-        """Close the pool: idle connections now, lent ones when they come back; its tasks
-        end. Idempotent."""
-        self._closed = True
-        if self._inner is not None:
-            await self._inner.close(timeout=1.0)
 
 
 # -- statements -------------------------------------------------------------------------------
@@ -604,7 +372,7 @@ class _Replies:
                 await self._waiter
 
 
-class _AsyncStatements(Statements[_AsyncPool]):
+class _AsyncStatements(Statements[AsyncPool]):
     """Runs the coordinator's statements, one transaction and one round trip each, within a
     budget: the asyncio twin of :class:`~fenced.coordinator.backends.postgres._statements.
     StatementRunner`, the same :class:`~fenced.coordinator.backends.postgres._statements.
@@ -617,12 +385,12 @@ class _AsyncStatements(Statements[_AsyncPool]):
     on it failed or was cancelled, and when the runner closes.
     """
 
-    def __init__(self, pool: _AsyncPool, url: str, schema: str, found: plans.Settings) -> None:
+    def __init__(self, pool: AsyncPool, url: str, schema: str, found: plans.Settings) -> None:
         super().__init__(pool, url, schema, found)
         self._kept: tuple[AsyncConn, bool, _Replies] | None = None
         self._kept_busy = False
         self._closed = False
-        self._deadlines = _Deadlines()
+        self._deadlines = LoopDeadlines()
 
     async def call(self, call: Call) -> Rows:
         """Run one statement (see :meth:`StatementRunner.call <fenced.coordinator.backends.
@@ -649,7 +417,7 @@ class _AsyncStatements(Statements[_AsyncPool]):
             self._kept_busy = True
             try:
                 kept = self._kept
-                if kept is None or _dead(kept[0]):
+                if kept is None or dead(kept[0]):
                     kept = await self._keep(wait)
                 try:
                     return await self._run(kept[0], call, budget, deadline, kept[2])
@@ -882,7 +650,7 @@ class _AsyncListener(Listening[_Subscription]):
         finally:
             with contextlib.suppress(OSError, ValueError):
                 loop.remove_reader(fd)
-            await _close_quietly(conn)
+            await close_quietly(conn)
 
     def _readable(self, pgconn: pq.abc.PGconn, fd: int) -> None:
         """The reader callback: consume the input, dispatch its notifications."""
@@ -984,7 +752,7 @@ class AsyncPostgresBackend(plans.Face[AsyncPostgresTicket, _AsyncListener]):
         schema: str,
         coordinator_id: str,
         found: plans.Settings,
-        pool: _AsyncPool,
+        pool: AsyncPool,
         listen_connect: Callable[[], Awaitable[AsyncConn]],
     ) -> None:
         self._pool = pool
