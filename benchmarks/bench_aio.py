@@ -28,6 +28,11 @@ interleaved):
    holders hand over (each grant is released after 1-5 ms): every task is served, each
    resource's grants come in the order its tasks queued (FIFO), threads counted (no thread per
    waiter).
+5. **stores**: ``put`` of 100 bytes by the installed holder, looped, on the store of each
+   backend (``sqlite:`` in a temp dir, ``postgresql://`` on the benchmark's server): the sync
+   ``Store.put`` against ``AsyncStore.put`` awaited on one loop (sqlite: the store's worker
+   thread; PostgreSQL: on the loop, greenlets over ``AsyncConnection``), and the threads the
+   asyncio store added. No target in the issue; it shows what each design costs.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ import fenced.aio
 from fenced.aio._keeper import AsyncHeldLease, AsyncLeaseScheduler
 from fenced.core._clock import SystemClock
 from fenced.core._lease import Lease
+from fenced.testing.store_conformance import token
 
 TTL = 3.0
 SYNC, AIO, AETCD = "fenced", "fenced.aio", "aetcd Lock"
@@ -354,6 +360,69 @@ async def many_waiters(url: str, resources: int, per_resource: int) -> None:
 # -- main -----------------------------------------------------------------------------------------
 
 
+# -- 5. stores ---------------------------------------------------------------------------------
+
+
+class SyncPut(Cycle):
+    """``store.put(token, "k", 100 bytes)`` by the installed holder, sync."""
+
+    def __init__(self, url: str) -> None:
+        self.name = SYNC
+        self.what = "fenced Store.put (sync API)"
+        self._store = fenced.open_store(url, "monotonic")
+        self._store.fence(token(1))
+
+    def step(self) -> tuple[float, float]:
+        start = time.perf_counter()
+        self._store.put(token(1), "k", VALUE)
+        return time.perf_counter() - start, 0.0
+
+    def close(self) -> None:
+        self._store.close()
+
+
+class AioPut(Cycle):
+    """``await store.put(...)`` looped inside one event loop (no loop start per put)."""
+
+    def __init__(self, url: str) -> None:
+        self.name = AIO
+        self.what = "fenced.aio AsyncStore.put, awaited on one event loop"
+        self._runner = asyncio.Runner()
+        before = threading.active_count()
+        self._store = self._runner.run(fenced.aio.open_store(url, "monotonic"))
+        self._runner.run(self._store.fence(token(1)))
+        self.threads_added = threading.active_count() - before
+
+    def run_round(self, seconds: float) -> Round:
+        return self._runner.run(self._round(seconds))
+
+    async def _round(self, seconds: float) -> Round:
+        store, clock, puts = self._store, time.perf_counter, []
+        start = now = clock()
+        while now < start + seconds:
+            await store.put(token(1), "k", VALUE)
+            done = clock()
+            puts.append(done - now)
+            now = done
+        return Round(len(puts) / (now - start), puts, puts, [0.0] * len(puts))
+
+    def close(self) -> None:
+        self._runner.run(self._store.aclose())
+        self._runner.close()
+
+
+VALUE = bytes(100)
+
+
+def bench_store_puts(kind: str, url: str, rounds: int, seconds: float) -> None:
+    aio = AioPut(url)
+    results = cycle_rounds([SyncPut(url), aio], rounds, seconds, f"[stores] {kind}")
+    print_cycles(results, f"[stores] {kind}: put", "puts/s", ("put p50", "-"))
+    ratio = results.ratio(AIO, SYNC)
+    print(f"  aio ÷ sync per round: {', '.join(f'{r:.2f}' for r in ratio)}; median "
+          f"{median(ratio):.2f}; threads the asyncio store added: {aio.threads_added}")  # fmt: skip
+
+
 def _backends(
     tmp: Path, wanted: Sequence[str]
 ) -> list[tuple[str, str, str | None, Callable[[], None]]]:
@@ -387,10 +456,12 @@ def main() -> None:
     parser.add_argument("--handoffs", type=int, default=100, help="handoffs per implementation")
     parser.add_argument("--leases", type=int, default=1000)
     parser.add_argument("--seconds-held", type=float, default=60.0)
-    parser.add_argument("--only", action="append", choices=["cycles", "handoff", "many", "waiters"])
+    parser.add_argument(
+        "--only", action="append", choices=["cycles", "handoff", "many", "waiters", "stores"]
+    )
     parser.add_argument("--backend", action="append", choices=["embedded", "postgres", "etcd"])
     args = parser.parse_args()
-    sections = args.only or ["cycles", "handoff", "many", "waiters"]
+    sections = args.only or ["cycles", "handoff", "many", "waiters", "stores"]
     wanted = args.backend or ["embedded", "postgres", "etcd"]
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit[1], limit[1]))  # 1,000 wake-up sockets
@@ -398,9 +469,14 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix=".bench-aio-", dir=".") as directory:
         tmp = Path(directory).absolute()
-        backends = _backends(tmp, wanted) if {"cycles", "handoff"} & set(sections) else []
+        backends = _backends(tmp, wanted) if {"cycles", "handoff", "stores"} & set(sections) else []
         try:
             for name, url, endpoint, _ in backends:
+                if "stores" in sections and name == "embedded":
+                    bench_store_puts("sqlite:", f"sqlite:{tmp}/store.db", args.rounds, args.seconds)
+                if "stores" in sections and name == "PostgreSQL":
+                    store_url = url.replace("schema=bench_aio", "schema=bench_aio_store")
+                    bench_store_puts("postgresql://", store_url, args.rounds, args.seconds)
                 if "cycles" in sections:
                     bench_cycles(name, url, endpoint, args.rounds, args.seconds)
                 if "handoff" in sections:

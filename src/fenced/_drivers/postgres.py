@@ -40,7 +40,7 @@ from functools import partial
 from typing import Any, Protocol
 
 import psycopg
-from psycopg import errors, pq
+from psycopg import errors, generators, pq
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from fenced._drivers.migrations import Migration
@@ -795,9 +795,6 @@ class Statement:
     def run(
         self, pool: Lender, conn: psycopg.Connection[tuple[Any, ...]], params: Sequence[object]
     ) -> None:
-        if not pool.direct:  # green code: every wait goes through psycopg
-            execute(pool, conn, self.fallback, params)
-            return
         encoding = self._on.get(conn)
         prepared = encoding is not None
         if encoding is None:
@@ -824,6 +821,9 @@ class Statement:
                 execute(pool, conn, self.fallback, params)
                 return
         pgconn = conn.pgconn
+        if not pool.direct:  # green code: libpq's sending calls, and the connection's own wait
+            self._sent(pool, conn, values, formats, prepared, encoding)
+            return
         if pool.prepare:
             try:
                 if not prepared:
@@ -836,6 +836,40 @@ class Statement:
                     raise
                 self._on.pop(conn, None)
         checked(conn, pgconn.exec_params(self.query, values, None, formats))
+
+    def _sent(
+        self,
+        pool: Lender,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        values: list[bytes | None],
+        formats: list[int],
+        prepared: bool,
+        encoding: str,
+    ) -> None:
+        """:meth:`run` without libpq's blocking calls: each message is sent with libpq's
+        ``send_*`` and its reply awaited through ``conn.wait`` (psycopg's generators), which a
+        green connection awaits on the event loop (:mod:`fenced._drivers.postgres_green`)."""
+        pgconn = conn.pgconn
+
+        def reply() -> None:
+            for result in conn.wait(generators.execute(pgconn)):
+                checked(conn, result)
+
+        if pool.prepare:
+            try:
+                if not prepared:
+                    pgconn.send_prepare(self.name, self.query)
+                    reply()
+                    self._on[conn] = encoding
+                pgconn.send_query_prepared(self.name, values, formats)
+                reply()
+                return
+            except psycopg.Error as error:
+                if not pool.lost_prepared_statement(error, conn):
+                    raise
+                self._on.pop(conn, None)
+        pgconn.send_query_params(self.query, values, None, formats)
+        reply()
 
 
 @contextlib.contextmanager

@@ -32,7 +32,16 @@ from psycopg.rows import tuple_row
 
 from fenced._drivers.green import await_only, in_green
 from fenced._drivers.postgres import Pool
-from fenced._drivers.postgres_aio import Armed, AsyncConn, AsyncPool, LoopDeadlines, async_pool
+from fenced._drivers.postgres_aio import (
+    Armed,
+    AsyncConn,
+    AsyncPool,
+    LoopDeadlines,
+    async_pool,
+    close_quietly,
+    dead,
+    idle,
+)
 from fenced._drivers.postgres_borrowed import lender
 from fenced._drivers.postgres_url import ParsedURL
 from fenced.core._errors import ConfigurationError
@@ -40,6 +49,10 @@ from fenced.core._errors import ConfigurationError
 __all__ = ["GreenConnection", "GreenLender", "green_lender"]
 
 Connection = psycopg.Connection[tuple[Any, ...]]
+
+_SPARES = 2
+"""Idle connections a :class:`GreenLender` keeps at hand instead of returning them to the pool
+(a store's calls run one at a time: one is in use, one may serve an open reader)."""
 
 
 class GreenConnection(psycopg.Connection[tuple[Any, ...]]):
@@ -88,6 +101,8 @@ class GreenLender:
         )
         self._watch = _Watch()
         self._loop = asyncio.get_running_loop()
+        self._spares: list[AsyncConn] = []  # idle pooled connections at hand (_SPARES at most)
+        self._closed = False
 
     @property
     def prepare(self) -> bool:
@@ -112,7 +127,7 @@ class GreenLender:
     def _lend(self, budget: float) -> tuple[Connection, Callable[[], None]]:
         if not in_green():
             raise ConfigurationError(f"{self.display}: used outside its event loop's store calls")
-        conn, pooled = await_only(self._pool.take(budget))
+        conn, pooled = self._spare() or await_only(self._pool.take(budget))
         returned = False
 
         def give_back() -> None:
@@ -120,13 +135,31 @@ class GreenLender:
             if returned:
                 return
             returned = True
-            if in_green():
+            if pooled and len(self._spares) < _SPARES and idle(conn) and not self._closed:
+                self._spares.append(conn)  # at hand for the next call, no pool round
+            elif in_green():
                 await_only(self._pool.give(conn, pooled))
             elif not self._loop.is_closed():  # a reader dropped unclosed: later, on the loop
                 with contextlib.suppress(RuntimeError):
                     self._loop.call_soon_threadsafe(self._give_later, conn, pooled)
 
         return self._face(conn), give_back
+
+    def _spare(self) -> tuple[AsyncConn, bool] | None:
+        """An idle connection kept at hand, checked without a round trip (a dead one is given
+        back to the pool, closed, with every other spare: they share its fate)."""
+        while self._spares:
+            conn = self._spares.pop()
+            if not dead(conn):
+                return conn, True
+            self._drop_spares(conn)
+        return None
+
+    def _drop_spares(self, *more: AsyncConn) -> None:
+        dropped, self._spares = [*more, *self._spares], []
+        for conn in dropped:
+            await_only(close_quietly(conn))
+            await_only(self._pool.give(conn, True))
 
     def _give_later(self, conn: AsyncConn, pooled: bool) -> None:
         self._loop.create_task(self._pool.give(conn, pooled))
@@ -149,9 +182,14 @@ class GreenLender:
         raise ConfigurationError(f"{self.display}: no listening session on the event loop")
 
     def discard_idle(self) -> None:
+        self._drop_spares()
         await_only(self._pool.discard_idle())
 
     def close(self) -> None:
+        self._closed = True
+        spares, self._spares = self._spares, []
+        for conn in spares:
+            await_only(self._pool.give(conn, True))
         await_only(self._pool.close())
         self._watch.close()
 

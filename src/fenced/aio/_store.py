@@ -148,6 +148,8 @@ class Runner(Protocol):
 
     def submit(self, call: Callable[[], _T]) -> concurrent.futures.Future[_T]: ...
 
+    async def run(self, call: Callable[[], _T]) -> _T: ...
+
     def stop(self) -> None: ...
 
     def join(self) -> None: ...
@@ -202,6 +204,31 @@ class GreenRunner:
                     raise
             else:
                 future.set_result(result)
+
+    async def run(self, call: Callable[[], _T]) -> _T:
+        """``call()`` after the calls submitted before it, awaited: :meth:`submit` without its
+        thread-safe future (the caller's future is the job's; cancelling the caller cancels
+        it, which the job sees before it starts, and ignores once it has)."""
+        result: asyncio.Future[_T] = self._loop.create_future()
+        task = self._loop.create_task(self._own_job(call, result))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await result
+
+    async def _own_job(self, call: Callable[[], _T], result: asyncio.Future[_T]) -> None:
+        async with self._turn:
+            if result.cancelled():  # cancelled before it started
+                return
+            try:
+                value = await greenlet_spawn(call)
+            except BaseException as error:
+                if not result.done():
+                    result.set_exception(error)
+                if isinstance(error, asyncio.CancelledError):
+                    raise
+            else:
+                if not result.done():
+                    result.set_result(value)
 
     def stop(self) -> None:
         """Nothing to end: the calls are tasks of the loop."""
@@ -392,7 +419,7 @@ class AsyncStore(AsyncClosing, sync.StoreIdentity):
         """Run ``call`` on the worker (or the green runner), after the calls made before it, and
         await its result."""
         self._check_open()
-        return await asyncio.wrap_future(self._worker.submit(call))
+        return await self._worker.run(call)
 
 
 class AsyncReader(AsyncClosing):
