@@ -47,7 +47,7 @@ import itertools
 import os
 import queue
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Mapping
 from functools import partial
 from typing import IO, Any, BinaryIO, Final, Protocol, TypeVar, cast
 
@@ -188,47 +188,55 @@ class GreenRunner:
         return future
 
     def _start(self, call: Callable[[], _T], future: concurrent.futures.Future[_T]) -> None:
-        task = self._loop.create_task(self._job(call, future))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _job(self, call: Callable[[], _T], future: concurrent.futures.Future[_T]) -> None:
-        async with self._turn:
-            if not future.set_running_or_notify_cancel():  # cancelled before it started
-                return
-            try:
-                result = await greenlet_spawn(call)
-            except BaseException as error:  # handed to the caller
-                future.set_exception(error)
-                if isinstance(error, asyncio.CancelledError):
-                    raise
+        def settle(value: _T | None, error: BaseException | None) -> None:
+            if error is None:
+                future.set_result(cast(_T, value))
             else:
-                future.set_result(result)
+                future.set_exception(error)
+
+        self._spawn(self._job(call, future.set_running_or_notify_cancel, settle))
 
     async def run(self, call: Callable[[], _T]) -> _T:
         """``call()`` after the calls submitted before it, awaited: :meth:`submit` without its
         thread-safe future (the caller's future is the job's; cancelling the caller cancels
         it, which the job sees before it starts, and ignores once it has)."""
         result: asyncio.Future[_T] = self._loop.create_future()
-        task = self._loop.create_task(self._own_job(call, result))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def settle(value: _T | None, error: BaseException | None) -> None:
+            if result.done():  # its caller was cancelled meanwhile
+                return
+            if error is None:
+                result.set_result(cast(_T, value))
+            else:
+                result.set_exception(error)
+
+        self._spawn(self._job(call, lambda: not result.cancelled(), settle))
         return await result
 
-    async def _own_job(self, call: Callable[[], _T], result: asyncio.Future[_T]) -> None:
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = self._loop.create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _job(
+        self,
+        call: Callable[[], _T],
+        begin: Callable[[], bool],
+        settle: Callable[[_T | None, BaseException | None], None],
+    ) -> None:
+        """Run ``call`` in its turn unless ``begin()`` says it was cancelled before; hand its
+        outcome to ``settle``."""
         async with self._turn:
-            if result.cancelled():  # cancelled before it started
+            if not begin():
                 return
             try:
                 value = await greenlet_spawn(call)
-            except BaseException as error:
-                if not result.done():
-                    result.set_exception(error)
+            except BaseException as error:  # handed to the caller
+                settle(None, error)
                 if isinstance(error, asyncio.CancelledError):
                     raise
             else:
-                if not result.done():
-                    result.set_result(value)
+                settle(value, None)
 
     def stop(self) -> None:
         """Nothing to end: the calls are tasks of the loop."""
