@@ -13,17 +13,18 @@ import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from fenced._drivers.green import await_only
 from fenced.aio._store import AsyncStore, GreenRunner, open_store
 from fenced.core._errors import FencedError, OutcomeUnknown, Unavailable
+from fenced.fence import Store
 from fenced.testing.postgres import PostgresServer
 from fenced.testing.proxy import TcpProxy
 from fenced.testing.store_conformance import R, token
-from support.postgres_stores import store_url
+from support.postgres_stores import postgres_snapshot, store_url
 
 __all__ = ["store_url"]  # a fixture from support.postgres_stores, used here
 
@@ -149,3 +150,51 @@ async def test_a_stalled_server_is_cut_at_the_deadline_while_the_loop_keeps_runn
                     await asyncio.sleep(0.1)
             item = await store.get(R, "k")
             assert item is not None and item.value == b"w"
+
+
+MiB = 1024 * 1024
+
+
+async def test_data_that_fails_part_way_publishes_nothing(store: AsyncStore) -> None:
+    first = await store.publish(token(1), b"first")
+    before = postgres_snapshot(cast(Store, store))
+
+    async def failing() -> AsyncIterator[bytes]:
+        yield bytes(2 * MiB)
+        raise OSError("the source broke")
+
+    with pytest.raises(OSError, match="the source broke"):
+        await store.publish(token(1), failing())
+    assert await store.latest(R) == first
+    assert postgres_snapshot(cast(Store, store)) == before
+
+
+async def test_a_cancelled_publish_leaves_the_previous_publication_and_nothing_staged(
+    store: AsyncStore,
+) -> None:
+    first = await store.publish(token(1), b"the first export")
+    before = postgres_snapshot(cast(Store, store))
+    sent = 0
+    never = asyncio.Event()
+
+    async def stalls() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(40):  # 2.5 MiB: COPY sends the first MiBs, then waits for more
+            sent += 1
+            yield bytes(64 * 1024)
+        await never.wait()
+        yield b"never sent"  # pragma: no cover
+
+    publishing = asyncio.create_task(store.publish(token(2), stalls()))
+    for _ in range(2000):
+        if sent >= 40:
+            break
+        await asyncio.sleep(0.005)
+    assert sent == 40
+    publishing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await publishing
+    assert await store.latest(R) == first  # runs after the cancelled publish ended
+    assert await store.read(R) == b"the first export"
+    assert postgres_snapshot(cast(Store, store)) == before  # the COPY was rolled back
+    assert await store.floor(R) == 1
