@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
+from psycopg_pool import ConnectionPool
 
 from fenced._drivers.green import await_only
 from fenced.aio._store import AsyncStore, GreenRunner, open_store
@@ -198,3 +199,22 @@ async def test_a_cancelled_publish_leaves_the_previous_publication_and_nothing_s
     assert await store.read(R) == b"the first export"
     assert postgres_snapshot(cast(Store, store)) == before  # the COPY was rolled back
     assert await store.floor(R) == 1
+
+
+async def test_a_users_psycopg_pool_runs_on_a_worker_thread(store_url: str) -> None:
+    """A sync pool (not a URL) has no asyncio connections: its store runs on a worker thread,
+    with the same results."""
+    url, _, query = store_url.partition("?")
+    pool = ConnectionPool(url, kwargs={"autocommit": True}, min_size=1, max_size=2, open=True)
+    try:
+        store = await open_store(pool, "monotonic", options={"schema": query.split("=", 1)[1]})
+        try:
+            assert not isinstance(store._worker, GreenRunner)
+            assert await store.fence(token(1)) == 1
+            await store.put(token(1), "k", b"v")
+            item = await store.get(R, "k")
+            assert item is not None and item.value == b"v"
+        finally:
+            await store.aclose()
+    finally:
+        pool.close()
