@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import multiprocessing
 import random
@@ -44,6 +45,24 @@ __all__ = [
     "serve",
     "timed_halves",
 ]
+
+
+def round_options(parser: argparse.ArgumentParser, seconds: float, handoffs: int) -> None:
+    """The options every round-based benchmark takes: ``--rounds``, ``--seconds`` (per
+    implementation per cycle round) and ``--handoffs`` (per implementation, all rounds)."""
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=seconds,
+        help=f"seconds per implementation per round for cycles (default {seconds:g})",
+    )
+    parser.add_argument(
+        "--handoffs",
+        type=int,
+        default=handoffs,
+        help=f"handoffs per implementation over all rounds (default {handoffs})",
+    )
 
 
 def interleaved(names: Sequence[str], round_number: int) -> list[str]:

@@ -62,6 +62,7 @@ from _rounds import (
     interleaved,
     print_cycles,
     print_handoffs,
+    round_options,
     serve,
 )
 
@@ -449,19 +450,7 @@ def describe_environment(directory: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
-    parser.add_argument(
-        "--seconds",
-        type=float,
-        default=1.0,
-        help="seconds per implementation per round for cycles (default 1)",
-    )
-    parser.add_argument(
-        "--handoffs",
-        type=int,
-        default=120,
-        help="handoffs per implementation over all rounds (default 120)",
-    )
+    round_options(parser, seconds=1.0, handoffs=120)
     parser.add_argument(
         "--fair-seconds", type=float, default=5.0, help="seconds per contention run (default 5)"
     )

@@ -7,6 +7,7 @@ import builtins
 import fenced
 
 PUBLIC = {
+    "AccessDenied",
     "Busy",
     "ConfigurationError",
     "Coordinator",
@@ -28,6 +29,7 @@ PUBLIC = {
     "LeaseLost",
     "LeaseState",
     "LossReason",
+    "NotAuthenticated",
     "NotFound",
     "NotInstalled",
     "OutcomeUnknown",

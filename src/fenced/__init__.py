@@ -16,6 +16,7 @@ from importlib.metadata import version as _version
 from fenced.coordinator._client import Coordinator
 from fenced.coordinator._connect import connect
 from fenced.core._errors import (
+    AccessDenied,
     Busy,
     ConfigurationError,
     CorruptData,
@@ -25,6 +26,7 @@ from fenced.core._errors import (
     InvalidName,
     LeaseLost,
     LossReason,
+    NotAuthenticated,
     NotFound,
     NotInstalled,
     OutcomeUnknown,
@@ -47,6 +49,7 @@ from fenced.fence import Item, Publication, Store, Version, guard, open_store
 from fenced.runtime._keeper import HeldLease
 
 __all__ = [
+    "AccessDenied",
     "Busy",
     "ConfigurationError",
     "Coordinator",
@@ -68,6 +71,7 @@ __all__ = [
     "LeaseLost",
     "LeaseState",
     "LossReason",
+    "NotAuthenticated",
     "NotFound",
     "NotInstalled",
     "OutcomeUnknown",

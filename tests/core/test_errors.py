@@ -37,6 +37,8 @@ FENCED_PARENT = {  # the tree in the module docstring of fenced.core._errors
     errors.ConfigurationError: errors.FencedError,
     errors.InvalidName: errors.ConfigurationError,
     errors.CorruptData: errors.ConfigurationError,
+    errors.AccessDenied: errors.ConfigurationError,
+    errors.NotAuthenticated: errors.AccessDenied,
     errors.Busy: errors.FencedError,
     errors.LeaseLost: errors.FencedError,
     errors.Rejected: errors.FencedError,

@@ -68,6 +68,14 @@ async def open_async_backend(
                 f"the etcd backend needs protobuf and grpcio: pip install 'fenced[etcd]' ({error})"
             ) from error
         return await open_async_etcd(url)
+    if scheme in ("http", "https"):
+        try:
+            from fenced.coordinator.backends.http._aio import open_async_http  # noqa: PLC0415
+        except ImportError as error:
+            raise ConfigurationError(
+                f"an http(s):// coordinator needs httpx: pip install 'fenced[http]' ({error})"
+            ) from error
+        return await open_async_http(url)
     refuse_scheme(scheme, url)
 
 

@@ -16,8 +16,10 @@ import click
 from fenced.cli import (  # noqa: F401 - importing a command module registers its commands
     _demo,
     _elect_cmd,
+    _keys_cmd,
     _ops_cmds,
     _run_cmd,
+    _serve_cmd,
     _status_cmd,
     _store_cmds,
     _verify_cmd,

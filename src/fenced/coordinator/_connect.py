@@ -41,11 +41,8 @@ __all__ = [
 ]
 
 DEFAULT_URL = "sqlite:.fenced/fenced.db"
-_SCHEMES = ("sqlite", "memory", "postgresql", "postgres", "etcd", "etcds")
-_LATER = {
-    "http": "the fenced server",
-    "https": "the fenced server",
-}
+_SCHEMES = ("sqlite", "memory", "postgresql", "postgres", "etcd", "etcds", "http", "https")
+_LATER: dict[str, str] = {}
 
 
 def resolve_url(url: str | None) -> str:
@@ -83,7 +80,7 @@ def refuse_scheme(scheme: str, url: str) -> NoReturn:
     raise ConfigurationError(
         f"unknown coordinator URL scheme {scheme!r} in {shown!r}; "
         "expected sqlite:////abs/path.db (sqlite:///rel/path.db is relative), "
-        "postgresql://..., etcd://host:port or memory://name"
+        "postgresql://..., etcd://host:port, http(s)://host:port (fenced serve) or memory://name"
     )
 
 
@@ -128,6 +125,16 @@ def open_backend(
                 f"the etcd backend needs protobuf and grpcio: pip install 'fenced[etcd]' ({error})"
             ) from error
         return EtcdBackend(url)
+    if scheme in ("http", "https"):
+        if host_clock is not None:
+            raise ConfigurationError("host_clock= is for the embedded and memory backends")
+        try:
+            from fenced.coordinator.backends.http._backend import HttpBackend  # noqa: PLC0415
+        except ImportError as error:
+            raise ConfigurationError(
+                f"the fenced serve client needs httpx: pip install 'fenced[http]' ({error})"
+            ) from error
+        return HttpBackend(url)
     refuse_scheme(scheme, url)
 
 

@@ -6,7 +6,9 @@
     ├── ConfigurationError           a bad parameter, URL, capability or state file; fix the call
     │   │                            (also a ValueError)
     │   ├── InvalidName              a resource name, key or publication name that is not allowed
-    │   └── CorruptData              stored bytes that do not match their record: a damaged store
+    │   ├── CorruptData              stored bytes that do not match their record: a damaged store
+    │   └── AccessDenied             fenced serve refused the API key this role or name (403)
+    │       └── NotAuthenticated     no API key, or one the server does not know (401)
     ├── Busy                         not acquired within ``wait`` (holder, epoch, remaining)
     │                                (also a TimeoutError)
     ├── LeaseLost                    the lease is no longer held (reason)
@@ -53,6 +55,7 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "AccessDenied",
     "Busy",
     "ConfigurationError",
     "CorruptData",
@@ -62,6 +65,7 @@ __all__ = [
     "InvalidName",
     "LeaseLost",
     "LossReason",
+    "NotAuthenticated",
     "NotFound",
     "NotInstalled",
     "OutcomeUnknown",
@@ -82,6 +86,16 @@ class ConfigurationError(FencedError, ValueError):
     Raised at the call, before any I/O where possible. Nothing was changed. Also a
     :class:`ValueError`, so are its subclasses :class:`InvalidName` and :class:`CorruptData`.
     """
+
+
+class AccessDenied(ConfigurationError):
+    """``fenced serve`` refused the request's API key: the key is not allowed this role on this
+    name (HTTP 403). Nothing was changed; retrying with the same key is refused again."""
+
+
+class NotAuthenticated(AccessDenied):
+    """``fenced serve`` wants an API key and the request carried none, or one it does not know
+    (HTTP 401; ``FENCED_API_KEY`` sets the client's key). Nothing was changed."""
 
 
 class InvalidName(ConfigurationError):

@@ -48,6 +48,10 @@ class StoreKind:
     """The factory of the same backend for sync code run on an event loop
     (:mod:`fenced._drivers.green`: the asyncio face's non-blocking I/O), if the kind has one;
     it is given a URL only."""
+    store: bool = False
+    """The factory opens a whole :class:`~fenced.Store`, not a backend: a store served
+    elsewhere (``http``: ``fenced serve``'s own store decides every operation). Called as
+    ``factory(url, mode, options)``."""
 
     def load(self, green: bool = False) -> Factory:
         """Import the module and return the factory (the ``green`` one if asked)."""
@@ -73,6 +77,8 @@ STORE_KINDS: dict[str, StoreKind] = {
         alias=True,
         green="fenced.fence.postgres._store:open_green_postgres_backend",
     ),
+    "http": StoreKind("fenced.fence.http._store:open_http_store", "url", store=True),
+    "https": StoreKind("fenced.fence.http._store:open_http_store", "url", store=True),
 }
 """Every store kind, by URL scheme."""
 

@@ -178,6 +178,9 @@ def open_checked(
     """Open the store at ``url`` with options :func:`check_open` returned (this does the I/O);
     ``green``: on the kind's green backend, if it has one (see
     :func:`fenced.fence._registry.open_backend`)."""
+    kind = registry.kind_of(url)[1]
+    if kind.store:  # served elsewhere (http): the kind opens the whole Store
+        return cast(Store, kind.load()(url, mode, options))
     return Store(registry.open_backend(url, mode, options, green=green), options)
 
 

@@ -206,6 +206,8 @@ def store(opened: Store, defects: frozenset[str]) -> Store:
     """``opened``, or a :class:`SeededStore` over its backend if a chosen defect applies to it
     (``check-then-write`` only to a file store)."""
     seeded = defects & _STORE
+    if not hasattr(opened, "_backend"):  # served over HTTP: the backend is the server's
+        return opened
     if not isinstance(opened._backend, FileBackend):
         seeded -= {CHECK_THEN_WRITE}
     return SeededStore(opened, seeded) if seeded else opened

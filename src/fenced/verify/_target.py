@@ -36,7 +36,7 @@ from fenced.fence._values import Mode
 
 __all__ = ["NETWORKED", "Target", "endpoints", "with_endpoints"]
 
-NETWORKED = ("postgresql", "postgres", "etcd", "etcds")
+NETWORKED = ("postgresql", "postgres", "etcd", "etcds", "http", "https")
 """Coordinator URL schemes whose wire verification can cut with a TCP proxy."""
 
 

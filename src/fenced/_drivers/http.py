@@ -1,0 +1,93 @@
+"""HTTP plumbing shared by the clients of ``fenced serve`` (``pip install 'fenced[http]'``).
+
+* :func:`client` — an ``httpx.Client`` as fenced's clients use it: TCP_NODELAY (httpcore writes a
+  request's headers and body separately; with Nagle's algorithm the body waits for the server's
+  delayed ACK, 40 ms a request on Linux), no proxies or credentials from the environment, the API
+  key of ``$FENCED_API_KEY`` as a bearer token, TLS from explicit files only.
+* :func:`encode_sf_string` / :func:`decode_sf_string` — a header value as an RFC 9651 structured
+  field String (``"…"``) or Display String (``%"…"``, for text beyond printable ASCII), as the
+  IETF ``Idempotency-Key`` draft spells its value; a bare value is accepted as itself.
+
+Nothing here raises fenced's exceptions but :class:`~fenced.ConfigurationError` for a header
+value that cannot be decoded; transport errors are the callers' to translate.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import urllib.parse
+from typing import Any
+
+import httpx
+
+from fenced.core._errors import ConfigurationError
+
+__all__ = ["API_KEY_ENV", "client", "decode_sf_string", "encode_sf_string"]
+
+API_KEY_ENV = "FENCED_API_KEY"
+"""The environment variable whose value is sent as the bearer token (API key), if set."""
+
+
+def client(
+    timeout: float, *, ca: str | None = None, cert: str | None = None, key: str | None = None
+) -> httpx.Client:
+    """A new client (see the module docstring); ``ca``/``cert``/``key``: TLS files, or None."""
+    headers = {"Accept": "application/json"}
+    api_key = os.environ.get(API_KEY_ENV)
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    verify: Any = True
+    if ca is not None or cert is not None:
+        context = ssl.create_default_context(cafile=ca)
+        if cert is not None:
+            context.load_cert_chain(cert, key)
+        verify = context
+    transport = httpx.HTTPTransport(
+        verify=verify, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+    )
+    return httpx.Client(
+        headers=headers, timeout=httpx.Timeout(timeout), transport=transport, trust_env=False
+    )
+
+
+def encode_sf_string(text: str) -> str:
+    """``text`` as a structured field String, or a Display String if it has characters beyond
+    printable ASCII (their UTF-8 bytes percent-encoded)."""
+    if all(" " <= c <= "~" for c in text):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    encoded = "".join(
+        c if " " <= c <= "~" and c not in '%"' else urllib.parse.quote(c, safe="") for c in text
+    )
+    return f'%"{encoded}"'
+
+
+def decode_sf_string(value: str, header: str) -> str:
+    """The text of a header value :func:`encode_sf_string` wrote, or of a bare value (taken as
+    it is, surrounding whitespace removed). ConfigurationError names ``header`` otherwise."""
+    value = value.strip()
+    if value.startswith('%"'):
+        if len(value) < 3 or not value.endswith('"') or '"' in value[2:-1]:
+            raise ConfigurationError(f"{header}: malformed display string")
+        try:
+            return urllib.parse.unquote(value[2:-1], errors="strict")
+        except UnicodeDecodeError as error:
+            raise ConfigurationError(f"{header}: not UTF-8 ({error.reason})") from None
+    if not value.startswith('"'):
+        return value
+    if len(value) < 2 or not value.endswith('"'):
+        raise ConfigurationError(f"{header}: unterminated string")
+    out: list[str] = []
+    inner = iter(value[1:-1])
+    for char in inner:
+        if char == "\\":
+            escaped = next(inner, "")
+            if escaped not in ('"', "\\"):
+                raise ConfigurationError(f"{header}: bad escape in string")
+            out.append(escaped)
+        elif char == '"':
+            raise ConfigurationError(f"{header}: unescaped quote in string")
+        else:
+            out.append(char)
+    return "".join(out)

@@ -1,0 +1,90 @@
+"""The ``http(s)://`` client of ``fenced serve``: its URLs, its idle connections, and the time
+it counts a lease from when the grant came back from a long poll."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import fenced
+from fenced.coordinator.backends.http._wire import parse_url
+from fenced.testing.server import ServedCoordinator
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[ServedCoordinator]:
+    with ServedCoordinator(f"sqlite:///{tmp_path / 'fenced.db'}", poll=5.0) as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://user:secret@h:1", "carries no credentials"),
+        ("http://h:1?password=x", "unknown option 'password'"),
+        ("http://h:notaport", "Port could not be cast"),
+        ("http://h:1,", "a server address is empty"),
+        ("http://h:1?timeout=0", "timeout must be a positive number"),
+        ("http://h:1?ca=/x", "are for https:// URLs"),
+        ("https://h:1?cert=/x", "cert= and key= go together"),
+        ("ftp://h:1", "http\\(s\\)://host:port \\(fenced serve\\)"),
+    ],
+)
+def test_a_bad_url_is_a_configuration_error_that_shows_no_secret(url: str, message: str) -> None:
+    with pytest.raises(fenced.ConfigurationError, match=message) as caught:
+        fenced.connect(url)
+    assert "secret" not in str(caught.value)
+
+
+def test_several_servers_and_a_prefix() -> None:
+    settings = parse_url("https://a:1,[::1]:2/fenced?timeout=3")
+    assert settings.bases == ("https://a:1/fenced", "https://[::1]:2/fenced")
+    assert settings.timeout == 3.0
+
+
+def test_a_lease_handed_to_a_long_poll_counts_from_no_later_than_its_grant(
+    served: ServedCoordinator,
+) -> None:
+    """The waiter's local deadline is at most (when the grant happened) + ttl - margin: the
+    time its poll spent waiting on the server does not lengthen the lease; and at least the
+    release's time + ttl - margin less the reply's travel (it is not counted from the poll's
+    send time either, which would waste the wait)."""
+    holder, waiter = fenced.connect(served.url), fenced.connect(served.url)
+    try:
+        held = holder.acquire("jobs/handoff", ttl=30, wait=0)
+        got: list[fenced.Lease] = []
+        thread = threading.Thread(
+            target=lambda: got.append(waiter.acquire("jobs/handoff", ttl=4, wait=10))
+        )
+        thread.start()
+        time.sleep(1.0)  # the waiter's long poll has waited a second on the server
+        released_at = time.monotonic()
+        holder.release(held)
+        thread.join(10)
+        returned_at = time.monotonic()
+        [lease] = got
+        usable = lease.ttl * 0.9  # the default safety margin: 10 % of ttl
+        assert lease.deadline <= returned_at + usable
+        assert lease.deadline >= released_at + usable - 0.5
+        waiter.release(lease)
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_an_idle_connection_closed_by_the_server_is_not_a_lost_reply(
+    tmp_path: Path,
+) -> None:
+    """The server closes idle connections after its keep-alive; the client notices before it
+    reuses one and opens a new connection, so the next change succeeds (not OutcomeUnknown)."""
+    served = ServedCoordinator(f"memory://{uuid.uuid4().hex}")
+    served._server.config.timeout_keep_alive = 0.2  # type: ignore[assignment]  # (a float works)
+    with served, fenced.connect(served.url) as coordinator:
+        lease = coordinator.acquire("jobs/idle", ttl=5, wait=0)
+        time.sleep(0.5)  # past the server's keep-alive: it closed the connection
+        assert coordinator.release(lease)
