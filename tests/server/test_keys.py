@@ -352,7 +352,8 @@ def test_through_the_real_server(path: Path, caplog: pytest.LogCaptureFixture) -
     holder = add_key(path, "holder", ["hold"], ["jobs/"])
     reader = add_key(path, "reader", ["read"], ["jobs/"])
     watcher = add_key(path, "watcher", ["read"], [""])
-    keys = [holder.key, reader.key, watcher.key]
+    ops = add_key(path, "ops", ["hold"], [""])
+    keys = [holder.key, reader.key, watcher.key, ops.key]
     seen: list[str] = []
 
     def as_(made: NewKey | None) -> dict[str, str]:
@@ -386,14 +387,13 @@ def test_through_the_real_server(path: Path, caplog: pytest.LogCaptureFixture) -
         )
         _problem(response, 401, "not-authenticated")
 
-        # 403: the wrong role, a name outside the prefixes, a route about every name
+        # 403: the wrong role, a name outside the prefixes
         detail = _problem(call("POST", "/v1/leases/jobs/a:acquire", reader, json=acquire), 403,
                           "access-denied")  # fmt: skip
         assert "does not have the role 'hold'" in detail
         detail = _problem(call("POST", "/v1/leases/other/a:acquire", holder, json=acquire), 403,
                           "access-denied")  # fmt: skip
         assert "may not act on 'other/a'" in detail
-        _problem(call("GET", "/v1/leases", reader), 403, "access-denied")
 
         # 200 with the right key, and nothing was granted by the refused requests
         granted = call("POST", "/v1/leases/jobs/a:acquire", holder, json=acquire)
@@ -401,9 +401,20 @@ def test_through_the_real_server(path: Path, caplog: pytest.LogCaptureFixture) -
         assert granted.json()["epoch"] == 1
         current = call("GET", "/v1/leases/jobs/a", reader)
         assert current.status_code == 200 and current.json()["lease"]["epoch"] == 1
-        listed = call("GET", "/v1/leases", watcher)
-        assert listed.status_code == 200 and listed.json()["resources"] == ["jobs/a"]
         assert call("GET", "/v1/leases/other/a", watcher).json()["lease"] is None
+        assert call("POST", "/v1/leases/other/b:acquire", ops, json=acquire).status_code == 200
+
+        # routes about every name: a key limited to prefixes sees the names under them only
+        listed = call("GET", "/v1/leases", watcher)
+        assert listed.status_code == 200 and listed.json()["resources"] == ["jobs/a", "other/b"]
+        assert call("GET", "/v1/leases", reader).json()["resources"] == ["jobs/a"]
+        mine = call("GET", "/v1/records", reader, params={"limit": 1}).json()["records"]
+        assert [record["resource"] for record in mine] == ["jobs/a"]
+        after = {"limit": 1, "after": mine[0]["seq"]}  # the next full page is other/b's only
+        assert call("GET", "/v1/records", reader, params=after).json()["records"] == []
+        everyone = call("GET", "/v1/records", watcher).json()["records"]
+        assert [record["resource"] for record in everyone] == ["jobs/a", "other/b"]
+        _problem(call("GET", "/v1/leases", holder), 403, "access-denied")  # no role read
 
         # revoked: refused from the next request on, the same server still running
         revoke_key(path, "reader")

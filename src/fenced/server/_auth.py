@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 from fastapi import Depends, Request, params
 
-__all__ = ["Authority", "Role", "require", "require_key"]
+__all__ = ["Authority", "Role", "read_scope", "require", "require_key"]
 
 Role = Literal["hold", "write", "read", "admin"]
 
@@ -25,6 +25,10 @@ class Authority(Protocol):
     def authenticate(self, authorization: str | None) -> object:
         """The key of the ``Authorization`` header; :class:`~fenced.NotAuthenticated` if there
         is none or it is not a valid key."""
+
+    def scope(self, authorization: str | None, role: Role) -> tuple[str, ...]:
+        """The name prefixes within which the header's key may act as ``role`` (``""``: every
+        name); raises as :meth:`check` does for a missing key or role."""
 
     def check(self, authorization: str | None, role: Role, name: str | None) -> None:
         """Return if the ``Authorization`` header's key may act as ``role`` on ``name`` (a
@@ -59,3 +63,14 @@ def require_key() -> params.Depends:
     checker: Callable[[Request], Awaitable[None]] = check
     dependency: params.Depends = Depends(checker)
     return dependency
+
+
+async def read_scope(request: Request) -> tuple[str, ...] | None:
+    """A FastAPI dependency of the routes that answer about every name (``/v1/leases``,
+    ``/v1/records``): the prefixes the request's key may read, to filter the answer by; None
+    without a keys file (every name)."""
+    authority: Authority | None = request.app.state.fenced.authority
+    if authority is None:
+        return None
+    prefixes = authority.scope(request.headers.get("authorization"), "read")
+    return None if "" in prefixes else prefixes

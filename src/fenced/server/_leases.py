@@ -14,7 +14,7 @@ import dataclasses
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from fenced.coordinator._requests import lease_policy, plan_acquire
 from fenced.coordinator.aio_backend import AsyncCoordinatorBackend
@@ -23,7 +23,7 @@ from fenced.core._errors import Busy, ConfigurationError, Unavailable
 from fenced.core._names import validate_resource
 from fenced.core._records import Record, RecordKind
 from fenced.core._token import FencingToken
-from fenced.server._auth import require
+from fenced.server._auth import read_scope, require
 from fenced.server._models import (
     AcquireBody,
     CurrentLease,
@@ -355,27 +355,39 @@ async def current(resource: str, state: State) -> CurrentLease:
     )
 
 
-@router.get(
-    "/leases", dependencies=[require("read")], response_model=Resources, summary="Resources"
-)
-async def resources(state: State) -> Resources:
-    """Every resource that was ever granted, sorted."""
-    return Resources(resources=await state.backend.resources())
+Scope = Annotated[tuple[str, ...] | None, Depends(read_scope)]
 
 
-@router.get(
-    "/records",
-    dependencies=[require("read")],
-    response_model=Records,
-    summary="Every resource's history",
-)
+def _within(resource: str, scope: tuple[str, ...] | None) -> bool:
+    return scope is None or resource.startswith(scope)
+
+
+@router.get("/leases", response_model=Resources, summary="Resources")
+async def resources(state: State, scope: Scope) -> Resources:
+    """Every resource that was ever granted, sorted (with a key limited to name prefixes: the
+    resources under them)."""
+    found = await state.backend.resources()
+    return Resources(resources=[resource for resource in found if _within(resource, scope)])
+
+
+@router.get("/records", response_model=Records, summary="Every resource's history")
 async def records(
     state: State,
+    scope: Scope,
     after: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_RECORDS)] = 1000,
 ) -> Records:
-    """The records of every resource with ``seq > after``, oldest first."""
-    return _records(await state.backend.records(None, after, limit))
+    """The records of every resource with ``seq > after``, oldest first, at most ``limit``
+    (with a key limited to name prefixes: those of the resources under them; a page is then
+    short only at the end, as without a key)."""
+    found: list[Record] = []
+    while len(found) < limit:
+        page = await state.backend.records(None, after, limit)
+        found += [record for record in page if _within(record.resource, scope)]
+        if len(page) < limit:
+            break
+        after = page[-1].seq
+    return _records(found[:limit])
 
 
 def _records(found: list[Record]) -> Records:
