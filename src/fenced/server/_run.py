@@ -30,7 +30,7 @@ from fenced.core._errors import ConfigurationError
 from fenced.fence._store import open_store
 from fenced.server._app import DEFAULT_KEEP, DEFAULT_POLL, create_app
 
-__all__ = ["DEFAULT_LISTEN", "bind", "parse_listen", "serve"]
+__all__ = ["DEFAULT_LISTEN", "FencedServer", "bind", "parse_listen", "serve", "server_for"]
 
 log = logging.getLogger("fenced.server")
 
@@ -85,17 +85,36 @@ def bind(listen: str, *, keys: bool) -> socket.socket:
     return sock
 
 
-class _Server(uvicorn.Server):
+class FencedServer(uvicorn.Server):
     """uvicorn's server, whose exit signal also ends the requests waiting on the server."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
         self._app = app
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._exit = asyncio.Event()
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._exit = asyncio.Event()
         await super().serve(sockets)
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop (a tick every 0.1 s: the Date header, the exit flag), which also
+        wakes at once when the stop is asked for (:meth:`stop`, a signal) instead of at the
+        next tick."""
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.1):
+                    await self._exit.wait()
+            should_exit = await self.on_tick(counter)
+
+    def stop(self) -> None:
+        """Start the graceful stop from any thread (what SIGTERM does)."""
+        self.handle_exit(signal.SIGTERM, None)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -116,8 +135,10 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
         state = getattr(self._app.state, "fenced", None)
-        if state is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(state.places.interrupt)
+        if self._loop is not None:
+            if state is not None:
+                self._loop.call_soon_threadsafe(state.places.interrupt)
+            self._loop.call_soon_threadsafe(self._exit.set)
 
 
 def server_for(
@@ -127,7 +148,7 @@ def server_for(
     tls_key: Path | None = None,
     tls_client_ca: Path | None = None,
     log_level: str = "warning",
-) -> uvicorn.Server:
+) -> FencedServer:
     """A uvicorn server for ``app`` (run it with ``serve(sockets=[bind(...)])``)."""
     if (tls_cert is None) != (tls_key is None):
         raise ConfigurationError("--tls-cert and --tls-key go together")
@@ -154,7 +175,7 @@ def server_for(
         ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca is not None else ssl.CERT_NONE,
         server_header=False,
     )
-    return _Server(config, app)
+    return FencedServer(config, app)
 
 
 def preflight(url: str | None, stores: Mapping[str, str]) -> None:

@@ -67,11 +67,7 @@ class ServedCoordinator:
     def stop(self) -> None:
         """Shut down as on SIGTERM: waiting polls answer 503, the backend is closed."""
         if self._thread.is_alive():
-            state = getattr(self.app.state, "fenced", None)
-            loop = getattr(self._server, "_loop", None)
-            if state is not None and loop is not None:
-                loop.call_soon_threadsafe(state.places.interrupt)
-            self._server.should_exit = True
+            self._server.stop()
             self._thread.join(30)
         self._socket.close()
 
