@@ -44,7 +44,7 @@ def test_a_bad_url_is_a_configuration_error_that_shows_no_secret(url: str, messa
 def test_several_servers_and_a_prefix() -> None:
     settings = parse_url("https://a:1,[::1]:2/fenced?timeout=3")
     assert settings.bases == ("https://a:1/fenced", "https://[::1]:2/fenced")
-    assert settings.timeout == 3.0
+    assert settings.options.timeout == 3.0
 
 
 def test_a_lease_handed_to_a_long_poll_counts_from_no_later_than_its_grant(

@@ -14,41 +14,103 @@ value that cannot be decoded; transport errors are the callers' to translate.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import ssl
 import urllib.parse
-from typing import Any
+from dataclasses import dataclass
 
 import httpx
 
 from fenced.core._errors import ConfigurationError
 
-__all__ = ["API_KEY_ENV", "client", "decode_sf_string", "encode_sf_string"]
+__all__ = [
+    "API_KEY_ENV",
+    "NODELAY",
+    "HttpOptions",
+    "client",
+    "decode_sf_string",
+    "encode_sf_string",
+    "parse_options",
+    "request_headers",
+    "tls_context",
+]
 
 API_KEY_ENV = "FENCED_API_KEY"
 """The environment variable whose value is sent as the bearer token (API key), if set."""
 
 
-def client(
-    timeout: float, *, ca: str | None = None, cert: str | None = None, key: str | None = None
-) -> httpx.Client:
-    """A new client (see the module docstring); ``ca``/``cert``/``key``: TLS files, or None."""
+@dataclass(frozen=True, slots=True)
+class HttpOptions:
+    """The query options every ``http(s)://`` URL of fenced takes (coordinator and store)."""
+
+    timeout: float = 10.0
+    """Seconds to connect and to wait for a reply (beyond a long poll's own wait)."""
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+def parse_options(url: str, scheme: str, query: str) -> HttpOptions:
+    """``timeout``, ``ca``, ``cert`` and ``key`` of ``url``'s ``query``; ConfigurationError for
+    an unknown option, a bad timeout, ``cert`` without ``key`` or TLS files on ``http://``."""
+    found = urllib.parse.parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(found) - {"timeout", "ca", "cert", "key"})
+    if unknown:
+        raise ConfigurationError(
+            f"{url!r}: unknown option {unknown[0]!r} (known: timeout, ca, cert, key)"
+        )
+    values = {option: found[option][-1] for option in found}
+    timeout = 10.0
+    if "timeout" in values:
+        try:
+            timeout = float(values["timeout"])
+        except ValueError:
+            timeout = math.nan
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigurationError(f"{url!r}: timeout must be a positive number of seconds")
+    if ("cert" in values) != ("key" in values):
+        raise ConfigurationError(f"{url!r}: cert= and key= go together")
+    if scheme == "http" and ({"ca", "cert"} & set(values)):
+        raise ConfigurationError(f"{url!r}: ca=, cert= and key= are for https:// URLs")
+    return HttpOptions(timeout, values.get("ca"), values.get("cert"), values.get("key"))
+
+
+def request_headers() -> dict[str, str]:
+    """JSON accepted, and the API key of ``$FENCED_API_KEY`` as a bearer token, if set."""
     headers = {"Accept": "application/json"}
     api_key = os.environ.get(API_KEY_ENV)
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    verify: Any = True
-    if ca is not None or cert is not None:
-        context = ssl.create_default_context(cafile=ca)
-        if cert is not None:
-            context.load_cert_chain(cert, key)
-        verify = context
+    return headers
+
+
+def tls_context(options: HttpOptions) -> ssl.SSLContext | None:
+    """The TLS context of the URL's ``ca=`` and ``cert=``/``key=`` (None: the system's CAs)."""
+    if options.ca is None and options.cert is None:
+        return None
+    context = ssl.create_default_context(cafile=options.ca)
+    if options.cert is not None:
+        context.load_cert_chain(options.cert, options.key)
+    return context
+
+
+NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+"""Socket options of every client transport (see the module docstring)."""
+
+
+def client(options: HttpOptions) -> httpx.Client:
+    """A new client (see the module docstring)."""
+    context = tls_context(options)
     transport = httpx.HTTPTransport(
-        verify=verify, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+        verify=True if context is None else context, socket_options=NODELAY
     )
     return httpx.Client(
-        headers=headers, timeout=httpx.Timeout(timeout), transport=transport, trust_env=False
+        headers=request_headers(),
+        timeout=httpx.Timeout(options.timeout),
+        transport=transport,
+        trust_env=False,
     )
 
 

@@ -120,8 +120,7 @@ class _Remote:
         self.settings = settings
         self.mode: Mode = "strict"
         self.capabilities: frozenset[Capability] = frozenset()
-        self.client = client(settings.timeout, ca=settings.ca, cert=settings.cert,
-                             key=settings.key)  # fmt: skip
+        self.client = client(settings.options)
 
     def describe(self, mode: Mode | None) -> None:
         try:

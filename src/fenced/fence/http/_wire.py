@@ -19,8 +19,9 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fenced._drivers.http import HttpOptions, parse_options
+from fenced.core._answers import number, records_of, text, whole
 from fenced.core._errors import ConfigurationError
-from fenced.core._records import Record, RecordKind
 from fenced.fence._values import Item, Publication, Version
 
 __all__ = [
@@ -69,10 +70,7 @@ class StoreUrl:
     base: str
     """``scheme://host:port[/prefix]/v1/stores/NAME``: the store's API root."""
     name: str
-    timeout: float = 10.0
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
+    options: HttpOptions
 
 
 def parse_store_url(url: str) -> StoreUrl:
@@ -94,34 +92,9 @@ def parse_store_url(url: str) -> StoreUrl:
     prefix, sep, name = parts.path.rstrip("/").rpartition("/stores/")
     if not sep or not _STORE_NAME.fullmatch(name):
         raise ConfigurationError(f"{url!r}: {shape} (NAME: 1-128 of A-Z a-z 0-9 . _ -)")
-    query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
-    unknown = sorted(set(query) - {"timeout", "ca", "cert", "key"})
-    if unknown:
-        raise ConfigurationError(
-            f"{url!r}: unknown option {unknown[0]!r} (known: timeout, ca, cert, key)"
-        )
-    values = {option: query[option][-1] for option in query}
-    timeout = 10.0
-    if "timeout" in values:
-        try:
-            timeout = float(values["timeout"])
-        except ValueError:
-            timeout = math.nan
-        if not math.isfinite(timeout) or timeout <= 0:
-            raise ConfigurationError(f"{url!r}: timeout must be a positive number of seconds")
-    if ("cert" in values) != ("key" in values):
-        raise ConfigurationError(f"{url!r}: cert= and key= go together")
-    if parts.scheme == "http" and ({"ca", "cert"} & set(values)):
-        raise ConfigurationError(f"{url!r}: ca=, cert= and key= are for https:// URLs")
+    options = parse_options(url, parts.scheme, parts.query)
     root = urllib.parse.urlunsplit((parts.scheme, parts.netloc, prefix, "", ""))
-    return StoreUrl(
-        f"{root}/v1/stores/{name}",
-        name,
-        timeout,
-        values.get("ca"),
-        values.get("cert"),
-        values.get("key"),
-    )
+    return StoreUrl(f"{root}/v1/stores/{name}", name, options)
 
 
 def _quoted(name: str) -> str:
@@ -176,41 +149,22 @@ def sha256_of_digest(value: str) -> str:
     raise ValueError("Repr-Digest")
 
 
-def _member(body: Mapping[str, object], name: str, kind: type) -> object:
-    value = body.get(name)
-    if kind is float:
-        if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
-            raise ValueError(name)
-        return float(value)  # type: ignore[arg-type]
-    if type(value) is not kind:
-        raise ValueError(name)
-    return value
-
-
-def _text(body: Mapping[str, object], name: str) -> str:
-    return _member(body, name, str)  # type: ignore[return-value]
-
-
-def _int(body: Mapping[str, object], name: str) -> int:
-    return _member(body, name, int)  # type: ignore[return-value]
-
-
 def version_of(body: Mapping[str, object]) -> Version:
     """The :class:`Version` of a ``StoreVersion`` body (ValueError if it is not one)."""
-    return Version(_text(body, "resource"), _text(body, "key"), _int(body, "epoch"),
-                   _int(body, "version"))  # fmt: skip
+    return Version(text(body, "resource"), text(body, "key"), whole(body, "epoch"),
+                   whole(body, "version"))  # fmt: skip
 
 
 def publication_of(body: Mapping[str, object]) -> Publication:
     """The :class:`Publication` of a ``StorePublication`` body (ValueError if it is not one)."""
     return Publication(
-        _text(body, "resource"),
-        _text(body, "name"),
-        _int(body, "epoch"),
-        _text(body, "object_id"),
-        _text(body, "sha256"),
-        _int(body, "size"),
-        _member(body, "published_at", float),  # type: ignore[arg-type]
+        text(body, "resource"),
+        text(body, "name"),
+        whole(body, "epoch"),
+        text(body, "object_id"),
+        text(body, "sha256"),
+        whole(body, "size"),
+        number(body, "published_at"),
     )
 
 
@@ -241,30 +195,3 @@ def item_of_headers(resource: str, key: str, value: bytes, headers: Mapping[str,
                     int(headers[VERSION_HEADER]))  # fmt: skip
     except KeyError as missing:
         raise ValueError(f"header {missing} missing") from None
-
-
-def records_of(body: Mapping[str, object]) -> list[Record]:
-    """The records of a ``Records`` body (ValueError if it is not one)."""
-    found = body.get("records")
-    if not isinstance(found, list):
-        raise ValueError("records")
-    records = []
-    for item in found:
-        if not isinstance(item, Mapping):
-            raise ValueError("record")
-        holder = item.get("holder")
-        detail = item.get("detail")
-        if (holder is not None and type(holder) is not str) or not isinstance(detail, Mapping):
-            raise ValueError("record")
-        records.append(
-            Record(
-                seq=_int(item, "seq"),
-                at=_member(item, "at", float),  # type: ignore[arg-type]
-                kind=RecordKind(_text(item, "kind")),
-                resource=_text(item, "resource"),
-                epoch=_int(item, "epoch"),
-                holder=holder,
-                detail=dict(detail),
-            )
-        )
-    return records

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import httpx
 
+from fenced._drivers.http import NODELAY, request_headers, tls_context
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest, Ticket, owned_ticket
 from fenced.coordinator.backends.http._session import (
     HttpSession,
@@ -25,12 +26,9 @@ from fenced.coordinator.backends.http._session import (
     new_ticket,
 )
 from fenced.coordinator.backends.http._transport import (
-    NODELAY,
-    client_options,
     failure_of,
     reply_of,
     timeout_of,
-    verify_of,
 )
 from fenced.coordinator.backends.http._wire import parse_url
 from fenced.core._errors import FencedError
@@ -65,8 +63,17 @@ class AsyncHttpBackend:
         settings = parse_url(url)
         self.url = url
         self._session = HttpSession(settings)
-        transport = httpx.AsyncHTTPTransport(verify=verify_of(settings), socket_options=NODELAY)
-        self._client = httpx.AsyncClient(transport=transport, **client_options(settings))
+        context = tls_context(settings.options)
+        transport = httpx.AsyncHTTPTransport(
+            verify=True if context is None else context, socket_options=NODELAY
+        )
+        # No proxy from the environment: a proxy is a hop that can lose replies unseen.
+        self._client = httpx.AsyncClient(
+            transport=transport,
+            headers=request_headers(),
+            timeout=httpx.Timeout(settings.options.timeout),
+            trust_env=False,
+        )
         self.coordinator_id = ""
         self.capabilities: frozenset[str] = frozenset()
 

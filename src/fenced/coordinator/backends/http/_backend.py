@@ -13,10 +13,10 @@ after a mutating request was sent is :class:`~fenced.OutcomeUnknown` (retry with
 
 from __future__ import annotations
 
-import ssl
 import time
 from typing import TypeVar
 
+from fenced._drivers.http import request_headers, tls_context
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest, Ticket, owned_ticket
 from fenced.coordinator.backends.http._connections import Connections
 from fenced.coordinator.backends.http._session import (
@@ -29,10 +29,8 @@ from fenced.coordinator.backends.http._session import (
     new_ticket,
 )
 from fenced.coordinator.backends.http._transport import (
-    client_options,
     reply_of,
     timeout_of,
-    verify_of,
 )
 from fenced.coordinator.backends.http._wire import parse_url
 from fenced.core._errors import FencedError
@@ -52,10 +50,7 @@ class HttpBackend:
         settings = parse_url(url)
         self.url = url
         self._session = HttpSession(settings)
-        verify = verify_of(settings)
-        context = verify if isinstance(verify, ssl.SSLContext) else None
-        headers = client_options(settings)["headers"]
-        self._connections = Connections(headers, context)
+        self._connections = Connections(request_headers(), tls_context(settings.options))
         try:
             self._run(self._session.connect())
         except BaseException:

@@ -1,11 +1,10 @@
-"""What the sync and the asyncio driver share of httpx: client options, and the meaning of a
-transport failure or of a reply (:data:`~._session.Reply`, or the exception it stands for)."""
+"""What the sync and the asyncio driver share: the meaning of a transport failure or of a
+reply (:data:`~._session.Reply`, or the exception it stands for). Headers, TLS and socket
+options are :mod:`fenced._drivers.http`'s, as for the store client."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import ssl
 from typing import Any
 
@@ -16,45 +15,12 @@ from fenced.coordinator.backends.http._wire import Call, HttpSettings, error_of
 from fenced.core._errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 
 __all__ = [
-    "API_KEY_ENV",
-    "NODELAY",
-    "client_options",
     "failure_of",
     "lost",
     "reply_of",
     "timeout_of",
     "unreachable",
-    "verify_of",
 ]
-
-API_KEY_ENV = "FENCED_API_KEY"
-"""The environment variable whose value is sent as the bearer token (API key), if set."""
-
-NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-"""httpcore writes a request's headers and body separately; with Nagle's algorithm the body
-waits for the server's delayed ACK (40 ms a request on Linux): the transports turn it off."""
-
-
-def client_options(settings: HttpSettings) -> dict[str, Any]:
-    """Keyword arguments of ``httpx.Client``/``AsyncClient`` (besides the transport): the API
-    key from :data:`API_KEY_ENV` as a bearer token, the URL's timeout, no proxy from the
-    environment (a coordinator is reached directly; a proxy would add a hop that can lose
-    replies without fenced knowing)."""
-    headers = {"Accept": "application/json"}
-    key = os.environ.get(API_KEY_ENV)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    return {"headers": headers, "timeout": httpx.Timeout(settings.timeout), "trust_env": False}
-
-
-def verify_of(settings: HttpSettings) -> ssl.SSLContext | bool:
-    """The transport's ``verify``: the system's CAs, or the URL's ``ca=`` and ``cert=``/``key=``."""
-    if settings.ca is None and settings.cert is None:
-        return True
-    context = ssl.create_default_context(cafile=settings.ca)
-    if settings.cert is not None:
-        context.load_cert_chain(settings.cert, settings.key)
-    return context
 
 
 def failure_of(call: Call, base: str, error: Exception) -> FencedError:
@@ -109,4 +75,4 @@ def reply_of(call: Call, status: int, content: bytes) -> Reply:
 
 def timeout_of(settings: HttpSettings, call: Call) -> float:
     """Seconds to wait for ``call``'s reply: the URL's timeout beyond a long poll's own wait."""
-    return settings.timeout + call.waits
+    return settings.options.timeout + call.waits

@@ -9,16 +9,16 @@ whose effect cannot be known from it).
 
 from __future__ import annotations
 
-import math
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fenced._drivers.http import HttpOptions, parse_options
 from fenced.coordinator.backend import Blocked, Granted, GrantRequest
+from fenced.core._answers import number, optional_text, records_of, text, whole
 from fenced.core._errors import ConfigurationError, FencedError, OutcomeUnknown, Unavailable
 from fenced.core._lease import LeaseInfo
 from fenced.core._problems import error_of_problem
-from fenced.core._records import Record, RecordKind
 
 __all__ = [
     "Call",
@@ -57,11 +57,8 @@ class HttpSettings:
     bases: tuple[str, ...]
     """``scheme://host:port[/prefix]`` of each server, without a trailing slash: servers of
     one coordinator, tried in turn when one cannot be reached."""
-    timeout: float = 10.0
-    """Seconds to connect and to wait for a reply, beyond a long poll's own wait."""
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
+    options: HttpOptions
+    """Timeout and TLS files of the URL's query."""
 
 
 def parse_url(url: str) -> HttpSettings:
@@ -92,28 +89,7 @@ def parse_url(url: str) -> HttpSettings:
             raise ConfigurationError(f"{url!r}: a server address is empty")
         path = parts.path.rstrip("/")
         bases.append(urllib.parse.urlunsplit((scheme, one.netloc, path, "", "")))
-    query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
-    known = {"timeout", "ca", "cert", "key"}
-    unknown = sorted(set(query) - known)
-    if unknown:
-        raise ConfigurationError(f"{url!r}: unknown option {unknown[0]!r} (known: timeout, ca, "
-                                 "cert, key)")  # fmt: skip
-    values = {name: query[name][-1] for name in query}
-    timeout = 10.0
-    if "timeout" in values:
-        try:
-            timeout = float(values["timeout"])
-        except ValueError:
-            timeout = math.nan
-        if not math.isfinite(timeout) or timeout <= 0:
-            raise ConfigurationError(f"{url!r}: timeout must be a positive number of seconds")
-    if ("cert" in values) != ("key" in values):
-        raise ConfigurationError(f"{url!r}: cert= and key= go together")
-    if scheme == "http" and ({"ca", "cert"} & set(values)):
-        raise ConfigurationError(f"{url!r}: ca=, cert= and key= are for https:// URLs")
-    return HttpSettings(
-        tuple(bases), timeout, values.get("ca"), values.get("cert"), values.get("key")
-    )
+    return HttpSettings(tuple(bases), parse_options(url, scheme, parts.query))
 
 
 def _quoted(resource: str) -> str:
@@ -143,38 +119,24 @@ def leases_call(resource: str, action: str, body: Json | None = None, **params: 
                 what=f"{action or 'current'} of {resource}")  # fmt: skip
 
 
-def _member(body: Json, name: str, kind: type) -> object:
-    value = body.get(name)
-    if kind is float:
-        if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
-            raise ValueError(name)
-        return float(value)  # type: ignore[arg-type]
-    if type(value) is not kind:
-        raise ValueError(name)
-    return value
-
-
 def granted_of(body: Json) -> Granted:
     """The :class:`Granted` of a ``LeaseGrant`` body (ValueError if it is not one)."""
     return Granted(
-        epoch=_member(body, "epoch", int),  # type: ignore[arg-type]
-        owner=_member(body, "owner", str),  # type: ignore[arg-type]
-        holder=_member(body, "holder", str),  # type: ignore[arg-type]
-        ttl=_member(body, "ttl", float),  # type: ignore[arg-type]
-        expires_in=_member(body, "expires_in", float),  # type: ignore[arg-type]
+        epoch=whole(body, "epoch"),
+        owner=text(body, "owner"),
+        holder=text(body, "holder"),
+        ttl=number(body, "ttl"),
+        expires_in=number(body, "expires_in"),
     )
 
 
 def blocked_of(body: Json) -> Blocked:
     """The :class:`Blocked` of a ``Waiting`` body or a ``busy`` problem (ValueError if
     neither). ``retry_in`` is None: the server itself tries again while a poll waits."""
-    holder = body.get("holder")
-    if holder is not None and type(holder) is not str:
-        raise ValueError("holder")
     return Blocked(
-        holder=holder,
-        epoch=_member(body, "epoch", int),  # type: ignore[arg-type]
-        remaining=_member(body, "remaining", float),  # type: ignore[arg-type]
+        holder=optional_text(body, "holder"),
+        epoch=whole(body, "epoch"),
+        remaining=number(body, "remaining"),
         retry_in=None,
     )
 
@@ -186,45 +148,15 @@ def lease_info_of(body: Json) -> LeaseInfo | None:
         return None
     if not isinstance(lease, Mapping):
         raise ValueError("lease")
-    value = lease.get("value")
-    if value is not None and type(value) is not str:
-        raise ValueError("value")
     return LeaseInfo(
-        resource=_member(lease, "resource", str),  # type: ignore[arg-type]
-        epoch=_member(lease, "epoch", int),  # type: ignore[arg-type]
-        holder=_member(lease, "holder", str),  # type: ignore[arg-type]
-        expires_in=_member(lease, "expires_in", float),  # type: ignore[arg-type]
-        ttl=_member(lease, "ttl", float),  # type: ignore[arg-type]
-        coordinator_id=_member(lease, "coordinator_id", str),  # type: ignore[arg-type]
-        value=value,
+        resource=text(lease, "resource"),
+        epoch=whole(lease, "epoch"),
+        holder=text(lease, "holder"),
+        expires_in=number(lease, "expires_in"),
+        ttl=number(lease, "ttl"),
+        coordinator_id=text(lease, "coordinator_id"),
+        value=optional_text(lease, "value"),
     )
-
-
-def records_of(body: Json) -> list[Record]:
-    """The records of a ``Records`` body."""
-    found = body.get("records")
-    if not isinstance(found, list):
-        raise ValueError("records")
-    records = []
-    for item in found:
-        if not isinstance(item, Mapping):
-            raise ValueError("record")
-        holder = item.get("holder")
-        detail = item.get("detail")
-        if (holder is not None and type(holder) is not str) or not isinstance(detail, Mapping):
-            raise ValueError("record")
-        records.append(
-            Record(
-                seq=_member(item, "seq", int),  # type: ignore[arg-type]
-                at=_member(item, "at", float),  # type: ignore[arg-type]
-                kind=RecordKind(_member(item, "kind", str)),
-                resource=_member(item, "resource", str),  # type: ignore[arg-type]
-                epoch=_member(item, "epoch", int),  # type: ignore[arg-type]
-                holder=holder,
-                detail=dict(detail),
-            )
-        )
-    return records
 
 
 def error_of(call: Call, status: int, body: object) -> FencedError:
