@@ -25,6 +25,7 @@ __all__ = [
     "OneLineUsageCommand",
     "cli",
     "one_line",
+    "one_line_usage",
     "stores_option",
     "url_option",
 ]
@@ -88,9 +89,21 @@ class OneLineUsageCommand(click.Command):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.UsageError as error:
-            where = f"fenced {info_name}" if info_name else "fenced"
-            message = error.format_message().rstrip(".")
-            raise ConfigurationError(f"{message} (see '{where} --help')") from None
+            raise one_line_usage(error, parent, info_name) from None
+
+
+def one_line_usage(
+    error: click.UsageError, parent: click.Context | None, info_name: str | None
+) -> ConfigurationError:
+    """A usage error as one line naming the command the way a user types it (``fenced keys
+    add``, whatever the program was invoked as): the ConfigurationError the group prints."""
+    names = [info_name] if info_name else []
+    while parent is not None and parent.parent is not None:  # the root is "fenced"
+        names.insert(0, parent.info_name or "")
+        parent = parent.parent
+    where = " ".join(["fenced", *names])
+    message = error.format_message().rstrip(".")
+    return ConfigurationError(f"{message} (see '{where} --help')")
 
 
 class FencedGroup(click.Group):

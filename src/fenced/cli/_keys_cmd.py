@@ -26,7 +26,7 @@ from typing import Any
 
 import click
 
-from fenced.cli._app import FencedGroup, OneLineUsageCommand, cli
+from fenced.cli._app import FencedGroup, cli, one_line_usage
 from fenced.core._errors import ConfigurationError
 
 __all__ = ["JSON_FORMAT", "keys_group"]
@@ -55,35 +55,9 @@ def _keys_module() -> ModuleType:
     return _keys
 
 
-def _one_line_usage(
-    error: click.UsageError, parent: click.Context | None, info_name: str | None
-) -> ConfigurationError:
-    where = " ".join(filter(None, [parent.command_path if parent else "", info_name]))
-    message = error.format_message().rstrip(".")
-    return ConfigurationError(f"{message} (see '{where} --help')")
-
-
-class KeysCommand(OneLineUsageCommand):
-    """A ``fenced keys`` command: usage errors as one line naming ``fenced keys CMD``."""
-
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
-        try:  # click's own, not OneLineUsageCommand's: the message names "fenced keys CMD"
-            return click.Command.make_context(self, info_name, args, parent=parent, **extra)
-        except click.UsageError as error:
-            raise _one_line_usage(error, parent, info_name) from None
-
-
 class KeysGroup(FencedGroup):
     """The ``fenced keys`` group: fenced errors and usage errors as one line (exit 2), its
     help when given no command."""
-
-    command_class = KeysCommand
 
     def make_context(
         self,
@@ -97,7 +71,7 @@ class KeysGroup(FencedGroup):
         except click.UsageError as error:
             if type(error).__name__ == "NoArgsIsHelpError":  # click 8.2+: show the help
                 raise
-            raise _one_line_usage(error, parent, info_name) from None
+            raise one_line_usage(error, parent, info_name) from None
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
@@ -105,7 +79,7 @@ class KeysGroup(FencedGroup):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError as error:
-            raise _one_line_usage(error, ctx.parent, ctx.info_name) from None
+            raise one_line_usage(error, ctx.parent, ctx.info_name) from None
 
 
 def _keys_option(command: Any) -> Any:
