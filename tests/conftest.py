@@ -11,3 +11,4 @@ from support.coordinators import open_coord  # noqa: E402, F401
 from support.etcd_fixtures import etcd_cluster  # noqa: E402, F401
 from support.local_users import public_dir, umask  # noqa: E402, F401
 from support.postgres_fixtures import postgres_server  # noqa: E402, F401
+from support.rgw_fixtures import rgw_server  # noqa: E402, F401
