@@ -77,6 +77,7 @@ STORE_KINDS: dict[str, StoreKind] = {
         alias=True,
         green="fenced.fence.postgres._store:open_green_postgres_backend",
     ),
+    "s3": StoreKind("fenced.fence.s3._store:open_s3_backend", "url"),
     "http": StoreKind("fenced.fence.http._store:open_http_store", "url", store=True),
     "https": StoreKind("fenced.fence.http._store:open_http_store", "url", store=True),
 }

@@ -35,6 +35,8 @@ import io
 import itertools
 import logging
 import math
+import random
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -71,6 +73,7 @@ from fenced.fence.backend import (
     ORDINARY,
     Backend,
     Capability,
+    CommitConflict,
     CurrentPutBackend,
     FastPath,
     Intent,
@@ -110,6 +113,7 @@ _PRUNE_EVERY = 64
 log = logging.getLogger("fenced.store")
 
 _Outcome = TypeVar("_Outcome", Version, Publication)
+_T = TypeVar("_T")
 
 # What a speculative attempt may end with that the ordinary attempt decides again (nothing
 # was applied): its answer came from remembered state, so only the ordinary one is reported.
@@ -263,7 +267,7 @@ class Store(StoreIdentity, Closing):
                 return self._fence(token, Intent(speculate=True))
             except _REDECIDED:
                 pass
-        return self._fence(token, ORDINARY)
+        return self._again(token.resource, lambda: self._fence(token, ORDINARY))
 
     def _fence(self, token: FencingToken, intent: Intent) -> int:
         now = self._clock.wall()
@@ -312,7 +316,10 @@ class Store(StoreIdentity, Closing):
                 return self._put(token, key, data, op_id, if_version, digest, intent)
             except _REDECIDED:
                 pass
-        return self._put(token, key, data, op_id, if_version, digest, Intent(key=key))
+        return self._again(
+            token.resource,
+            lambda: self._put(token, key, data, op_id, if_version, digest, Intent(key=key)),
+        )
 
     def _put(
         self,
@@ -394,8 +401,9 @@ class Store(StoreIdentity, Closing):
         backend.stage(resource, object_id, source, self._clock.wall())
         sha256, size = source.sha256, source.size
         digest = ops.publish_digest(token, name, sha256, size) if op_id else ""
-        now = self._clock.wall()
-        try:
+
+        def attempt() -> Publication:
+            now = self._clock.wall()
             with self._write(resource, Intent(pointer=name)) as tx:
 
                 def change() -> Publication:
@@ -413,9 +421,12 @@ class Store(StoreIdentity, Closing):
                     tx.set_pointer(publication, now)
                     return publication
 
-                result = self._mutate(
+                return self._mutate(
                     tx, token, op_id, digest, now, ops.decode_publication, change, what
                 )
+
+        try:
+            result = self._again(resource, attempt)
         except (Rejected, IdempotencyConflict, Unavailable) as error:  # definitely not committed
             backend.discard(resource, object_id)
             if isinstance(error, Rejected):
@@ -466,6 +477,22 @@ class Store(StoreIdentity, Closing):
         (unbound) or ``coordinator_id`` itself change nothing, so a retry is safe.
         """
         new = check_rebind(resource, coordinator_id, previous, ceiling)
+        head, changed = self._again(
+            resource, lambda: self._rebind(resource, new, previous, ceiling)
+        )
+        if changed != head:
+            log.warning(
+                "%s: rebound from coordinator %s to %s (floor %s kept)",
+                resource,
+                head.coordinator_id,
+                new,
+                head.floor,
+            )
+        return head.coordinator_id
+
+    def _rebind(
+        self, resource: str, new: str, previous: str | None, ceiling: int
+    ) -> tuple[rules.Head, rules.Head]:
         now = self._clock.wall()
         with self._write(resource, ORDINARY) as tx:
             head = tx.head()
@@ -483,15 +510,7 @@ class Store(StoreIdentity, Closing):
                         0, now, RecordKind.REBOUND, resource, head.floor or 0, None, detail
                     )
                     cast(RecordingTransaction, tx).append_record(record)
-        if changed != head:
-            log.warning(
-                "%s: rebound from coordinator %s to %s (floor %s kept)",
-                resource,
-                head.coordinator_id,
-                new,
-                head.floor,
-            )
-        return head.coordinator_id
+        return head, changed
 
     def binding(self, resource: str) -> str | None:
         """The id of the coordinator ``resource`` is bound to; None if it is unbound."""
@@ -599,6 +618,25 @@ class Store(StoreIdentity, Closing):
         if Capability.RECORDS not in backend.capabilities:
             raise ConfigurationError(f"the store {self.url} does not keep records")
         return cast(RecordingBackend, backend)
+
+    def _again(self, resource: str, attempt: Callable[[], _T]) -> _T:
+        """``attempt()`` (one whole mutation), run again while an optimistic backend's commit
+        loses a race (:class:`CommitConflict`: nothing was applied), after a random pause that
+        doubles up to 0.1 s, for at most ``busy_timeout`` seconds; then Unavailable."""
+        deadline = time.monotonic() + self._options.busy_timeout
+        pause = 0.002
+        while True:
+            try:
+                return attempt()
+            except CommitConflict:
+                if time.monotonic() >= deadline:
+                    raise Unavailable(
+                        f"{resource}: other writers of {self.url} kept changing it for "
+                        f"{self._options.busy_timeout:g} s (busy_timeout); nothing was "
+                        "changed, retry"
+                    ) from None
+                time.sleep(random.uniform(pause / 2, pause))
+                pause = min(pause * 2, 0.1)
 
     def _speculates(self, resource: str, key: str | None) -> bool:
         """Whether to try a mutation of ``resource`` (reading ``key``) speculatively first."""

@@ -29,6 +29,12 @@ head) and whether to *speculate*. A backend declares the optional paths it offer
   way, and only that answer (a rejection, a conflict, a result) is reported and recorded.
 * :attr:`FastPath.CURRENT_PUT` (:class:`CurrentPutBackend`): the usual put in one call.
 
+**Optimistic backends.** A backend may implement the critical section without a lock: the
+transaction reads a version of the domain, and its commit is one conditional write against that
+version. If the version changed, the commit applies nothing and raises :class:`CommitConflict`;
+the store then decides the whole mutation again on fresh state (so every decision is still made
+on state that was current when it committed).
+
 A backend with :attr:`Capability.RECORDS` also implements :class:`RecordingBackend` (and its
 transactions :class:`RecordingTransaction`): the store's diagnostic records (docs/stores.md,
 Records). Installs and accepted mutations are appended inside the mutation's own transaction
@@ -59,6 +65,7 @@ __all__ = [
     "Backend",
     "Capability",
     "Chooser",
+    "CommitConflict",
     "CurrentPutBackend",
     "FastPath",
     "Intent",
@@ -152,6 +159,16 @@ class SpeculationFailed(Exception):
 
     Raised only by a transaction opened with ``Intent(speculate=True)``; the store runs the
     mutation again the ordinary way.
+    """
+
+
+class CommitConflict(SpeculationFailed):
+    """An optimistic backend's transaction lost the race to commit: nothing was applied.
+
+    A backend without a lock (``s3://``: each commit is one conditional write against the
+    version it read) raises it when that version changed before its commit, from any
+    transaction, speculative or not. The store runs the whole mutation again on fresh state,
+    with a short random pause, until ``busy_timeout``; then :class:`~fenced.Unavailable`.
     """
 
 

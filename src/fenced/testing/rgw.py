@@ -221,7 +221,9 @@ class RgwServer(StartStop):
             **self._settings,
         }
         rgw = {
-            "rgw frontends": f"beast endpoint={self.host}:{self.port}",
+            # without tcp_nodelay, beast writes a reply's headers and body apart and a small
+            # GET waits for the client's delayed ACK: 44 ms instead of 1.5 ms (measured)
+            "rgw frontends": f"beast endpoint={self.host}:{self.port} tcp_nodelay=1",
             "rgw dns name": self.host,
             "rgw enable usage log": "false",
         }
