@@ -1,9 +1,9 @@
 """The asyncio face of stores (:mod:`fenced.aio._store`).
 
-1. The store conformance suites, unchanged, on ``sqlite:``, ``file:`` and ``postgresql:`` stores
-   opened with ``await fenced.aio.open_store``: their ``make_store`` fixture hands out
-   :class:`fenced.testing.aio_bridge.SyncStore` facades, whose calls run as coroutines on an
-   event loop in a background thread.
+1. The store conformance suites, unchanged, on ``sqlite:``, ``file:``, ``postgresql:`` and
+   ``s3:`` stores opened with ``await fenced.aio.open_store``: their ``make_store`` fixture
+   hands out :class:`fenced.testing.aio_bridge.SyncStore` facades, whose calls run as coroutines
+   on an event loop in a background thread.
 2. What only the async face has: checks on the loop before any thread work, async iterators as
    publish data (back-pressure, failures, cancellation), ordering, closing, and a loop that keeps
    running while the worker syncs.
@@ -52,8 +52,9 @@ from fenced.testing.store_conformance import (
     token,
 )
 from support.postgres_stores import postgres_snapshot, store_url
+from support.s3_stores import s3_bucket, s3_snapshot, s3_url
 
-__all__ = ["store_url"]  # a fixture from support.postgres_stores, used here
+__all__ = ["s3_bucket", "s3_url", "store_url"]  # fixtures from support, used here
 
 MiB = 1024 * 1024
 KiB = 1024
@@ -107,6 +108,22 @@ class TestAsyncPostgresStore(
     @pytest.fixture
     def snapshot(self) -> Callable[[Store], object]:
         return postgres_snapshot
+
+
+class TestAsyncS3Store(
+    FencingConformance,
+    KeysConformance,
+    PublicationConformance,
+    OpIdConformance,
+    RecordsConformance,
+):
+    @pytest.fixture
+    def make_store(self, loop_thread: LoopThread, s3_url: str) -> Iterator[MakeStore]:
+        yield from _facades(loop_thread, s3_url)
+
+    @pytest.fixture
+    def snapshot(self) -> Callable[[Store], object]:
+        return s3_snapshot
 
 
 # -- 2. what only the async face has ---------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fenced._drivers import s3
 from fenced.fence import Store
 from fenced.testing.rgw import RgwServer
 
@@ -35,23 +36,23 @@ def s3_url(rgw_server: RgwServer, s3_bucket: str, monkeypatch: pytest.MonkeyPatc
 
 
 def s3_snapshot(store: Store) -> dict[str, Any]:
-    """Every object under a store's prefix but its records, read with a client of its own; a
-    state object as its JSON without the records and the nonce (a rejection adds a record)."""
-    backend: Any = store._backend
-    client = backend.reads
-    prefix = backend.location.prefix
+    """Every object under a store's prefix but its records, read with a client of its own (only
+    ``store.url`` is used, so it works on both faces). A state object is its JSON without the
+    records, the nonce and the commits (a rejection adds a record); a state that holds nothing
+    but records is left out."""
+    location = s3.parse_url(store.url)
+    client = s3.clients(location).reads
+    prefix, bucket = location.prefix, location.bucket
     found: dict[str, Any] = {}
-    for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket=backend.bucket, Prefix=prefix
-    ):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for entry in page.get("Contents") or []:
             key = entry["Key"]
             if key.startswith(prefix + "records/"):
                 continue
-            body = client.get_object(Bucket=backend.bucket, Key=key)["Body"].read()
+            body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
             if key.startswith(prefix + "state/"):
                 state = json.loads(body)
-                for field in ("records", "seq", "nonce"):
+                for field in ("records", "seq", "nonce", "commits"):
                     state.pop(field)
                 if state["floor"] is None and not any(state[f] for f in _DATA):
                     continue  # created by a rejection's record: holds no data

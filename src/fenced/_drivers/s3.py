@@ -31,6 +31,7 @@ from fenced.core._urls import redacted
 
 __all__ = [
     "CONFLICT_CODES",
+    "DENIED_CODES",
     "MISSING_CODES",
     "S3Clients",
     "S3Location",
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 _OPTIONS = frozenset({"endpoint", "region", "timeout", "addressing"})
+_CREDENTIAL = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 DEFAULT_TIMEOUT = 10.0
 
@@ -49,7 +51,7 @@ CONFLICT_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", 
 """Error codes of a conditional write that lost: the object is not the version it named."""
 MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 """Error codes of a key that does not exist."""
-_DENIED = frozenset(
+DENIED_CODES = frozenset(
     {
         "AccessDenied",
         "InvalidAccessKeyId",
@@ -60,6 +62,7 @@ _DENIED = frozenset(
         "403",
     }
 )
+"""Error codes of a request the credentials may not make (or that carry bad credentials)."""
 _BUSY = frozenset(
     {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "503", "500"}
 )
@@ -95,7 +98,8 @@ def parse_url(url: str) -> S3Location:
     """The location of ``url``; :class:`ConfigurationError` for credentials in it, a bad bucket
     name, an empty prefix segment, an unknown option or a bad option value."""
     parts = urllib.parse.urlsplit(url)
-    shown = redacted(url)
+    # the query is left out of messages: an unknown option may be a secret under any name
+    shown = redacted(urllib.parse.urlunsplit(parts._replace(query="", fragment="")))
     if parts.scheme != "s3":
         raise ConfigurationError(f"not an s3:// URL: {shown}")
     if "@" in parts.netloc:
@@ -109,13 +113,18 @@ def parse_url(url: str) -> S3Location:
             f"{shown}: {bucket!r} is not a bucket name (3-63 characters of a-z 0-9 . -, "
             "starting and ending with a letter or digit)"
         )
-    prefix = parts.path.strip("/")
+    prefix = parts.path.removeprefix("/").removesuffix("/")
     if prefix and any(not segment for segment in prefix.split("/")):
         raise ConfigurationError(f"{shown}: the key prefix {prefix!r} has an empty segment")
     if parts.fragment:
         raise ConfigurationError(f"{shown}: an s3:// URL has no fragment")
     found = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
     unknown = sorted(set(found) - _OPTIONS)
+    if any(_CREDENTIAL.search(name) for name in unknown):
+        raise ConfigurationError(
+            f"{shown}: an s3:// URL carries no credentials ({unknown[0]}=…); they come from the "
+            "AWS chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws, a role)"
+        )
     if unknown:
         raise ConfigurationError(
             f"{shown}: unknown option {unknown[0]!r} (s3:// takes {', '.join(sorted(_OPTIONS))})"
@@ -168,6 +177,8 @@ def clients(location: S3Location, pool: int = 16) -> S3Clients:
     """
     import boto3  # noqa: PLC0415 - only a store that uses s3:// needs the extra
 
+    session = boto3.session.Session()  # one session: the service model is loaded once
+
     def make(attempts: int) -> Any:
         config = Config(
             connect_timeout=location.timeout,
@@ -179,7 +190,7 @@ def clients(location: S3Location, pool: int = 16) -> S3Clients:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        return boto3.session.Session().client(
+        return session.client(
             "s3", endpoint_url=location.endpoint, region_name=location.region, config=config
         )
 
@@ -212,7 +223,7 @@ def translate(error: Exception, location: S3Location, what: str) -> Exception:
     found = code(error)
     if found in ("NoSuchBucket",):
         return ConfigurationError(f"{where}: the bucket {location.bucket} does not exist")
-    if found in _DENIED:
+    if found in DENIED_CODES:
         return ConfigurationError(
             f"{where}: {what} was refused ({found}): check the credentials the AWS chain "
             "found and the bucket policy"

@@ -12,7 +12,7 @@ transition check) or the whole URL (``url`` kinds). A URL is parsed by
 :func:`fenced.core._urls.scheme_of` (``postgresql+psycopg://`` is ``postgresql://``). Instead of a
 URL, a ``psycopg_pool.ConnectionPool`` or a SQLAlchemy ``Engine`` opens the ``postgresql`` kind
 with that object as its location. An unknown scheme is :class:`~fenced.ConfigurationError`; a
-kind whose extra is not installed fails as its module's import does (with the extra to install).
+kind whose extra is not installed is a ConfigurationError naming the extra to install.
 """
 
 from __future__ import annotations
@@ -52,11 +52,25 @@ class StoreKind:
     """The factory opens a whole :class:`~fenced.Store`, not a backend: a store served
     elsewhere (``http``: ``fenced serve``'s own store decides every operation). Called as
     ``factory(url, mode, options)``."""
+    extra: str | None = None
+    """The extra that installs the kind's driver, named when its import fails."""
 
     def load(self, green: bool = False) -> Factory:
-        """Import the module and return the factory (the ``green`` one if asked)."""
+        """Import the module and return the factory (the ``green`` one if asked).
+
+        A missing driver is :class:`ConfigurationError` naming the extra to install.
+        """
         module, _, name = (self.green if green and self.green else self.factory).partition(":")
-        return cast(Factory, getattr(importlib.import_module(module), name))
+        try:
+            loaded = importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if self.extra is None or (error.name or "").startswith("fenced"):
+                raise
+            raise ConfigurationError(
+                f"this store kind needs {(error.name or '?').split('.')[0]}: pip install "
+                f"'fenced[{self.extra}]'"
+            ) from None
+        return cast(Factory, getattr(loaded, name))
 
     def runs_green(self, url: object) -> bool:
         """Whether the asyncio face opens ``url`` (of this kind) with :attr:`green`."""
@@ -70,16 +84,18 @@ STORE_KINDS: dict[str, StoreKind] = {
         "fenced.fence.postgres._store:open_postgres_backend",
         "url",
         green="fenced.fence.postgres._store:open_green_postgres_backend",
+        extra="postgres",
     ),
     "postgres": StoreKind(
         "fenced.fence.postgres._store:open_postgres_backend",
         "url",
         alias=True,
         green="fenced.fence.postgres._store:open_green_postgres_backend",
+        extra="postgres",
     ),
-    "s3": StoreKind("fenced.fence.s3._store:open_s3_backend", "url"),
-    "http": StoreKind("fenced.fence.http._store:open_http_store", "url", store=True),
-    "https": StoreKind("fenced.fence.http._store:open_http_store", "url", store=True),
+    "s3": StoreKind("fenced.fence.s3._store:open_s3_backend", "url", extra="s3"),
+    "http": StoreKind("fenced.fence.http._store:open_http_store", "url", store=True, extra="http"),
+    "https": StoreKind("fenced.fence.http._store:open_http_store", "url", store=True, extra="http"),
 }
 """Every store kind, by URL scheme."""
 

@@ -39,7 +39,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -77,6 +77,7 @@ from fenced.fence.backend import (
     CurrentPutBackend,
     FastPath,
     Intent,
+    PublishSpeculatingBackend,
     RecordingBackend,
     RecordingTransaction,
     SpeculatingBackend,
@@ -392,19 +393,16 @@ class Store(StoreIdentity, Closing):
         backend = self._open_backend()
         what = _Mutation("publish", {"name": name})
         if op_id is None:  # these refusals are permanent: save the staging of doomed data
-            try:
-                rules.admit_fence(backend.head(resource), token)
-            except Rejected as error:
-                self._rejected(token, what, error)
-                raise
+            self._refuse_doomed(backend, token, what)
         object_id = f"{token.epoch:020d}-{uuid.uuid4().hex}"
         backend.stage(resource, object_id, source, self._clock.wall())
         sha256, size = source.sha256, source.size
         digest = ops.publish_digest(token, name, sha256, size) if op_id else ""
 
-        def attempt() -> Publication:
+        def attempt(intent: Intent) -> Publication:
+            what.replayed = what.installed = False
             now = self._clock.wall()
-            with self._write(resource, Intent(pointer=name)) as tx:
+            with self._write(resource, intent) as tx:
 
                 def change() -> Publication:
                     current = tx.pointer(name)
@@ -426,7 +424,14 @@ class Store(StoreIdentity, Closing):
                 )
 
         try:
-            result = self._again(resource, attempt)
+            result = None
+            if FastPath.PUBLISH_SPECULATION in backend.fast_paths and self._speculates(
+                resource, None
+            ):
+                with suppress(*_REDECIDED):
+                    result = attempt(Intent(pointer=name, speculate=True))
+            if result is None:
+                result = self._again(resource, lambda: attempt(Intent(pointer=name)))
         except (Rejected, IdempotencyConflict, Unavailable) as error:  # definitely not committed
             backend.discard(resource, object_id)
             if isinstance(error, Rejected):
@@ -436,6 +441,25 @@ class Store(StoreIdentity, Closing):
             backend.discard(resource, object_id)
         what.log(token)
         return result
+
+    def _refuse_doomed(self, backend: Backend, token: FencingToken, what: _Mutation) -> None:
+        """Refuse a publish that no later state can admit (a floor above the token, another
+        binding) before its data is staged: on committed state, or on the state a backend with
+        :attr:`FastPath.PUBLISH_SPECULATION` remembers (a refusal there is confirmed on committed
+        state; an admission is decided again by the commit in any case)."""
+        if FastPath.PUBLISH_SPECULATION in backend.fast_paths:
+            remembered = cast(PublishSpeculatingBackend, backend).remembered_head(token.resource)
+            if remembered is not None:
+                try:
+                    rules.admit_fence(remembered, token)
+                    return
+                except Rejected:
+                    pass
+        try:
+            rules.admit_fence(backend.head(token.resource), token)
+        except Rejected as error:
+            self._rejected(token, what, error)
+            raise
 
     def gc(self, keep: int = 1, grace: float | None = None) -> int:
         """Delete unreferenced objects idle for longer than ``grace`` seconds; return how many.

@@ -27,6 +27,8 @@ head) and whether to *speculate*. A backend declares the optional paths it offer
   check that state under the lock at commit; if it changed, the transaction applies nothing
   and raises :class:`SpeculationFailed`. The store then runs the mutation again the ordinary
   way, and only that answer (a rejection, a conflict, a result) is reported and recorded.
+* :attr:`FastPath.PUBLISH_SPECULATION` (:class:`PublishSpeculatingBackend`): ``publish`` too
+  (its early refusal and its commit) on remembered state.
 * :attr:`FastPath.CURRENT_PUT` (:class:`CurrentPutBackend`): the usual put in one call.
 
 **Optimistic backends.** A backend may implement the critical section without a lock: the
@@ -69,6 +71,7 @@ __all__ = [
     "CurrentPutBackend",
     "FastPath",
     "Intent",
+    "PublishSpeculatingBackend",
     "RecordingBackend",
     "RecordingTransaction",
     "SpeculatingBackend",
@@ -131,6 +134,9 @@ class FastPath(enum.StrEnum):
     """Mutations decided on remembered state, checked under the lock.
 
     The backend implements :class:`SpeculatingBackend`."""
+    PUBLISH_SPECULATION = "publish_speculation"
+    """Also ``publish`` decided on remembered state (its pointer, op id and object checks
+    included), and its early refusal too (:class:`PublishSpeculatingBackend`)."""
     CURRENT_PUT = "current_put"
     """An unconditional put by the installed holder in one call (:class:`CurrentPutBackend`)."""
 
@@ -338,6 +344,18 @@ class SpeculatingBackend(Backend, Protocol):
         """Whether a speculative mutation of ``resource`` (reading ``key``) is worth trying.
 
         A hint: a speculative transaction still checks what it assumed.
+        """
+        ...
+
+
+class PublishSpeculatingBackend(SpeculatingBackend, Protocol):
+    """A store backend with :attr:`FastPath.PUBLISH_SPECULATION` (and SPECULATION)."""
+
+    def remembered_head(self, resource: str) -> Head | None:
+        """The head of ``resource`` as this process saw it last; None if it remembers none.
+
+        A hint: the store only uses it to refuse a doomed publish before staging, and confirms
+        a refusal on committed state.
         """
         ...
 

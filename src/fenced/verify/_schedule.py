@@ -450,12 +450,14 @@ def run_schedule(
         slots = {slot: spawn(slot) for slot in range(schedule.workers)}
         waiting = {worker.name for worker in slots.values()}
 
-        def all_started(event: Event) -> bool:
-            if event["ev"] == "start":
+        def all_ready(event: Event) -> bool:
+            # ready: its coordinator and stores are open (a networked store's open may take
+            # seconds, which must not come out of the schedule's duration); crash: it never will
+            if event["ev"] in ("ready", "crash"):
                 waiting.discard(str(event["w"]))
             return not waiting
 
-        run.wait_for(all_started, 60.0, "the workers to start")
+        run.wait_for(all_ready, 60.0, "the workers to open their coordinator and stores")
         nemesis = Nemesis(
             run,
             schedule.nemesis,

@@ -10,6 +10,9 @@ history file with the truth about its effect, and the wire faults of its
 ``start`` / ``exit`` / ``crash``
     the process began (with its active mutants) / ended normally / ended with an unexpected
     exception (recorded, then raised);
+``ready``
+    random mode: the coordinator and the stores are open, the worker waits for the start
+    barrier (opening a networked store may take a while: the schedule's work starts after it);
 ``lease``
     ``hold()`` returned: ``epoch``, the holder's local ``deadline`` (deadline clock), ``ttl``;
 ``check``
@@ -463,6 +466,7 @@ class Worker:
         """Seeded leases of protected work until ``config.end`` (see the module docstring)."""
         rng, ttl = self.rng, self.config.ttl
         if self.config.go:
+            self.rec.emit("ready")
             self.config.end = _await_go(self.config.go)
         request_id: str | None = None
         while time.monotonic() < self.config.end:

@@ -11,6 +11,8 @@ change: a store on it cannot fence, so it must refuse to open rather than preten
    every commit.
 
 The key is deleted whatever happens (best effort), so a refused store has nothing written.
+Credentials that may not write (a reader's) make the first PUT fail with AccessDenied: then
+nothing is probed, and ``open_store`` uses the form recorded when the store was created.
 """
 
 from __future__ import annotations
@@ -26,12 +28,18 @@ from fenced.core._errors import ConfigurationError
 
 __all__ = ["probe"]
 
+
+class _Denied(Exception):
+    """The credentials may not write the probe key."""
+
+
 _ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
 
 
-def probe(client: Any, location: s3.S3Location) -> bool:
+def probe(client: Any, location: s3.S3Location) -> bool | None:
     """Check that the server honours conditional writes; True if ``If-Match`` takes the quoted
-    ETag, False if it takes the bare one.
+    ETag, False if it takes the bare one, None if the credentials may not write the probe key
+    (a reader's: nothing is probed, and the caller decides).
 
     Raises :class:`ConfigurationError` naming what the server ignored, or what
     :func:`fenced._drivers.s3.translate` makes of a transport or permission error.
@@ -46,6 +54,8 @@ def probe(client: Any, location: s3.S3Location) -> bool:
         except _ERRORS as error:
             if s3.code(error) in s3.CONFLICT_CODES:
                 return None
+            if s3.code(error) in s3.DENIED_CODES:
+                raise _Denied from error
             raise s3.translate(error, location, "the conditional-write probe") from error
         return str(reply["ETag"])
 
@@ -71,6 +81,8 @@ def probe(client: Any, location: s3.S3Location) -> bool:
             f"{where}: the server refuses If-Match with the key's own ETag, quoted or bare; "
             "a fenced store cannot commit on it (docs/s3.md, Servers)"
         )
+    except _Denied:
+        return None
     finally:
         with contextlib.suppress(*_ERRORS):
             client.delete_object(Bucket=location.bucket, Key=key)

@@ -6,8 +6,12 @@ the records together or not at all (docs/s3.md, Why one state object). Fields:
 
 ``nonce``
     Fresh for every write: identical bodies would give identical ETags (an MD5), and a writer
-    that read version A could then commit over A → B → A. It also tells a writer whose reply
-    was lost whether its write is the current one.
+    that read version A could then commit over A → B → A.
+``commits``
+    ``[nonce, parent nonce]`` of the last :data:`COMMITS_KEPT` writes: which write replaced
+    which version. Exactly one write can replace a version (each is conditional on it), so a
+    writer whose reply was lost finds out whether its write is the one that replaced the version
+    it read, even after later writes (:meth:`State.successor`).
 ``coordinator``, ``floor``
     The :class:`~fenced.fence._rules.Head`.
 ``items``
@@ -38,9 +42,11 @@ from fenced.fence._ops import OpRecord
 from fenced.fence._rules import Head
 from fenced.fence._values import Item, Publication
 
-__all__ = ["INLINE_BYTES", "State"]
+__all__ = ["COMMITS_KEPT", "INLINE_BYTES", "State"]
 
 FORMAT = 1
+COMMITS_KEPT = 16
+"""Writes remembered in ``commits``."""
 INLINE_BYTES = 4096
 """Values up to this size are kept inside the state; larger ones in a value object."""
 
@@ -60,12 +66,15 @@ class State:
     ops: dict[str, list[Any]] = field(default_factory=dict)
     seq: int = 0
     records: list[list[Any]] = field(default_factory=list)
+    commits: list[list[str]] = field(default_factory=list)
 
     # -- codec -----------------------------------------------------------------------------
 
     def encode(self) -> bytes:
-        """The document with a fresh :attr:`nonce` (set on self)."""
-        self.nonce = uuid.uuid4().hex
+        """The document with a fresh :attr:`nonce` (set on self), replacing the version whose
+        nonce it had (noted in ``commits``)."""
+        parent, self.nonce = self.nonce, uuid.uuid4().hex
+        self.commits = [*self.commits[-(COMMITS_KEPT - 1) :], [self.nonce, parent]]
         document = {
             "format": FORMAT,
             "resource": self.resource,
@@ -79,6 +88,7 @@ class State:
             "ops": self.ops,
             "seq": self.seq,
             "records": self.records,
+            "commits": self.commits,
         }
         return json.dumps(document, separators=(",", ":")).encode()
 
@@ -101,8 +111,13 @@ class State:
                 ops=dict(document["ops"]),
                 seq=int(document["seq"]),
                 records=list(document["records"]),
+                commits=list(document["commits"]),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+        except KeyError as error:
+            raise CorruptData(
+                f"{where}: the state of {resource} is damaged: it has no {error} field"
+            ) from None
+        except (ValueError, TypeError, AttributeError) as error:
             raise CorruptData(f"{where}: the state of {resource} is damaged: {error}") from None
 
     def copy(self) -> State:
@@ -120,6 +135,7 @@ class State:
             dict(self.ops),
             self.seq,
             list(self.records),
+            list(self.commits),
         )
 
     # -- views -----------------------------------------------------------------------------
@@ -149,6 +165,14 @@ class State:
     def op(self, op_id: str) -> OpRecord | None:
         entry = self.ops.get(op_id)
         return None if entry is None else OpRecord(entry[0], entry[1], entry[2])
+
+    def successor(self, parent: str) -> str | None:
+        """The nonce of the write that replaced the version with nonce ``parent``; None if that
+        is not among the remembered writes (none yet, or too long ago)."""
+        for nonce, replaced in self.commits:
+            if replaced == parent:
+                return nonce
+        return None
 
     def record_list(self) -> list[Record]:
         return [record_of(self.resource, entry) for entry in self.records]

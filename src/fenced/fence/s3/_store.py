@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import botocore.exceptions
 
@@ -70,6 +70,8 @@ _OPS_KEPT = 64
 _RECORDS_KEPT = 128
 """Records kept inside a state; beyond, the oldest half is moved out as one segment."""
 _FORMAT = 1
+_SEEN_MAX = 1024
+"""Resources whose last seen state a backend remembers (for speculation); cleared when full."""
 STAGED = "fenced-staged"
 """The metadata field holding an object's staging time (the store's wall clock)."""
 
@@ -94,7 +96,7 @@ class S3Backend:
     """See the module docstring. Created by :func:`open_s3_backend`."""
 
     capabilities = frozenset(Capability) - {Capability.LOCAL_FILES}
-    fast_paths = frozenset({FastPath.SPECULATION})
+    fast_paths = frozenset({FastPath.SPECULATION, FastPath.PUBLISH_SPECULATION})
 
     def __init__(self, location: s3.S3Location, clients: s3.S3Clients, options: StoreOptions):
         self.url = location.url
@@ -106,6 +108,8 @@ class S3Backend:
         self.options = options
         self._quoted = True
         self._seen: dict[str, tuple[State, str]] = {}
+        self._staged_under: dict[str, str] = {}
+        """object id → the state ETag current when its staging began (seen before it)."""
         self._seen_lock = threading.Lock()
 
     # -- opening ---------------------------------------------------------------------------
@@ -122,13 +126,29 @@ class S3Backend:
                     f"{where}: the bucket {self.bucket} does not exist"
                 ) from None
             raise self.translate(error, "opening the bucket") from error
-        stored = self._read_meta()
-        if stored is None and not create:
+        meta = self._read_meta()
+        stored = None if meta is None else str(meta.get("mode"))
+        if meta is None and not create:
             raise ConfigurationError(f"no fenced store at {where}: it does not exist")
         self.mode = resolve_mode(stored, requested, f"the store {where}")
-        self._quoted = probe(self.commits, self.location)
-        if stored is None:
-            body = json.dumps({"kind": "fenced-s3-store", "format": _FORMAT, "mode": self.mode})
+        found = probe(self.commits, self.location)
+        if found is None:  # no right to write: a reader of an existing store
+            if meta is None:
+                raise ConfigurationError(
+                    f"{where}: the credentials may not write under the prefix, so the store "
+                    "cannot be created there"
+                )
+            found = meta.get("if_match") != "bare"
+        self._quoted = found
+        if meta is None:
+            body = json.dumps(
+                {
+                    "kind": "fenced-s3-store",
+                    "format": _FORMAT,
+                    "mode": self.mode,
+                    "if_match": "quoted" if found else "bare",
+                }
+            )
             try:
                 self.commits.put_object(
                     Bucket=self.bucket,
@@ -140,10 +160,12 @@ class S3Backend:
             except _ERRORS as error:
                 if s3.code(error) not in s3.CONFLICT_CODES:
                     raise self.translate(error, "creating the store") from error
-                self.mode = resolve_mode(self._read_meta(), requested, f"the store {where}")
+                meta = self._read_meta() or {}
+                self.mode = resolve_mode(meta.get("mode"), requested, f"the store {where}")
 
-    def _read_meta(self) -> str | None:
-        """The stored mode, None if the store does not exist."""
+    def _read_meta(self) -> dict[str, Any] | None:
+        """The store's identity (``kind``, ``format``, ``mode``, ``if_match``: the form the probe
+        found when it was created); None if the store does not exist."""
         where = self.location.where
         body = self.read_object(self.location.key(_layout.META), "reading the store's identity")
         if body is None:
@@ -160,7 +182,7 @@ class S3Backend:
             raise ConfigurationError(
                 f"{where} has format {meta.get('format')!r}; this fenced reads format {_FORMAT}"
             )
-        return str(meta.get("mode"))
+        return cast(dict[str, Any], meta)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -239,48 +261,67 @@ class S3Backend:
         with self._seen_lock:
             if etag is None:
                 self._seen.pop(resource, None)
-            else:
-                self._seen[resource] = (state, etag)
+                return
+            if len(self._seen) >= _SEEN_MAX and resource not in self._seen:
+                self._seen.clear()
+            self._seen[resource] = (state, etag)
 
-    def commit(self, resource: str, etag: str | None, state: State) -> str:
-        """Write ``state`` if the committed one still has ``etag`` (None: if there is none);
-        its new ETag. CommitConflict if not; OutcomeUnknown if that cannot be known."""
+    def commit(self, resource: str, etag: str | None, state: State) -> None:
+        """Write ``state`` if the committed one still has ``etag`` (None: if there is none).
+        CommitConflict if not; OutcomeUnknown if that cannot be known.
+
+        The write is sent at most twice: once more after a lost reply (the same body on the same
+        condition: at most one of the two can apply). After a lost reply, the answer comes from
+        the state read back (:meth:`_resolve`), never from the status of the second attempt.
+        """
         key = self.key("state", resource)
+        parent = state.nonce
         body = state.encode()
         if etag is None:
             condition = {"IfNoneMatch": "*"}
         else:
             condition = {"IfMatch": etag if self._quoted else etag.strip('"')}
-        try:
-            reply = self.commits.put_object(
-                Bucket=self.bucket,
-                Key=key,
-                Body=body,
-                ContentType="application/json",
-                **condition,
-            )
-        except _ERRORS as error:
-            if s3.code(error) in s3.CONFLICT_CODES:
-                self._remember(resource, state, None)
-                raise CommitConflict(resource) from None
-            if isinstance(error, _AMBIGUOUS) or (s3.status(error) or 0) >= 500:
-                return self._resolve(resource, etag, state, error)
-            raise self.translate(error, f"writing the state of {resource}") from error
-        new = str(reply["ETag"])
-        self._remember(resource, state, new)
-        return new
+        lost: Exception | None = None
+        for _ in range(2):
+            try:
+                reply = self.commits.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=body,
+                    ContentType="application/json",
+                    **condition,
+                )
+            except _ERRORS as error:
+                if s3.code(error) in s3.CONFLICT_CODES and lost is None:
+                    self._remember(resource, state, None)
+                    raise CommitConflict(resource) from None
+                if s3.code(error) in s3.CONFLICT_CODES:
+                    break  # after a lost reply: maybe our own first attempt
+                if lost is None and not (
+                    isinstance(error, _AMBIGUOUS) or (s3.status(error) or 0) >= 500
+                ):
+                    raise self.translate(error, f"writing the state of {resource}") from error
+                lost = error
+                continue
+            self._remember(resource, state, str(reply["ETag"]))
+            return
+        assert lost is not None
+        self._resolve(resource, parent, state, lost)
 
-    def _resolve(self, resource: str, etag: str | None, state: State, error: Exception) -> str:
-        """Whether a commit whose reply was lost applied (see the module docstring)."""
+    def _resolve(self, resource: str, parent: str, state: State, error: Exception) -> None:
+        """Whether a commit whose reply was lost applied: the write that replaced the version
+        it was conditional on (nonce ``parent``) is it, or another one (CommitConflict); or
+        that cannot be known (OutcomeUnknown)."""
         try:
-            current, current_etag = self.read_state(resource)
+            current = self.read_state(resource)[0]  # remembered from here on
         except (Unavailable, ConfigurationError):
-            current_etag = etag
             current = None
-        if current is not None and current.nonce == state.nonce and current_etag is not None:
-            return current_etag
-        if current_etag != etag:
-            raise CommitConflict(resource) from None
+        if current is not None:
+            successor = current.successor(parent)
+            if successor == state.nonce:
+                return
+            if successor is not None:
+                raise CommitConflict(resource) from None
         raise OutcomeUnknown(
             f"{self.location.where}: the reply to the write of {resource}'s state was lost "
             f"({error}); it may still apply: retry with the same op_id"
@@ -325,6 +366,12 @@ class S3Backend:
         return self.read_state(resource)[0].pointer(name)
 
     def stage(self, resource: str, object_id: str, chunks: Iterable[bytes], now: float) -> None:
+        with self._seen_lock:
+            seen = self._seen.get(resource)
+            if seen is not None:
+                if len(self._staged_under) >= _SEEN_MAX:
+                    self._staged_under.clear()
+                self._staged_under[object_id] = seen[1]
         key = self.key("objects", resource, object_id)
         upload(self.reads, self.bucket, key, chunks, self.translate, {STAGED: repr(now)})
 
@@ -424,6 +471,16 @@ class S3Backend:
         with self._seen_lock:
             return resource in self._seen
 
+    def remembered_head(self, resource: str) -> Head | None:
+        with self._seen_lock:
+            seen = self._seen.get(resource)
+        return None if seen is None else seen[0].head
+
+    def staged_under(self, object_id: str) -> str | None:
+        """The state ETag this process knew when it began staging ``object_id`` (once)."""
+        with self._seen_lock:
+            return self._staged_under.pop(object_id, None)
+
     def close(self) -> None:
         for client in (self.reads, self.commits):
             with contextlib.suppress(Exception):
@@ -474,8 +531,13 @@ class S3Transaction:
         return self.state.pointer(name)
 
     def has_object(self, object_id: str) -> bool:
+        """Whether ``object_id`` is staged and not condemned. Without a request when this
+        transaction commits on the state version current before the staging began: gc deletes
+        only what it condemned in a later version, so the commit would fail if it had."""
         if object_id in self.state.condemned:
             return False
+        if self._etag is not None and self._backend.staged_under(object_id) == self._etag:
+            return True
         return self._backend.has_object(self.resource, object_id)
 
     # -- writes ----------------------------------------------------------------------------
