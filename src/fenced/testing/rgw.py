@@ -36,7 +36,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import string
 import subprocess
 import tempfile
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from fenced.testing._lifecycle import StartStop
+from fenced.testing.etcd import free_ports
 
 __all__ = ["RgwServer"]
 
@@ -56,19 +56,6 @@ _INSTALL = (
     "apt-get install -y --no-install-recommends ceph-mon ceph-osd radosgw ceph-common uuid-runtime"
 )
 _KEY_ALPHABET = string.ascii_uppercase + string.digits
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            probe.bind(("127.0.0.1", 0))
-            sockets.append(probe)
-        return [probe.getsockname()[1] for probe in sockets]
-    finally:
-        for probe in sockets:
-            probe.close()
 
 
 class RgwServer(StartStop):
@@ -154,7 +141,7 @@ class RgwServer(StartStop):
             self.directory = Path(tempfile.mkdtemp(prefix="fenced-rgw-"))
         for sub in ("mon.a", "osd.0", "run", "log"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
-        self.mon_port, self.port = _free_ports(2)
+        self.mon_port, self.port = free_ports(2)
         fsid = str(uuid.uuid4())
         self.config_path.write_text(self._config(fsid))
         monmap = self.directory / "monmap"
