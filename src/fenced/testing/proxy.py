@@ -108,10 +108,15 @@ class TcpProxy(StartStop):
     def mode(self) -> Mode:
         return self._mode
 
-    def start(self) -> TcpProxy:
+    def _listening_socket(self) -> socket.socket:
+        """A bound socket to listen on (a lab's relay makes it in another namespace)."""
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((self._listen_host, self._requested_port))
+        return listener
+
+    def start(self) -> TcpProxy:
+        listener = self._listening_socket()
         listener.listen(128)
         listener.settimeout(_TICK * 5)
         self._listener = listener
