@@ -227,3 +227,22 @@ def test_without_root_it_says_so_in_one_line() -> None:
         """
     )
     assert said == "network partitions need root (network namespaces and nftables)\n"
+
+
+def test_hosts_and_relays_added_to_a_running_lab(echo_ports: tuple[int, int]) -> None:
+    with NetLab() as lab:
+        assert lab.hosts == 0
+        first = lab.add_host()
+        lab.add_relay("a", "127.0.0.1", echo_ports[0])
+        lab.add_relay("b", "127.0.0.1", echo_ports[1])
+        second = lab.add_host()
+        assert (first, second) == (1, 2)
+        assert _talk(lab, second, "b") == "ok"
+        lab.cut(second, "a", "b")
+        assert _talk(lab, second, "a") == "TimeoutError"
+        assert _talk(lab, second, "b") == "TimeoutError"
+        assert _talk(lab, first, "a") == "ok"
+        with pytest.raises(ValueError, match="already relays"):
+            lab.add_relay("a", "127.0.0.1", echo_ports[1])
+        names = {lab.hub, lab.namespace(1), lab.namespace(2)}
+    assert not names & set(lab_namespaces())

@@ -163,11 +163,14 @@ class NetLab(StartStop):
     """A lab of ``hosts`` namespaces around one hub that relays to ``servers`` (see the module
     docstring). ``servers``: name → (loopback host, port) of a server on this machine."""
 
-    def __init__(self, hosts: int, servers: Mapping[str, tuple[str, int]]) -> None:
-        if hosts < 1:
-            raise ValueError("a lab needs at least one host")
-        self.hosts = hosts
-        self._servers = dict(servers)
+    def __init__(
+        self, hosts: int = 0, servers: Mapping[str, tuple[str, int]] | None = None
+    ) -> None:
+        if hosts < 0:
+            raise ValueError("a lab has no negative number of hosts")
+        self._initial = hosts
+        self.hosts = 0
+        self._servers = dict(servers or {})
         self.name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
         self.hub = f"{self.name}-hub"
         self._relays: dict[str, TcpProxy] = {}
@@ -209,22 +212,37 @@ class NetLab(StartStop):
             self._ip("link", "add", "br0", "type", "bridge")
             self._ip("addr", "add", f"{HUB_ADDRESS}/24", "dev", "br0")
             self._ip("link", "set", "br0", "up")
-            for host in range(1, self.hosts + 1):
-                name = self.namespace(host)
-                self._add(name)
-                self._ip("link", "add", f"p{host}", "type", "veth", "peer", "name", "eth0",
-                         "netns", name)  # fmt: skip
-                self._ip("link", "set", f"p{host}", "master", "br0", "up")
-                _run(
-                    "ip", "-n", name, "addr", "add", f"{self.host_address(host)}/24", "dev", "eth0"
-                )
-                _run("ip", "-n", name, "link", "set", "eth0", "up")
-            for server, (host_name, port) in self._servers.items():
+            for _ in range(self._initial):
+                self.add_host()
+            for server, (host_name, port) in list(self._servers.items()):
                 self._relays[server] = _LabProxy(self.hub, host_name, port).start()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def add_host(self) -> int:
+        """A new host in the running lab (a veth into the hub, its address); its number."""
+        if self.hosts >= 253:
+            raise RuntimeError("a lab holds at most 253 hosts")
+        host = self.hosts + 1
+        name = f"{self.name}-h{host}"
+        self._add(name)
+        self.hosts = host
+        self._ip("link", "add", f"p{host}", "type", "veth", "peer", "name", "eth0", "netns", name)
+        self._ip("link", "set", f"p{host}", "master", "br0", "up")
+        _run("ip", "-n", name, "addr", "add", f"{self.host_address(host)}/24", "dev", "eth0")
+        _run("ip", "-n", name, "link", "set", "eth0", "up")
+        return host
+
+    def add_relay(self, server: str, host: str, port: int) -> TcpProxy:
+        """A new relay named ``server`` in the running lab, to ``host:port`` (loopback)."""
+        if server in self._relays:
+            raise ValueError(f"the lab already relays {server!r}")
+        relay = _LabProxy(self.hub, host, port).start()
+        self._relays[server] = relay
+        self._servers[server] = (host, port)
+        return relay
 
     def stop(self) -> None:
         """Close the relays and delete the lab's namespaces. Idempotent."""
@@ -246,11 +264,12 @@ class NetLab(StartStop):
 
     # -- faults -----------------------------------------------------------------------------
 
-    def cut(self, host: int, server: str | None = None) -> None:
-        """Drop host ``host``'s packets to ``server``'s relay (None: to the whole hub)."""
+    def cut(self, host: int, *servers: str) -> None:
+        """Drop host ``host``'s packets to the relays of ``servers`` (none: to the whole hub)."""
         match = f"ip daddr {HUB_ADDRESS}"
-        if server is not None:
-            match += f" tcp dport {self.relay(server).port}"
+        if servers:
+            ports = ", ".join(str(self.relay(server).port) for server in servers)
+            match += f" tcp dport {{ {ports} }}"
         self._rule(host, "output", f"{match} drop")
 
     def loss(self, host: int, percent: int) -> None:
