@@ -8,20 +8,36 @@ Rendering: ``--json`` is one stable document; plain text (one block per case) wh
 output is not a terminal; on a terminal, rich tables — except the practice table on a terminal
 narrower than :func:`table_widths` needs, which gets the plain blocks at the terminal's width
 (eight columns squeezed into 80 characters would wrap every cell to a few letters).
+
+Progress goes to standard error (none with ``--json``): a line per case, per schedule, per
+seeded defect; for ``--random`` on a terminal, one live line instead (:class:`RandomProgress`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shlex
 import sys
+import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 
 import click
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 import fenced.verify
 from fenced.cli._app import OneLineUsageCommand, cli
@@ -35,7 +51,13 @@ from fenced.verify._mutants import (
     MutantResult,
     run_mutants,
 )
-from fenced.verify._schedule import DEFAULT_DURATION, PROFILES, RandomSummary, run_random
+from fenced.verify._schedule import (
+    DEFAULT_DURATION,
+    PROFILES,
+    RandomSummary,
+    ScheduleResult,
+    run_random,
+)
 from fenced.verify._table import (
     FIELDS,
     STATUS,
@@ -51,7 +73,15 @@ from fenced.verify._table import (
 )
 from fenced.verify._target import Target
 
-__all__ = ["COLUMN_WIDTH", "FAILED", "print_rich", "table_widths", "verify_command"]
+__all__ = [
+    "COLUMN_WIDTH",
+    "FAILED",
+    "RandomProgress",
+    "eta",
+    "print_rich",
+    "table_widths",
+    "verify_command",
+]
 
 FAILED = 1
 """Exit status when a case failed, a schedule broke an invariant or an applicable mutant was not
@@ -184,6 +214,120 @@ def _echo_progress(enabled: bool, text: str) -> None:
         click.echo(text, err=True)
 
 
+def eta(seconds: float | None) -> str:
+    """``ETA m:ss`` (``h:mm:ss``), or ``ETA -`` when nothing is known yet."""
+    return "ETA -" if seconds is None else f"ETA {_clock(seconds)}"
+
+
+def _clock(seconds: float) -> str:
+    minutes, left = divmod(max(0, round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{left:02d}" if hours else f"{minutes}:{left:02d}"
+
+
+class _EtaColumn(ProgressColumn):
+    def __init__(self, progress: RandomProgress) -> None:
+        super().__init__()
+        self.progress = progress
+
+    def render(self, task: Task) -> Text:
+        if self.progress.done >= self.progress.total:
+            return Text(f"in {_clock(task.finished_time or task.elapsed or 0.0)}")
+        return Text(eta(self.progress.seconds_left()))
+
+
+class RandomProgress:
+    """The progress of ``--random`` (``total`` schedules, ``jobs`` at a time) on ``console``
+    (standard error).
+
+    On a terminal: one live line — schedules done/total, operations, faults and violations so
+    far, ETA — with each failing schedule printed above it as it finishes. Otherwise (a log, a
+    pipe): one plain line per finished schedule, in the order they finish (with ``jobs``, not
+    the seeds' order), ending with the count and the ETA. Use it as a context manager (the live
+    line is drawn between enter and exit) and call it with each finished schedule.
+
+    The ETA is the pace so far (schedules finished per second) applied to the schedules left;
+    until the first ``jobs`` have finished, the pace is ``jobs`` per mean schedule time.
+    """
+
+    def __init__(self, console: Console, total: int, jobs: int = 1) -> None:
+        self.console = console
+        self.total = total
+        self.jobs = max(1, min(jobs, total))
+        self.done = 0
+        self.violations = 0
+        self.totals: Counter[str] = Counter()
+        self.started = time.monotonic()
+        self._seconds = 0.0  # the schedules' own times, summed
+        self._end: float | None = None  # when the last one should finish (time.monotonic)
+        self._live: Progress | None = None
+        if console.is_terminal:
+            self._live = Progress(
+                TextColumn("schedules"),
+                BarColumn(bar_width=24),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                _EtaColumn(self),
+                console=console,
+            )
+            self._task = self._live.add_task(self._figures(), total=total)
+
+    def __enter__(self) -> RandomProgress:
+        if self._live is not None:
+            self._live.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the last schedule should finish (None before the first finished)."""
+        return None if self._end is None else max(0.0, self._end - time.monotonic())
+
+    def _figures(self) -> str:
+        colour = "bold red" if self.violations else "green"
+        return (
+            f"{self.totals['operations']} operations, {self.totals['faults']} faults, "
+            f"[{colour}]{self.violations} violations[/]"
+        )
+
+    def line(self, result: ScheduleResult) -> str:
+        """The plain line of a finished schedule (counted already)."""
+        stats = result.report.stats
+        outcome = "ok" if result.ok else f"VIOLATED ({len(result.report.violations)} violations)"
+        where = f"{self.done}/{self.total}"
+        if self.done < self.total:
+            where += f", {eta(self.seconds_left())}"
+        return (
+            f"  schedule {result.schedule.seed}: {outcome} ({result.elapsed:.1f}s, "
+            f"{stats['operations']} operations, {stats['faults']} faults) [{where}]"
+        )
+
+    def __call__(self, result: ScheduleResult) -> None:
+        self.done += 1
+        self.violations += len(result.report.violations)
+        self.totals.update(result.report.stats)
+        self._seconds += result.elapsed
+        now = time.monotonic()
+        if self.done >= self.jobs:
+            pace = self.done / max(now - self.started, 1e-3)
+        else:
+            pace = self.jobs / max(self._seconds / self.done, 1e-3)
+        self._end = now + (self.total - self.done) / pace
+        if self._live is None:
+            self.console.out(self.line(result), highlight=False)
+            return
+        if not result.ok:
+            self._live.console.print(escape(self.line(result)), highlight=False, soft_wrap=True)
+        self._live.update(self._task, completed=self.done, description=self._figures())
+
+
 @cli.command("verify", cls=OneLineUsageCommand, short_help="Prove that stale owners are rejected.")
 @click.option("--coordinator", metavar="URL", help="Coordinator to verify [default: embedded].")
 @click.option(
@@ -203,6 +347,12 @@ def _echo_progress(enabled: bool, text: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--random", "count", type=int, metavar="N", help="Run N seeded fault schedules.")
 @click.option("--seed", type=int, metavar="S", help="Seed of the first schedule [default: random].")
+@click.option(
+    "--jobs",
+    type=int,
+    metavar="J",
+    help="With --random: run J schedules at a time, each isolated [default: 1].",
+)
 @click.option(
     "--duration",
     metavar="SECONDS",
@@ -256,6 +406,7 @@ def verify_command(
     as_json: bool,
     count: int | None,
     seed: int | None,
+    jobs: int | None,
     duration: str | None,
     hunt: bool,
     mutant_names: tuple[str, ...],
@@ -266,7 +417,8 @@ def verify_command(
 ) -> None:
     """Run, with real processes, SIGKILL, SIGSTOP and lost or delayed replies, the cases of the
     practice table (default), N seeded fault schedules checked against every invariant
-    (--random N), or the seeded defects the checker must catch (--mutants).
+    (--random N; --jobs J runs J at a time, each isolated), or the seeded defects the checker
+    must catch (--mutants).
 
     Exit status 0 when every case passed (a case that cannot run on this target says so and
     counts neither way), every schedule kept every invariant and every mutant was caught (a
@@ -276,6 +428,10 @@ def verify_command(
     """
     if count is not None and count < 1:
         raise ConfigurationError("--random needs N >= 1")
+    if jobs is not None and jobs < 1:
+        raise ConfigurationError("--jobs needs J >= 1")
+    if jobs is not None and count is None:
+        raise ConfigurationError("--jobs runs the schedules of --random: use it with --random N")
     if budget < 1:
         raise ConfigurationError("--budget needs N >= 1")
     if mutant_names and count is None and not hunt:
@@ -317,26 +473,27 @@ def verify_command(
             ),
         )
     if count is not None:
+        at_once = f", {jobs} at a time" if jobs is not None and jobs > 1 else ""
         _echo_progress(
             chatty,
-            f"fenced verify: {count} schedules from seed {first_seed} ({profile}); "
+            f"fenced verify: {count} schedules from seed {first_seed} ({profile}{at_once}); "
             f"{target.describe()}",
         )
-        summary = run_random(
-            count,
-            first_seed,
-            target,
-            duration=seconds or DEFAULT_DURATION,
-            profile=PROFILES[profile],
-            mutants=mutant_names,
-            keep_history=keep_history,
-            restores=True,
-            progress=lambda r: _echo_progress(
-                chatty,
-                f"  schedule {r.schedule.seed}: {'ok' if r.ok else 'VIOLATED'} "
-                f"({r.elapsed:.1f}s, {r.report.stats['operations']} operations)",
-            ),
-        )
+        console = Console(stderr=True, highlight=False)
+        progress = RandomProgress(console, count, jobs or 1) if chatty else None
+        with progress or contextlib.nullcontext():
+            summary = run_random(
+                count,
+                first_seed,
+                target,
+                duration=seconds or DEFAULT_DURATION,
+                profile=PROFILES[profile],
+                mutants=mutant_names,
+                keep_history=keep_history,
+                restores=True,
+                progress=progress,
+                jobs=jobs or 1,
+            )
     if hunt:
         _echo_progress(chatty, f"fenced verify --mutants: seed {first_seed}, budget {budget}")
         hunted = run_mutants(

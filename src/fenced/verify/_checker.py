@@ -623,7 +623,7 @@ class _Checker:
             if event["ev"] == "s.read":
                 stats["operations"] += 1
                 stats["reads"] += 1
-            elif event["ev"] in ("pause", "kill", "wire") or (
+            elif event["ev"] in ("pause", "kill", "wire", "partition") or (
                 event["ev"] == "restore" and event.get("available")
             ):
                 stats[f"fault {event['ev']}"] += 1

@@ -22,6 +22,7 @@ drivers; ``t`` is the deadline clock, CLOCK_BOOTTIME on Linux, in the emitting p
     pause      target                      resume target          kill  target
     suspend    t0, seconds: the host slept between t0 and t (seen by the recorder of one process)
     wire       target, mode (a proxy cut)  crash  error (a worker died of an exception)
+    partition  target, mode (coordinator | store | both | loss: nftables rules in its lab host)
     backup     t0 (start): the coordinator was backed up; a later restore puts this state back
     restore    t0 (start) … the event's t is its end, available, epochs
     final      store, chain, version, pointer, read_sha             (after every worker ended)

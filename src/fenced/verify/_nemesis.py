@@ -28,6 +28,13 @@ fencing matters:
   coordinators, restarting the server is possible only for a server verify started itself
   (see :mod:`fenced.verify._target`); a server given by URL is never touched.
 
+**Partitions** (in a network lab, :mod:`fenced.testing.netlab`: each worker on a host of its
+own, reaching the coordinator and every networked store through relays): half of the wire
+strikes instead cut the victim's host with nftables rules, from the coordinator only (it still
+reaches the stores), from the stores only (it still renews), from everything, or drop 30 % of
+what it receives, for a TTL-biased time, then heal. A partition is recorded only once its rules
+are in place.
+
 Wire faults (lost and delayed replies, unavailability) are injected inside each worker by its
 :class:`~fenced.verify._faults.FaultPlan`, seeded from the same schedule seed. With a networked
 coordinator on loopback, a quarter of the strikes are **wire** strikes on the real connection:
@@ -48,8 +55,12 @@ from fenced.verify._processes import Run, WorkerProcess
 
 __all__ = ["Action", "Nemesis", "NemesisPlan", "pause_length"]
 
-ActionKind = Literal["pause", "kill", "backup", "restore", "restart", "wire"]
+ActionKind = Literal["pause", "kill", "backup", "restore", "restart", "wire", "partition"]
 WIRE_MODES = ("delay", "blackhole", "lose_replies")
+PARTITION_MODES = ("coordinator", "store", "both", "loss")
+"""What a partition cuts the victim's host from: the coordinator only (it still reaches the
+stores), the networked stores only (it still renews), everything, or 30 % of what it receives."""
+PARTITION_LOSS = 30
 
 
 def pause_length(
@@ -107,6 +118,7 @@ class NemesisPlan:
         restores: bool = False,
         restarts: bool = False,
         wire: bool = False,
+        partitions: bool = False,
     ) -> NemesisPlan:
         """Strikes every ``gap`` × ttl on average (exponential gaps) over ``duration`` seconds
         (``gap`` infinite: none);
@@ -127,8 +139,10 @@ class NemesisPlan:
                 kind = "restart"
             elif roll < kills + 0.4 and wire:
                 kind = "wire"
+                if partitions and rng.random() < 0.5:
+                    kind = "partition"
             length = 0.0
-            if kind in ("pause", "wire"):
+            if kind in ("pause", "wire", "partition"):
                 length = pause_length(rng, ttl, in_flight=long_pauses)
             actions.append(Action(at, kind, length, rng.random() < 0.85, rng.random()))
             at += rng.expovariate(1 / (gap * ttl))
@@ -178,6 +192,7 @@ class Nemesis:
         self._seen = 0
         self._holding: list[str] = []
         self._heal_at: dict[str, float] = {}
+        self._partitioned: set[str] = set()
         self.started = time.monotonic()
 
     def _holder(self) -> str | None:
@@ -266,6 +281,8 @@ class Nemesis:
             self._resume_at[worker.name] = now + action.length
         elif action.kind == "wire":
             self._cut(worker, action, now)
+        elif action.kind == "partition":
+            self._partition(worker, action, now)
         else:
             worker.kill()
             self.slots[slot] = self._respawn(slot)
@@ -286,11 +303,41 @@ class Nemesis:
         self.run.rec.emit("wire", target=worker.name, mode=mode, delay=delay)
         self._heal_at[worker.name] = now + action.length
 
+    def _partition(self, worker: WorkerProcess, action: Action, now: float) -> None:
+        """A real partition of the worker's host in the run's lab, for ``length``."""
+        lab = self.run.lab
+        if lab is None or worker.host is None or worker.name in self._heal_at:
+            return
+        mode = PARTITION_MODES[min(int(action.pick * len(PARTITION_MODES)), 3)]
+        if mode == "store" and not worker.store_relays:
+            mode = "both"  # its stores are local: only the coordinator can be cut off
+        try:
+            if mode == "coordinator":
+                lab.cut(worker.host, *worker.coordinator_relays)
+            elif mode == "store":
+                lab.cut(worker.host, *worker.store_relays)
+            elif mode == "both":
+                lab.cut(worker.host)
+            else:
+                lab.loss(worker.host, PARTITION_LOSS)
+        except RuntimeError:  # not made, so not recorded (the heal removes any half-made rule)
+            lab.heal(worker.host)
+            return
+        self.run.rec.emit("partition", target=worker.name, mode=mode)
+        self._partitioned.add(worker.name)
+        self._heal_at[worker.name] = now + action.length
+
     def _heal(self, now: float) -> None:
         for name, when in list(self._heal_at.items()):
             worker = self._worker(name)
             if worker is None or when <= now:
                 del self._heal_at[name]
+                if name in self._partitioned:
+                    self._partitioned.discard(name)
+                    if worker is not None and worker.host is not None and self.run.lab:
+                        self.run.lab.heal(worker.host)
+                    self.run.rec.emit("partition-healed", target=name)
+                    continue
                 for proxy in [] if worker is None else worker.proxies:
                     proxy.forward()
                 self.run.rec.emit("wire-healed", target=name)

@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from fenced.testing.netlab import NetLab
 from fenced.testing.proxy import TcpProxy
 from fenced.verify._recorder import Event, HistoryTail, Recorder
-from fenced.verify._target import endpoints, with_endpoints
+from fenced.verify._target import endpoints, store_endpoint, with_endpoints, with_store_endpoint
 from fenced.verify._worker import WorkerConfig
 
 __all__ = ["STARTUP_TIMEOUT", "Run", "RunFailed", "WorkerProcess"]
@@ -47,18 +48,31 @@ class WorkerProcess:
         config: WorkerConfig,
         mutants: Iterable[str],
         proxies: list[TcpProxy] | None = None,
+        *,
+        host: int | None = None,
+        coordinator_relays: tuple[str, ...] = (),
+        store_relays: tuple[str, ...] = (),
     ) -> None:
         self.run = run
         self.proxies = proxies or []
         """This worker's own TCP proxies to the coordinator (networked coordinators)."""
+        self.host = host
+        """Its host in the run's network lab (None: it runs in this namespace)."""
+        self.coordinator_relays = coordinator_relays
+        """The lab's relays that carry its connections to the coordinator."""
+        self.store_relays = store_relays
+        """The lab's relays that carry its connections to networked stores."""
         self.name = config.name
         self.config = config
         self.stderr_path = run.workdir / f"{config.name}.stderr"
         config.mutants = sorted(mutants)  # switched on by the worker itself, from its config
         command = config.mode == "command"
         with self.stderr_path.open("wb") as stderr:
+            argv = [sys.executable, "-m", "fenced.verify._worker", config.to_json()]
+            if host is not None and run.lab is not None:
+                argv = run.lab.command(host, argv)  # ip netns exec: the same process, inside
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fenced.verify._worker", config.to_json()],
+                argv,
                 stdin=subprocess.PIPE if command else subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -184,9 +198,13 @@ class WorkerProcess:
 class Run:
     """One run: its directory, its history file, the verify process's recorder, its workers."""
 
-    def __init__(self, workdir: Path, name: str, *, proxied: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, name: str, *, proxied: bool = False, lab: NetLab | None = None
+    ) -> None:
         self.workdir = workdir
         self.proxied = proxied
+        self.lab = lab
+        """The network lab the workers run in (real partitions), if any."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.history = workdir / f"{name}.history.jsonl"
         self.rec = Recorder(self.history, "verify")
@@ -197,12 +215,47 @@ class Run:
         """Start a worker process for ``config`` (its history is this run's)."""
         config.history = str(self.history)
         proxies: list[TcpProxy] = []
+        if self.lab is not None:
+            return self._spawn_in_lab(self.lab, config, mutants)
         if self.proxied:
             for host, port in endpoints(config.coordinator):
                 proxies.append(TcpProxy(host, port, lifetime=None).start())
             replaced = [("127.0.0.1", proxy.port) for proxy in proxies]
             config.coordinator = with_endpoints(config.coordinator, replaced)
         worker = WorkerProcess(self, config, mutants, proxies)
+        self.workers[config.name] = worker
+        return worker
+
+    def _spawn_in_lab(
+        self, lab: NetLab, config: WorkerConfig, mutants: Iterable[str]
+    ) -> WorkerProcess:
+        """A worker in a new host of ``lab``, reaching the coordinator and every networked store
+        through relays of its own (which also carry the wire faults)."""
+        host = lab.add_host()
+        coordinator: list[str] = []
+        for index, (address, port) in enumerate(endpoints(config.coordinator)):
+            coordinator.append(f"{config.name}/coordinator/{index}")
+            lab.add_relay(coordinator[-1], address, port)
+        config.coordinator = with_endpoints(
+            config.coordinator, [lab.address(r) for r in coordinator]
+        )
+        stores: list[str] = []
+        config.stores = dict(config.stores)  # this worker's own: the run's stay as they are
+        for role, url in sorted(config.stores.items()):
+            found = store_endpoint(url)
+            if found is not None:
+                stores.append(f"{config.name}/store/{role}")
+                lab.add_relay(stores[-1], *found)
+                config.stores[role] = with_store_endpoint(url, lab.address(stores[-1]))
+        worker = WorkerProcess(
+            self,
+            config,
+            mutants,
+            [lab.relay(r) for r in coordinator],
+            host=host,
+            coordinator_relays=tuple(coordinator),
+            store_relays=tuple(stores),
+        )
         self.workers[config.name] = worker
         return worker
 

@@ -27,24 +27,32 @@ import contextlib
 import hashlib
 import logging
 import math
+import os
+import pickle
 import random
 import secrets
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from fenced.coordinator import _restore as restoring
 from fenced.coordinator._connect import connect
-from fenced.core._errors import ConfigurationError, FencedError
+from fenced.core._errors import ConfigurationError
 from fenced.fence._store import open_store
+from fenced.testing.netlab import NetLab
 from fenced.verify._checker import Report, check_history
 from fenced.verify._nemesis import Nemesis, NemesisPlan
-from fenced.verify._processes import Run, WorkerProcess
+from fenced.verify._processes import Run, RunFailed, WorkerProcess
 from fenced.verify._recorder import Event, read_history
 from fenced.verify._target import Target
 from fenced.verify._worker import KEY, PUBLICATION, WorkerConfig, decode_chain
@@ -245,6 +253,7 @@ class Schedule:
         restores: bool = False,
         restarts: bool = False,
         wire: bool = False,
+        partitions: bool = False,
     ) -> Schedule:
         """The schedule of ``seed``: everything it does is drawn from ``random.Random(seed)``."""
         profile = profile or PROFILES["standard"]
@@ -263,6 +272,7 @@ class Schedule:
             restores=restores,
             restarts=restarts,
             wire=wire,
+            partitions=partitions,
         )
         workers = rng.randint(2, 4)
         return cls(seed, duration, workers, ttl, round(ttl * 0.2, 4), rates, plan, profile)
@@ -447,6 +457,8 @@ def run_schedule(
             restore_coordinator(run, backup_path, coordinator)
 
     try:
+        if any(action.kind == "partition" for action in schedule.nemesis.actions):
+            run.lab = NetLab().start()  # each worker on a host of its own, servers by relays
         slots = {slot: spawn(slot) for slot in range(schedule.workers)}
         waiting = {worker.name for worker in slots.values()}
 
@@ -479,6 +491,8 @@ def run_schedule(
         collect_final(run, coordinator, stores, resource)
     finally:
         run.close()
+        if run.lab is not None:
+            run.lab.stop()
     report = check_history(read_history(run.history))
     return ScheduleResult(schedule, report, run.history, time.monotonic() - began, stores)
 
@@ -541,44 +555,259 @@ def run_random(
     restores: bool = False,
     stop_on_failure: bool = False,
     progress: Callable[[ScheduleResult], None] | None = None,
+    jobs: int = 1,
 ) -> RandomSummary:
     """Run schedules ``seed`` … ``seed + count - 1``; keep the history of every failing one.
 
     Failing histories are copied to ``keep_history`` (or kept in a directory that is not
     removed); with ``keep_history`` every history is copied there. ``restores``: as in
     :func:`run_schedule`.
+
+    ``jobs``: how many schedules run at once. With more than one, each schedule runs in a
+    process of its own (:func:`_run_parallel`), isolated from the others as one after another
+    would be: its own directory, embedded coordinator and stores (or fresh resource names on
+    a networked target), TCP proxies and nemesis. The results are in seed order whatever
+    ``jobs``; ``progress`` is called as each schedule finishes. ``stop_on_failure``: no
+    schedule starts after one failed; those already running finish and are reported.
     """
     if count < 1:
         raise ConfigurationError("--random needs at least 1 schedule")
+    if jobs < 1:
+        raise ConfigurationError("--jobs needs J >= 1")
     summary = RandomSummary(seed)
     chosen = list(mutants)
     workdir = Path(tempfile.mkdtemp(prefix="fenced-verify-"))
     failures_dir: Path | None = keep_history
+
+    def draw(index: int) -> Schedule:
+        return Schedule.draw(
+            seed + index,
+            duration,
+            profile=profile,
+            restores=restores and target.restorable,
+            wire=target.proxied,
+            partitions=target.partitions,
+        )
+
+    def finished(result: ScheduleResult) -> None:
+        """Keep its history if it failed (or every one is kept), drop its directory."""
+        nonlocal failures_dir
+        if keep_history is not None or not result.ok:
+            if failures_dir is None:
+                failures_dir = Path(tempfile.mkdtemp(prefix="fenced-verify-failed-"))
+            failures_dir.mkdir(parents=True, exist_ok=True)
+            kept = failures_dir / result.history.name
+            shutil.copyfile(result.history, kept)
+            summary.kept[result.schedule.seed] = kept
+        shutil.rmtree(result.history.parent, ignore_errors=True)
+        if progress is not None:
+            progress(result)
+
     try:
-        for index in range(count):
-            schedule = Schedule.draw(
-                seed + index,
-                duration,
-                profile=profile,
-                restores=restores and target.restorable,
-                wire=target.proxied,
+        if jobs == 1:
+            for index in range(count):
+                result = run_schedule(
+                    draw(index), target, workdir, mutants=chosen, restores=restores
+                )
+                summary.results.append(result)
+                finished(result)
+                if stop_on_failure and not result.ok:
+                    break
+        else:
+            summary.results = _run_parallel(
+                [draw(index) for index in range(count)],
+                target,
+                workdir,
+                jobs=jobs,
+                mutants=chosen,
+                restores=restores,
+                stop_on_failure=stop_on_failure,
+                finished=finished,
             )
-            result = run_schedule(schedule, target, workdir, mutants=chosen, restores=restores)
-            summary.results.append(result)
-            if keep_history is not None or not result.ok:
-                if failures_dir is None:
-                    failures_dir = Path(tempfile.mkdtemp(prefix="fenced-verify-failed-"))
-                failures_dir.mkdir(parents=True, exist_ok=True)
-                kept = failures_dir / result.history.name
-                shutil.copyfile(result.history, kept)
-                summary.kept[schedule.seed] = kept
-            shutil.rmtree(result.history.parent, ignore_errors=True)
-            if progress is not None:
-                progress(result)
-            if stop_on_failure and not result.ok:
-                break
-    except FencedError:
-        raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return summary
+
+
+def _run_parallel(
+    schedules: list[Schedule],
+    target: Target,
+    workdir: Path,
+    *,
+    jobs: int,
+    mutants: list[str],
+    restores: bool,
+    stop_on_failure: bool,
+    finished: Callable[[ScheduleResult], None],
+) -> list[ScheduleResult]:
+    """Run ``schedules`` at most ``jobs`` at a time, each in a process of its own
+    (:class:`_Job`); the results in the order of ``schedules``. ``finished`` is called (in this
+    process) as each one finishes.
+
+    Nothing a schedule uses is shared with another one running at the same time: its
+    directory (``schedule-<seed>`` under ``workdir``) holds its history, embedded coordinator
+    and stores; its resource name is fresh; its workers' TCP proxies listen on ports of their
+    own and run in its process, as do its nemesis (which signals only its own workers) and the
+    logger that a restore quietens. If one fails to run (an exception), the others are
+    interrupted (they kill their workers) and the exception is raised here.
+    """
+    results: dict[int, ScheduleResult] = {}
+    running: dict[int, _Job] = {}
+    launched = 0
+    stopping = False
+    setup = _fenced_logging()
+    try:
+        while running or (launched < len(schedules) and not stopping):
+            while launched < len(schedules) and not stopping and len(running) < jobs:
+                job = _Job(schedules[launched], target, workdir, mutants, restores, setup)
+                running[launched] = job
+                launched += 1
+            ended = [index for index, job in sorted(running.items()) if job.ended()]
+            if not ended:
+                time.sleep(0.05)
+            for index in ended:
+                result = running.pop(index).result()
+                results[index] = result
+                finished(result)
+                stopping = stopping or (stop_on_failure and not result.ok)
+    finally:
+        for job in running.values():
+            job.interrupt()
+        for job in running.values():
+            job.wait_stopped()
+    return [results[index] for index in sorted(results)]
+
+
+class _Job:
+    """One schedule run by :func:`run_schedule` in a fresh Python process of its own
+    (``python -c`` :func:`_job_main`): its arguments and its result (a :class:`ScheduleResult`
+    or the exception it raised) go through two files of its ``.job`` directory.
+
+    A fresh process (not forked from this one, whose threads — a progress display's — must not
+    be copied; not :mod:`multiprocessing`, which would import the caller's main module again)
+    starts like the worker processes do: ``sys.executable`` finds fenced. It leads a session
+    of its own, with its workers: Ctrl-C or Ctrl-Z at the terminal reach this process only,
+    which interrupts it (:meth:`interrupt`: it kills its workers); if it does not end,
+    :meth:`wait_stopped` kills its whole process group.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        target: Target,
+        workdir: Path,
+        mutants: list[str],
+        restores: bool,
+        setup: _LoggerSetup,
+    ) -> None:
+        self.seed = schedule.seed
+        self.dir = workdir / f"schedule-{schedule.seed}.job"
+        self.dir.mkdir()
+        arguments = (schedule, target, workdir, mutants, restores, setup)
+        (self.dir / "in").write_bytes(pickle.dumps(arguments))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _JOB_MAIN, str(self.dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
+
+    def result(self) -> ScheduleResult:
+        """Its result; raises what :func:`run_schedule` raised, or :class:`RunFailed` if the
+        process ended without a result."""
+        try:
+            outcome = pickle.loads((self.dir / "out").read_bytes())  # noqa: S301 - see _job_main
+        except (OSError, EOFError, pickle.UnpicklingError) as error:
+            raise RunFailed(
+                f"the process of schedule {self.seed} ended ({self.proc.returncode}) "
+                f"without a result: {error}"
+            ) from None
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert isinstance(outcome, ScheduleResult)
+        return outcome
+
+    def interrupt(self) -> None:
+        """SIGINT: the schedule stops and kills its workers (:func:`_interrupted`)."""
+        if not self.ended():
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGINT)
+
+    def wait_stopped(self, timeout: float = 60.0) -> None:
+        """Wait for it to end; after ``timeout``, SIGKILL it and its workers."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+_JOB_MAIN = "from fenced.verify._schedule import _job_main; _job_main()"
+
+_LoggerSetup = list[tuple[str, int, bool, list[str | None]]]
+
+
+def _fenced_logging() -> _LoggerSetup:
+    """How this process logs fenced's records: each configured ``fenced`` logger's name,
+    level, propagation and the formats of its handlers that write to stderr (the command line
+    prints warnings as ``fenced: …`` lines and quietens some loggers)."""
+    loggers = logging.Logger.manager.loggerDict
+    setup: _LoggerSetup = []
+    for name in ["fenced", *sorted(name for name in loggers if name.startswith("fenced."))]:
+        logger = loggers.get(name)
+        if not isinstance(logger, logging.Logger):
+            continue  # never used, or a placeholder: nothing configured
+        formats = [
+            None if handler.formatter is None else handler.formatter._fmt
+            for handler in logger.handlers
+            if isinstance(handler, logging.StreamHandler)
+            and handler.stream
+            in (sys.stderr, sys.__stderr__)  # (a live display replaces sys.stderr)
+        ]
+        setup.append((name, logger.level, logger.propagate, formats))
+    return setup
+
+
+def _job_main() -> None:
+    """The process of a :class:`_Job`: run its schedule, write its outcome."""
+    jobdir = Path(sys.argv[1])
+    # written by _Job, read by _job_main and back, in a directory of mkdtemp's (mode 0700)
+    arguments = pickle.loads((jobdir / "in").read_bytes())  # noqa: S301
+    schedule, target, workdir, mutants, restores, setup = arguments
+    for name, level, propagate, formats in setup:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.propagate = propagate
+        for fmt in formats:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter(fmt))
+            logger.addHandler(handler)
+    signal.signal(signal.SIGINT, _interrupted)
+    outcome: ScheduleResult | Exception
+    try:
+        outcome = run_schedule(schedule, target, workdir, mutants=mutants, restores=restores)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as error:
+        error.add_note(f"in the process of schedule {schedule.seed}:\n{traceback.format_exc()}")
+        outcome = error
+    try:
+        data = pickle.dumps(outcome)
+    except Exception:
+        data = pickle.dumps(RunFailed(f"schedule {schedule.seed}: {outcome!r}"))
+    temporary = jobdir / "out.tmp"
+    temporary.write_bytes(data)
+    temporary.rename(jobdir / "out")
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    """The first SIGINT (from :meth:`_Job.interrupt`) stops the schedule, whose ``finally``
+    kills its workers; later ones must not interrupt that."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt

@@ -22,19 +22,28 @@ another host is used directly (the proxy forwards to loopback only); the in-proc
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from fenced.coordinator._connect import connect, resolve_url
 from fenced.core._errors import ConfigurationError
 from fenced.core._urls import redacted, scheme_of, url_of_path
 from fenced.fence._store import open_store
 from fenced.fence._values import Mode
+from fenced.testing.netlab import unavailable
 
-__all__ = ["NETWORKED", "Target", "endpoints", "with_endpoints"]
+__all__ = [
+    "NETWORKED",
+    "Target",
+    "endpoints",
+    "store_endpoint",
+    "with_endpoints",
+    "with_store_endpoint",
+]
 
 NETWORKED = ("postgresql", "postgres", "etcd", "etcds", "http", "https")
 """Coordinator URL schemes whose wire verification can cut with a TCP proxy."""
@@ -59,6 +68,44 @@ def with_endpoints(url: str, replaced: list[tuple[str, int]]) -> str:
     user, at, _ = parts.netloc.rpartition("@")
     hosts = ",".join(f"{host}:{port}" for host, port in replaced)
     return urlunsplit(parts._replace(netloc=f"{user}{at}{hosts}"))
+
+
+def store_endpoint(url: str) -> tuple[str, int] | None:
+    """The loopback ``host:port`` a networked store URL reaches (``postgresql:``, ``http:``,
+    ``s3:``'s ``endpoint=``); None for a local store or one elsewhere."""
+    scheme = scheme_of(url)
+    target = url
+    if scheme == "s3":
+        found = parse_qs(urlsplit(url).query).get("endpoint")
+        if not found:
+            return None
+        target = found[0]
+    elif scheme not in ("postgresql", "postgres", "http", "https"):
+        return None
+    try:
+        (host, port), *more = endpoints(target)
+    except (ConfigurationError, ValueError):
+        return None
+    return (host, port) if not more and _loopback(host) else None
+
+
+def with_store_endpoint(url: str, address: tuple[str, int]) -> str:
+    """``url`` reaching its store at ``address`` instead (see :func:`store_endpoint`)."""
+    if scheme_of(url) != "s3":
+        return with_endpoints(url, [address])
+    parts = urlsplit(url)
+    query = [
+        (name, with_endpoints(value, [address]) if name == "endpoint" else value)
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+    ]
+    return urlunsplit(parts._replace(query=urlencode(query, safe=":/")))
+
+
+@functools.cache
+def lab_unavailable() -> str | None:
+    """Why this process cannot build network labs (:func:`fenced.testing.netlab.unavailable`),
+    asked once."""
+    return unavailable()
 
 
 def _loopback(host: str) -> bool:
@@ -132,11 +179,25 @@ class Target:
         """
         return self.coordinator is None
 
+    @property
+    def partitions(self) -> bool:
+        """True if randomized schedules cut workers off with real network partitions: a
+        networked coordinator on loopback, on a machine where a network lab can be built."""
+        return self.proxied and lab_unavailable() is None
+
     def describe(self) -> str:
         coordinator = self.coordinator or "embedded SQLite (fresh per run)"
         stores = ", ".join(f"{r}={u}" for r, u in sorted(self.stores.items())) or "embedded"
         face = "; workers on fenced.aio" if self.api == "async" else ""
-        return f"coordinator {coordinator}; stores {stores}{face}"
+        network = ""
+        if self.proxied:
+            why = lab_unavailable()
+            network = (
+                "; real network partitions"
+                if why is None
+                else f"; no network partitions ({why}): in-process and proxy faults only"
+            )
+        return f"coordinator {coordinator}; stores {stores}{face}{network}"
 
     def lease_overrun(self, ttl: float) -> float:
         """How much longer than ``ttl`` the coordinator may keep a lease live after the send
