@@ -1,0 +1,206 @@
+"""The release check: ``./dev release-check`` (``python -m fenced.verify._release``). Hours, not CI.
+
+It starts its own servers (a PostgreSQL, a 3-member etcd cluster and a Ceph RGW, from
+:mod:`fenced.testing`, on loopback, stopped by PID), then runs, at ``--scale 1``:
+
+==============================  ==========  =========================================
+run                             schedules   stores
+==============================  ==========  =========================================
+embedded SQLite coordinator     2,000       embedded ``sqlite:`` and ``file:``, both modes
+PostgreSQL coordinator          1,000       ``postgresql:`` strict and monotonic
+etcd coordinator (3 members)    500         ``s3:`` (RGW) strict and monotonic
+==============================  ==========  =========================================
+
+each with ``--jobs`` schedules at a time (real network partitions against the networked
+coordinators when run as root), then hunts every seeded defect on every coordinator
+(``--mutants``; defects without a seam there are n/a). It prints one Markdown table (the one
+docs/verify.md publishes: schedules, operations, faults by kind, writes sent after a pause,
+stale writes rejected, violations, defects caught) and writes the figures as JSON to ``--out``.
+Exit 0 only if there was no violation and every applicable defect was caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fenced.fence._store import open_store
+from fenced.fence._values import Mode
+from fenced.testing.etcd import EtcdCluster
+from fenced.testing.postgres import PostgresServer
+from fenced.testing.rgw import RgwServer
+from fenced.verify._mutants import run_mutants
+from fenced.verify._schedule import run_random
+from fenced.verify._target import Target
+
+__all__ = ["Row", "main"]
+
+FULL = {"embedded": 2000, "postgresql": 1000, "etcd": 500}
+"""Schedules per coordinator at ``--scale 1``."""
+
+
+@dataclass
+class Row:
+    """One run of the table."""
+
+    name: str
+    stores: str
+    schedules: int = 0
+    seconds: float = 0.0
+    stats: Counter[str] = field(default_factory=Counter)
+    violations: int = 0
+    mutants: dict[str, str] = field(default_factory=dict)
+    """Mutant → caught / not caught / n/a."""
+
+    @property
+    def caught(self) -> str:
+        applicable = [s for s in self.mutants.values() if s != "n/a"]
+        if not applicable:
+            return "not hunted"
+        return f"{applicable.count('caught')}/{len(applicable)}"
+
+    def faults(self) -> str:
+        kinds = sorted(k for k in self.stats if k.startswith("fault "))
+        return ", ".join(f"{k[6:]} {self.stats[k]:,}" for k in kinds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.name,
+            "stores": self.stores,
+            "schedules": self.schedules,
+            "seconds": round(self.seconds, 1),
+            "operations": self.stats["operations"],
+            "faults": dict(
+                sorted((k[6:], v) for k, v in self.stats.items() if k.startswith("fault "))
+            ),
+            "writes_after_a_pause": self.stats["mutations sent after a pause"],
+            "stale_writes_rejected": self.stats["stale writes rejected"],
+            "violations": self.violations,
+            "mutants": self.mutants,
+        }
+
+
+def _commit() -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parent,
+    )
+    return done.stdout.strip() or "unknown"
+
+
+MODES: tuple[Mode, Mode] = ("strict", "monotonic")
+
+
+def _targets(stack: ExitStack) -> Iterator[tuple[str, str, Target]]:
+    """The three targets, each with its servers started on first use."""
+    yield "embedded", "sqlite: and file: (embedded), both modes", Target.create(None)
+    postgres = stack.enter_context(PostgresServer())
+    name = uuid.uuid4().hex[:8]
+    stores = tuple(postgres.url("postgres", schema=f"release_{role}_{name}") for role in ("s", "m"))
+    for url, mode in zip(stores, MODES, strict=True):
+        open_store(url, mode).close()
+    yield (
+        "postgresql",
+        "postgresql: strict and monotonic",
+        Target.create(postgres.url("postgres", schema=f"release_c_{name}"), stores),
+    )
+    etcd = stack.enter_context(EtcdCluster(size=3))
+    rgw = stack.enter_context(RgwServer())
+    os.environ.update(rgw.environment())  # the AWS chain of this process and its workers
+    bucket = rgw.create_bucket()
+    s3 = tuple(f"s3://{bucket}/release-{role}?endpoint={rgw.endpoint}" for role in ("s", "m"))
+    for url, mode in zip(s3, MODES, strict=True):
+        open_store(url, mode).close()
+    yield (
+        "etcd",
+        "s3: (Ceph RGW) strict and monotonic",
+        Target.create(etcd.url(f"/release-{name}"), s3),
+    )
+
+
+def table(rows: list[Row]) -> str:
+    """The Markdown table of ``rows``."""
+    lines = [
+        "| coordinator | stores | schedules | operations | faults by kind | writes sent after "
+        "a pause | stale writes rejected | violations | defects caught |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.name} | {row.stores} | {row.schedules:,} | {row.stats['operations']:,} | "
+            f"{row.faults()} | {row.stats['mutations sent after a pause']:,} | "
+            f"{row.stats['stale writes rejected']:,} | {row.violations} | {row.caught} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./dev release-check", description=__doc__)
+    parser.add_argument("--scale", type=float, default=1.0, help="share of the full counts")
+    parser.add_argument("--jobs", type=int, default=2, help="schedules at a time")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--out", type=Path, default=Path("release-check.json"))
+    parser.add_argument(
+        "--no-mutants", action="store_true", help="skip the hunt of the seeded defects"
+    )
+    args = parser.parse_args(argv)
+    if not args.scale > 0 or args.jobs < 1:
+        parser.error("--scale must be positive and --jobs at least 1")
+    started = datetime.datetime.now(datetime.UTC)
+    rows: list[Row] = []
+    with ExitStack() as stack:
+        for name, stores, target in _targets(stack):
+            count = max(1, round(FULL[name] * args.scale))
+            row = Row(name, stores)
+            print(f"{name}: {count} schedules ({target.describe()})", flush=True)
+            began = time.monotonic()
+            summary = run_random(count, args.seed, target, duration=args.duration, jobs=args.jobs)
+            row.schedules = len(summary.results)
+            row.stats = summary.totals()
+            row.violations = sum(len(r.report.violations) for r in summary.results)
+            for failed in summary.failed:
+                seed = failed.schedule.seed
+                print(f"  FAILED seed {seed}: history {summary.kept.get(seed)}", flush=True)
+            if not args.no_mutants:
+                print(f"{name}: hunting the seeded defects", flush=True)
+                for result in run_mutants(target, seed=args.seed):
+                    row.mutants[result.mutant.name] = result.status
+            row.seconds = time.monotonic() - began
+            rows.append(row)
+            print(table(rows[-1:]), flush=True)
+    ok = all(row.violations == 0 for row in rows) and all(
+        status != "not caught" for row in rows for status in row.mutants.values()
+    )
+    command = " ".join(["./dev release-check", *(argv if argv is not None else sys.argv[1:])])
+    date, commit = started.strftime("%Y-%m-%d"), _commit()
+    document = {
+        "date": date,
+        "commit": commit,
+        "command": command,
+        "ok": ok,
+        "runs": [row.to_json() for row in rows],
+    }
+    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"\n{date}, commit {commit}, `{command}`:\n")
+    print(table(rows))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
