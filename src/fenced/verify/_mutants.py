@@ -33,6 +33,9 @@ dedup-after-fence          the op-id lookup comes after the fence check        e
                            (SeededStore: the op-id lookup)
 publish-no-token-check     publish skips the fence and pointer checks          every store
                            (SeededStore: a publish's floor and pointer)
+floor-after-write          the floor (the writer's epoch) is installed after   every store
+                           the write, in a separate transaction
+                           (SeededStore: a mutation's install)
 =========================  ==================================================  =============
 """
 
@@ -181,6 +184,15 @@ CATALOGUE: tuple[Mutant, ...] = (
         "verify/_seeded.py SeededStore: the floor and the pointer a publish reads",
         ("largest-seen", "pointer-monotonic"),
         "publications",
+    ),
+    Mutant(
+        "floor-after-write",
+        "the store checks and writes in one transaction and installs the writer's epoch as the "
+        "floor in a second one: a newer epoch installed in between refuses that install, and "
+        "the writer is told StaleToken although its write landed",
+        "verify/_seeded.py SeededStore: a mutation's install, moved after its commit",
+        ("outcome-honesty",),
+        "in-commit",
     ),
 )
 """Every seeded defect, in table order (the names are those of fenced.verify._seeded)."""

@@ -24,7 +24,10 @@ the invariants expected to catch it are in the catalogue, :mod:`fenced.verify._m
   mutation would raise it (``no-fence-check``); a publish reads the floor as its own epoch and
   no current pointer (``publish-no-token-check``); the op-id lookup runs the fence check first
   (``dedup-after-fence``). It declines the backend's fast paths, so that every mutation meets
-  its transaction (a fast path never changes an outcome).
+  its transaction (a fast path never changes an outcome). With ``floor-after-write`` a mutation's
+  transaction writes without installing anything, and the writer's epoch is installed
+  :data:`FLOOR_WINDOW` after its commit, in a transaction of its own, as ``fence`` installs one
+  (refused, StaleToken, below a newer floor: the write has landed all the same).
 * **The file store** (``check-then-write``): the same backend runs the file store's critical
   section — load, decide, commit: the pieces the file store's gc also composes — without the
   resource's lock, so that check and write are separate steps.
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -47,10 +51,10 @@ from fenced.core._clock import Clock, HostClock, SystemClock
 from fenced.core._lease import Lease
 from fenced.core._token import FencingToken
 from fenced.fence._ops import OpRecord
-from fenced.fence._rules import Head, admit_mutation
+from fenced.fence._rules import Head, admit_fence, admit_mutation
 from fenced.fence._source import PublishData
 from fenced.fence._store import Store
-from fenced.fence._values import Mode, Publication, Version
+from fenced.fence._values import Item, Mode, Publication, Version
 from fenced.fence.backend import ORDINARY, Backend, FastPath, Intent, Transaction
 from fenced.fence.file._files import translated
 from fenced.fence.file._layout import resource_digest
@@ -63,6 +67,8 @@ __all__ = [
     "DEDUP_AFTER_FENCE",
     "DEFECTS",
     "EPOCH_REUSE",
+    "FLOOR_AFTER_WRITE",
+    "FLOOR_WINDOW",
     "NO_FENCE_CHECK",
     "PUBLISH_NO_TOKEN_CHECK",
     "RELEASE_WITHOUT_OWNER",
@@ -84,10 +90,13 @@ RELEASE_WITHOUT_OWNER = "release-without-owner"
 EPOCH_REUSE = "epoch-reuse"
 DEDUP_AFTER_FENCE = "dedup-after-fence"
 PUBLISH_NO_TOKEN_CHECK = "publish-no-token-check"  # noqa: S105 - a name, not a secret
+FLOOR_AFTER_WRITE = "floor-after-write"
 
 _CLIENT = frozenset({DEADLINE_FROM_REPLY, RENEWAL_FAILURE_IGNORED})
 _SQLITE = frozenset({RELEASE_WITHOUT_OWNER, EPOCH_REUSE})
-_STORE = frozenset({NO_FENCE_CHECK, CHECK_THEN_WRITE, DEDUP_AFTER_FENCE, PUBLISH_NO_TOKEN_CHECK})
+_STORE = frozenset(
+    {NO_FENCE_CHECK, CHECK_THEN_WRITE, DEDUP_AFTER_FENCE, PUBLISH_NO_TOKEN_CHECK, FLOOR_AFTER_WRITE}
+)
 DEFECTS = _CLIENT | _SQLITE | _STORE
 """Every seeded defect this module can build."""
 
@@ -244,6 +253,16 @@ class SeededStore(Store):
             return super().publish(token, data, name=name, op_id=op_id)
 
 
+FLOOR_WINDOW = 0.02
+"""``floor-after-write``: seconds from the write's commit to the transaction that installs the
+writer's epoch (the second transaction's round trip)."""
+
+
+def _between_the_transactions() -> None:
+    """``floor-after-write``: the window between the write's commit and the install."""
+    time.sleep(FLOOR_WINDOW)
+
+
 class _LyingBackend:
     """The store backend contract over ``inner``: transactions as the seeded defects see them."""
 
@@ -270,6 +289,7 @@ class _LyingBackend:
             if CHECK_THEN_WRITE in self._defects and isinstance(self._inner, FileBackend)
             else self._inner.transaction(resource, intent)
         )
+        lying = None
         with opened as tx:
             token = self._presented
             if token is None or (intent.key is None and intent.pointer is None):
@@ -280,6 +300,17 @@ class _LyingBackend:
                     tx, token, intent.pointer is not None, mode, self._defects
                 )
                 yield cast(Transaction, lying)
+        if lying is not None and lying.wrote and FLOOR_AFTER_WRITE in self._defects:
+            # The write has committed; now the writer's epoch is installed, as fence() installs
+            # one, in a transaction of its own: a newer epoch installed in between (a successor's
+            # fence queued behind the write) refuses it, and the put or publish raises StaleToken
+            # although its write landed; a stale writer may have slipped in too.
+            _between_the_transactions()
+            with self._inner.transaction(resource) as floor_tx:
+                head = floor_tx.head()
+                installed = admit_fence(head, lying.token)
+                if installed != head:
+                    floor_tx.set_head(installed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -309,14 +340,16 @@ class _LyingTransaction:
         defects: frozenset[str],
     ) -> None:
         self._inner = inner
-        self._token = token
+        self.token = token
         self._publishing = publishing
         self._mode = mode
         self._defects = defects
+        self.wrote = False
+        """The mutation was applied (not refused, not replayed from its op id)."""
 
     def head(self) -> Head:
         real = self._inner.head()
-        token = self._token
+        token = self.token
         if NO_FENCE_CHECK in self._defects:
             # Any epoch passes; the floor still rises to the largest epoch accepted.
             raised = Head(token.coordinator_id, max(real.floor or 0, token.epoch))
@@ -332,9 +365,21 @@ class _LyingTransaction:
             return None  # no pointer epoch to check the token against
         return self._inner.pointer(name)
 
+    def set_head(self, head: Head) -> None:
+        if FLOOR_AFTER_WRITE not in self._defects:  # else installed after the commit
+            self._inner.set_head(head)
+
+    def put_item(self, item: Item) -> None:
+        self.wrote = True
+        self._inner.put_item(item)
+
+    def set_pointer(self, publication: Publication, now: float) -> None:
+        self.wrote = True
+        self._inner.set_pointer(publication, now)
+
     def op(self, op_id: str) -> OpRecord | None:
         if DEDUP_AFTER_FENCE in self._defects:
-            admit_mutation(self._mode, self.head(), self._token)  # the fence check comes first
+            admit_mutation(self._mode, self.head(), self.token)  # the fence check comes first
         return self._inner.op(op_id)
 
     def __getattr__(self, name: str) -> Any:
