@@ -432,6 +432,24 @@ def test_diagnostics_match() -> None:
     assert broken(h) == ["diagnostics-match"]
 
 
+def test_diagnostics_match_a_renewal_failure_report_of_unknown_outcome_may_be_missing() -> None:
+    """Found by a release check: a holder sent its report and was killed before the reply
+    (its connection blackholed): the coordinator may or may not have recorded it."""
+    h = correct()
+    h.call("c", "B", "report", 0.8, {"res": R, "epoch": 2, "kind": "renewal-failed"}, None)
+    h.ev(0.81, "verify", "kill", target="B")
+    assert "diagnostics-match" not in broken(h)
+    h.call(
+        "c",
+        "B",
+        "report",
+        0.85,
+        {"res": R, "epoch": 2, "kind": "renewal-failed"},
+        {"ok": True, "applied": True},
+    )
+    assert "diagnostics-match" in broken(h)  # one certainly applied, and not recorded
+
+
 def test_every_invariant_has_a_test() -> None:
     tested = {
         name.removeprefix("test_").replace("_", "-")
