@@ -32,6 +32,7 @@ from fenced.core._urls import redacted
 __all__ = [
     "CONFLICT_CODES",
     "DENIED_CODES",
+    "ERRORS",
     "MISSING_CODES",
     "S3Clients",
     "S3Location",
@@ -47,6 +48,8 @@ _CREDENTIAL = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 DEFAULT_TIMEOUT = 10.0
 
+ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
+"""What a boto3 call raises: transport and library errors, and the server's error replies."""
 CONFLICT_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412", "409"})
 """Error codes of a conditional write that lost: the object is not the version it named."""
 MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})

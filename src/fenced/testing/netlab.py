@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import os
 import shutil
@@ -69,8 +70,10 @@ def _run(*argv: str) -> None:
         raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
 
 
+@functools.cache
 def unavailable() -> str | None:
-    """Why no lab can be built on this machine (one line), or None if one can."""
+    """Why no lab can be built on this machine (one line), or None if one can. Asked once per
+    process (it creates and deletes a probe namespace)."""
     if os.geteuid() != 0:
         return "network partitions need root (network namespaces and nftables)"
     for program in ("ip", "nft"):

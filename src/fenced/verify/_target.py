@@ -22,7 +22,6 @@ another host is used directly (the proxy forwards to loopback only); the in-proc
 from __future__ import annotations
 
 import contextlib
-import functools
 import ipaddress
 import socket
 from dataclasses import dataclass, field
@@ -101,13 +100,6 @@ def with_store_endpoint(url: str, address: tuple[str, int]) -> str:
     return urlunsplit(parts._replace(query=urlencode(query, safe=":/")))
 
 
-@functools.cache
-def lab_unavailable() -> str | None:
-    """Why this process cannot build network labs (:func:`fenced.testing.netlab.unavailable`),
-    asked once."""
-    return unavailable()
-
-
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
@@ -183,7 +175,7 @@ class Target:
     def partitions(self) -> bool:
         """True if randomized schedules cut workers off with real network partitions: a
         networked coordinator on loopback, on a machine where a network lab can be built."""
-        return self.proxied and lab_unavailable() is None
+        return self.proxied and unavailable() is None
 
     def describe(self) -> str:
         coordinator = self.coordinator or "embedded SQLite (fresh per run)"
@@ -191,7 +183,7 @@ class Target:
         face = "; workers on fenced.aio" if self.api == "async" else ""
         network = ""
         if self.proxied:
-            why = lab_unavailable()
+            why = unavailable()
             network = (
                 "; real network partitions"
                 if why is None

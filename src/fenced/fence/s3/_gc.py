@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
-import botocore.exceptions
-
-from fenced.core._errors import Unavailable
+from fenced._drivers import s3
 from fenced.fence._rules import StoredObject
-from fenced.fence.backend import Chooser, CommitConflict
+from fenced.fence.backend import Chooser
 from fenced.fence.s3 import _layout
 
 if TYPE_CHECKING:
@@ -37,7 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = ["collect"]
 
-_T = TypeVar("_T")
 _OBJECT = "objects/"
 _VALUE = "values/"
 
@@ -89,7 +85,7 @@ def _collect(backend: S3Backend, resource: str, choose: Chooser, cutoff: float) 
         tx.condemn(new, time.time())
         return list(state.condemned)
 
-    condemned = _again(backend, resource, condemn)
+    condemned = backend.change(resource, condemn, "collect garbage")
     if condemned:
         backend.delete(
             backend.key(name.split("/")[0], resource, name.split("/", 1)[1]) for name in condemned
@@ -101,22 +97,8 @@ def _collect(backend: S3Backend, resource: str, choose: Chooser, cutoff: float) 
         tx.forget([*condemned, *gone, *missing])
 
     if condemned or any(o not in objects for o in backend.read_state(resource)[0].published):
-        _again(backend, resource, forget)
+        backend.change(resource, forget, "collect garbage")
     return len(gone)
-
-
-def _again(backend: S3Backend, resource: str, change: Callable[[S3Transaction], _T]) -> _T:
-    """``change`` in a transaction of ``resource``, again while its commit loses a race."""
-    deadline = time.monotonic() + backend.options.busy_timeout
-    while True:
-        try:
-            with backend.transaction(resource) as tx:
-                result = change(tx)
-            return result
-        except CommitConflict:
-            if time.monotonic() >= deadline:
-                raise Unavailable(f"{resource}: too busy to collect garbage; retry") from None
-            time.sleep(0.01)
 
 
 def _abort_uploads(backend: S3Backend, cutoff: float) -> None:
@@ -131,5 +113,5 @@ def _abort_uploads(backend: S3Backend, cutoff: float) -> None:
                     client.abort_multipart_upload(
                         Bucket=backend.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
                     )
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+    except s3.ERRORS as error:
         raise backend.translate(error, "aborting stale uploads") from error

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 
+from fenced._drivers import s3
 from fenced.core._errors import Unavailable
 
 if TYPE_CHECKING:
@@ -66,14 +67,14 @@ def upload(
         body = first[0] if len(first) == 1 else b"".join(first)  # the caller's bytes: no copy
         try:
             client.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        except s3.ERRORS as error:
             raise translate(error, f"writing {key}") from error
         return
     try:
         upload_id = client.create_multipart_upload(Bucket=bucket, Key=key, Metadata=metadata)[
             "UploadId"
         ]
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+    except s3.ERRORS as error:
         raise translate(error, f"starting the upload of {key}") from error
     source = _Parts(first, iterator)
     del first  # the source holds the first chunks until they are copied into a part
@@ -85,7 +86,7 @@ def upload(
     except BaseException as error:
         with contextlib.suppress(Exception):  # else gc aborts it later
             client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-        if isinstance(error, botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError):
+        if isinstance(error, s3.ERRORS):
             raise translate(error, f"uploading {key}") from error
         raise
 

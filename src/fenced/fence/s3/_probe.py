@@ -21,8 +21,6 @@ import contextlib
 import uuid
 from typing import Any
 
-import botocore.exceptions
-
 from fenced._drivers import s3
 from fenced.core._errors import ConfigurationError
 
@@ -31,9 +29,6 @@ __all__ = ["probe"]
 
 class _Denied(Exception):
     """The credentials may not write the probe key."""
-
-
-_ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
 
 
 def probe(client: Any, location: s3.S3Location) -> bool | None:
@@ -51,7 +46,7 @@ def probe(client: Any, location: s3.S3Location) -> bool | None:
         """The new ETag, or None for a lost condition (412/409)."""
         try:
             reply = client.put_object(Bucket=location.bucket, Key=key, Body=body, **condition)
-        except _ERRORS as error:
+        except s3.ERRORS as error:
             if s3.code(error) in s3.CONFLICT_CODES:
                 return None
             if s3.code(error) in s3.DENIED_CODES:
@@ -84,5 +79,5 @@ def probe(client: Any, location: s3.S3Location) -> bool | None:
     except _Denied:
         return None
     finally:
-        with contextlib.suppress(*_ERRORS):
+        with contextlib.suppress(*s3.ERRORS):
             client.delete_object(Bucket=location.bucket, Key=key)

@@ -31,8 +31,8 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from typing import Any, BinaryIO, cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, BinaryIO, TypeVar, cast
 
 import botocore.exceptions
 
@@ -59,12 +59,13 @@ from fenced.fence.s3._state import INLINE_BYTES, State, record_of
 
 __all__ = ["S3Backend", "open_s3_backend"]
 
-_ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
+_ERRORS = s3.ERRORS
 _AMBIGUOUS = (
     botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ConnectionClosedError,
     botocore.exceptions.ResponseStreamingError,
 )
+_T = TypeVar("_T")
 _OPS_KEPT = 64
 """Op outcomes kept inside a state; beyond, the oldest half is moved out."""
 _RECORDS_KEPT = 128
@@ -420,15 +421,22 @@ class S3Backend:
         return _gc.collect(self, choose, cutoff)
 
     def record_rejection(self, record: Record) -> None:
+        self.change(record.resource, lambda tx: tx.append_record(record), "record a rejection")
+
+    def change(self, resource: str, change: Callable[[S3Transaction], _T], what: str) -> _T:
+        """``change`` in a transaction of ``resource``, run again (on fresh state, after a short
+        pause) while its commit loses a race, for at most ``busy_timeout``; then Unavailable.
+        For the backend's own changes (gc, rejection records); the store's mutations are run
+        again by the store, which decides them anew."""
         deadline = time.monotonic() + self.options.busy_timeout
         while True:
             try:
-                with self.transaction(record.resource) as tx:
-                    tx.append_record(record)
-                return
+                with self.transaction(resource) as tx:
+                    return change(tx)
             except CommitConflict:
                 if time.monotonic() >= deadline:
-                    raise Unavailable(f"{record.resource}: too busy to record") from None
+                    raise Unavailable(f"{resource}: too busy to {what}; retry") from None
+                time.sleep(0.01)
 
     def history(self, resource: str, after: int, *, since: float, keep: int) -> list[Record]:
         state = self.read_state(resource)[0]
