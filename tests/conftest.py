@@ -12,3 +12,4 @@ from support.etcd_fixtures import etcd_cluster  # noqa: E402, F401
 from support.local_users import public_dir, umask  # noqa: E402, F401
 from support.postgres_fixtures import postgres_server  # noqa: E402, F401
 from support.rgw_fixtures import rgw_server  # noqa: E402, F401
+from support.zookeeper_fixtures import zk_ensemble, zk_url  # noqa: E402, F401

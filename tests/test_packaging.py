@@ -24,7 +24,7 @@ from fenced.testing.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-EXTRAS = {"cli", "etcd", "http", "metrics", "postgres", "s3", "server", "testing"}
+EXTRAS = {"cli", "etcd", "http", "metrics", "postgres", "s3", "server", "testing", "zookeeper"}
 
 # Replaces the path finder by one that finds nothing for the top-level names REFUSE(name) is true
 # of: to the program, those packages are not installed (`import click` is ModuleNotFoundError).

@@ -2,7 +2,8 @@
 
 Backends: the ``url`` fixture runs a test on ``memory://`` (in-process reference), embedded SQLite
 and — **only if their test fixtures exist in the tree when this module is imported** —
-PostgreSQL (``support/postgres_fixtures.py``) and etcd (``support/etcd_fixtures.py``). Those fixture
+PostgreSQL (``support/postgres_fixtures.py``), etcd (``support/etcd_fixtures.py``) and ZooKeeper
+(``support/zookeeper_fixtures.py``). Those fixture
 modules start real servers for the session; the backends joined the tree at different times, so
 this module picks them up as soon as their fixtures land instead of failing before they exist.
 Once present, a server that cannot start fails these tests loudly (nothing skips).
@@ -49,12 +50,12 @@ ROOT = HERE.parents[1]
 WORKERS = HERE / "election_workers.py"
 NAME = "scheduler/leader"
 
-SHARED_BACKENDS = ["sqlite", "postgresql", "etcd"]  # the servers: support/*_fixtures.py
+SHARED_BACKENDS = ["sqlite", "postgresql", "etcd", "zookeeper"]  # support/*_fixtures.py
 ALL_BACKENDS = ["memory", *SHARED_BACKENDS]
 
 # etcd leases have a granularity of one second (a lease of ttl T lasts up to ceil(T) + 0.5 s after
 # its last keep-alive), so etcd gets a whole-second ttl; the others get one second as well.
-TTL = {"memory": 1.0, "sqlite": 1.0, "postgresql": 1.0, "etcd": 2.0}
+TTL = {"memory": 1.0, "sqlite": 1.0, "postgresql": 1.0, "etcd": 2.0, "zookeeper": 1.0}
 
 
 def _url_for(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
@@ -67,6 +68,10 @@ def _url_for(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> st
     if backend == "postgresql":
         server = request.getfixturevalue("postgres_server")
         return str(server.url("postgres", schema="t_" + uuid.uuid4().hex[:12]))
+    if backend == "zookeeper":
+        ensemble = request.getfixturevalue("zk_ensemble")
+        chroot = "/t" + uuid.uuid4().hex[:12]
+        return str(ensemble.url(chroot, session_timeout=2, timeout=2))
     cluster = request.getfixturevalue("etcd_cluster")
     return str(cluster.url(prefix="/t" + uuid.uuid4().hex[:12], timeout=2))
 

@@ -4,7 +4,8 @@ The URL forms are the sync face's (:mod:`fenced.coordinator._connect`; ``None`` 
 ``$FENCED_URL``, else ``sqlite:.fenced/fenced.db``), and every backend has a native asyncio
 twin: ``sqlite:`` (statements on one worker thread, waiting on the event loop's selector),
 ``memory://``, ``postgresql://`` (psycopg's async connections, LISTEN as async notifies) and
-``etcd://`` / ``etcds://`` (``grpc.aio``, an async watch). Bad URLs raise the same
+``etcd://`` / ``etcds://`` (``grpc.aio``, an async watch), ``zk://`` (kazoo's asynchronous
+results handed to the loop). Bad URLs raise the same
 :class:`~fenced.ConfigurationError` as the sync face, before any I/O.
 """
 
@@ -68,6 +69,16 @@ async def open_async_backend(
                 f"the etcd backend needs protobuf and grpcio: pip install 'fenced[etcd]' ({error})"
             ) from error
         return await open_async_etcd(url)
+    if scheme == "zk":
+        try:
+            from fenced.coordinator.backends.zookeeper._aio import (  # noqa: PLC0415
+                open_async_zookeeper,
+            )
+        except ImportError as error:
+            raise ConfigurationError(
+                f"the ZooKeeper backend needs kazoo: pip install 'fenced[zookeeper]' ({error})"
+            ) from error
+        return await open_async_zookeeper(url, create=create)
     if scheme in ("http", "https"):
         try:
             from fenced.coordinator.backends.http._aio import open_async_http  # noqa: PLC0415

@@ -9,6 +9,7 @@ none                              ``$FENCED_URL`` if set, else ``sqlite:.fenced/
 ``memory://NAME``                 in-process reference backend, for tests
 ``postgresql[+psycopg]://…``      PostgreSQL (``postgres://`` too; see docs/postgres.md)
 ``etcd://host:port[,…]``          an etcd 3.4+ cluster (``?prefix=/fenced``; see docs/etcd.md)
+``zk://host:port[,…][/chroot]``   a ZooKeeper 3.5+ ensemble (see docs/zookeeper.md)
 ================================  ===========================================================
 
 Instead of a URL, a ``psycopg_pool.ConnectionPool`` or a SQLAlchemy ``Engine`` (psycopg driver)
@@ -41,7 +42,9 @@ __all__ = [
 ]
 
 DEFAULT_URL = "sqlite:.fenced/fenced.db"
-_SCHEMES = ("sqlite", "memory", "postgresql", "postgres", "etcd", "etcds", "http", "https")
+_SCHEMES = (
+    "sqlite", "memory", "postgresql", "postgres", "etcd", "etcds", "zk", "http", "https",
+)  # fmt: skip
 _LATER: dict[str, str] = {}
 
 
@@ -80,7 +83,8 @@ def refuse_scheme(scheme: str, url: str) -> NoReturn:
     raise ConfigurationError(
         f"unknown coordinator URL scheme {scheme!r} in {shown!r}; "
         "expected sqlite:////abs/path.db (sqlite:///rel/path.db is relative), "
-        "postgresql://..., etcd://host:port, http(s)://host:port (fenced serve) or memory://name"
+        "postgresql://..., etcd://host:port, zk://host:port[/chroot], "
+        "http(s)://host:port (fenced serve) or memory://name"
     )
 
 
@@ -125,6 +129,21 @@ def open_backend(
                 f"the etcd backend needs protobuf and grpcio: pip install 'fenced[etcd]' ({error})"
             ) from error
         return EtcdBackend(url)
+    if scheme == "zk":
+        if host_clock is not None:
+            raise ConfigurationError(
+                "zk:// decides expiry by the ZooKeeper leader's clock; "
+                "host_clock cannot be injected"
+            )
+        try:
+            from fenced.coordinator.backends.zookeeper._backend import (  # noqa: PLC0415
+                ZooKeeperBackend,
+            )
+        except ImportError as error:
+            raise ConfigurationError(
+                f"the ZooKeeper backend needs kazoo: pip install 'fenced[zookeeper]' ({error})"
+            ) from error
+        return ZooKeeperBackend(url, create=create)
     if scheme in ("http", "https"):
         if host_clock is not None:
             raise ConfigurationError("host_clock= is for the embedded and memory backends")

@@ -94,7 +94,7 @@ class TestEtcdHistory(HistoryConformance):
 
 # -- helpers --------------------------------------------------------------------------------------
 
-WORKERS = Path(__file__).with_name("etcd_workers.py")
+WORKERS = Path(__file__).parents[2] / "support" / "lease_workers.py"
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
 
 
 class Worker:
-    """A worker process of ``tests/coordinator/etcd/etcd_workers.py`` and its JSON-lines output."""
+    """A worker process of ``tests/support/lease_workers.py`` and its JSON-lines output."""
 
     def __init__(self, out: Path, mode: str, *args: str, netns: str | None = None) -> None:
         self.out = out

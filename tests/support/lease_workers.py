@@ -1,4 +1,5 @@
-"""Worker processes for test_etcd_coordinator.py: ``python etcd_workers.py MODE …``.
+"""Lease worker processes for the tests of networked coordinators (etcd, ZooKeeper):
+``python lease_workers.py MODE --url URL …``.
 
 Each worker writes one JSON line per event (``{"event": …, "t": SystemClock().now(), "pid": …}``)
 to ``--out`` with a single ``write``, so the test can poll the file while the worker runs.

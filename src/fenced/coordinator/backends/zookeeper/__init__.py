@@ -1,0 +1,1 @@
+"""The ZooKeeper coordinator (``zk://``): leases on ephemeral znodes, sequential waiters."""

@@ -1,0 +1,121 @@
+"""The kazoo side both faces share: the client, sending a plan's requests, error translation.
+
+:func:`new_client` builds a :class:`~kazoo.client.KazooClient` that reconnects by itself
+(forever, 50 ms to 1 s apart) and asks for the URL's session timeout. :func:`submit` sends one
+request of a plan (:mod:`._steps`) without waiting and returns the kazoo asynchronous results
+to wait for; :func:`answer` turns their outcome into the plan's answer, or raises:
+
+* :class:`~fenced.Unavailable` — not connected (kazoo SUSPENDED or LOST: the request is not
+  sent, never queued), or a read or tick that failed or took longer than the URL's ``timeout``;
+* :class:`~fenced.OutcomeUnknown` — a transaction whose reply did not come (connection lost,
+  session expired, timeout): it may have been applied;
+* :class:`~fenced.ConfigurationError` — ZooKeeper refused for lack of permission (an ACL).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.interfaces import IAsyncResult
+from kazoo.protocol.states import KazooState
+from kazoo.retry import KazooRetry
+
+from fenced.coordinator.backends.zookeeper._settings import ZkSettings
+from fenced.coordinator.backends.zookeeper._steps import (
+    Batch,
+    Children,
+    Get,
+    Multi,
+    Request,
+    SharedState,
+    Tick,
+)
+from fenced.core._errors import ConfigurationError, OutcomeUnknown, Unavailable
+
+__all__ = ["Pending", "answer", "new_client", "submit"]
+
+_LOG = logging.getLogger("fenced.zookeeper")
+
+Pending = list[IAsyncResult]
+
+
+def new_client(settings: ZkSettings) -> KazooClient:
+    """A client for the URL's ensemble (not started)."""
+    return KazooClient(
+        hosts=settings.connect_string(),
+        timeout=settings.session_timeout,
+        connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=1.0),
+        logger=_LOG,
+    )
+
+
+def _read(client: KazooClient, read: Get | Children) -> IAsyncResult:
+    if isinstance(read, Get):
+        return client.get_async(read.path)
+    return client.get_children_async(read.path, include_data=True)
+
+
+def submit(client: KazooClient, state: SharedState, request: Request) -> Pending:
+    """Send ``request`` (see the module docstring); Unavailable when not connected."""
+    if client.state != KazooState.CONNECTED:
+        raise Unavailable(f"ZooKeeper: not connected ({client.state.lower()})")
+    if isinstance(request, Get | Children):
+        return [_read(client, request)]
+    if isinstance(request, Batch):
+        return [_read(client, read) for read in request.reads]
+    if isinstance(request, Tick):
+        return [client.set_async(state.paths.clock, b"", -1)]
+    transaction = client.transaction()
+    for op in request.ops:
+        kind = op[0]
+        if kind == "create":
+            transaction.create(op[1], op[2], ephemeral=op[3], sequence=op[4])
+        elif kind == "set":
+            transaction.set_data(op[1], op[2], op[3])
+        elif kind == "delete":
+            transaction.delete(op[1], op[2])
+        else:
+            transaction.check(op[1], op[2])
+    return [transaction.commit_async()]
+
+
+def _value(result: IAsyncResult) -> Any:
+    """The result's value; NoNodeError as an instance (an answer, not an error)."""
+    try:
+        return result.get_nowait()
+    except NoNodeError as missing:
+        return missing
+
+
+def answer(request: Request, pending: Sequence[IAsyncResult], state: SharedState) -> Any:
+    """The plan's answer to ``request`` from its completed results (see the module docstring)."""
+    try:
+        values = [_value(result) for result in pending]
+    except BaseException as error:
+        raise translate(request, error) from error
+    if isinstance(request, Batch):
+        return values
+    if isinstance(request, Tick):
+        stat = values[0]
+        if isinstance(stat, NoNodeError):
+            raise Unavailable(f"ZooKeeper: {state.paths.clock} is missing")
+        state.observe(stat.mtime)
+        return stat.mtime
+    return values[0]
+
+
+def translate(request: Request, error: BaseException) -> Exception:
+    """A kazoo failure of ``request`` as a fenced error."""
+    if isinstance(error, NoAuthError):
+        return ConfigurationError(
+            "ZooKeeper refused for lack of permission (an ACL on the fenced chroot)"
+        )
+    what = "no reply" if isinstance(error, KazooTimeoutError) else type(error).__name__
+    if isinstance(request, Multi):
+        return OutcomeUnknown(f"ZooKeeper: {what} to a transaction; it may have been applied")
+    return Unavailable(f"ZooKeeper: {what}")
