@@ -169,17 +169,23 @@ def validate_fence(stores: Iterable[object], on_lost: object) -> tuple[object, .
 
 def lease_of(coordinator_id: str, plan: AcquirePlan, granted: Granted, sent: float) -> Lease:
     """The lease a grant gives: its local deadline is ``sent + min(ttl, remaining) - margin``,
-    ``sent`` being when the granting request was sent, never when its reply came."""
+    ``sent`` being when the granting request was sent, never when its reply came.
+
+    A backend may grant a shorter ttl than asked (ZooKeeper: at most its session timeout); the
+    safety margin then shrinks in proportion, so it stays the same share of the lease."""
     request, policy = plan.request, plan.policy
     lifetime = min(granted.ttl, granted.expires_in)
+    margin = policy.safety_margin
+    if granted.ttl < request.ttl:
+        margin *= granted.ttl / request.ttl
     return Lease(
         # the coordinator id was checked at connect and the name by plan_acquire
         token=FencingToken._of_checked(coordinator_id, request.resource, granted.epoch),
         owner=granted.owner,
         holder=granted.holder,
         ttl=granted.ttl,
-        safety_margin=policy.safety_margin,
-        deadline=sent + lifetime - policy.safety_margin,
+        safety_margin=margin,
+        deadline=sent + lifetime - margin,
         expires_in=granted.expires_in,
         request_id=request.request_id,
     )

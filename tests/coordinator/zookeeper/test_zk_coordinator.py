@@ -297,6 +297,22 @@ def test_a_renewal_that_arrives_after_the_expiry_never_revives_the_lease(
     assert coord.acquire(R, ttl=5, wait=0).epoch == lease.epoch + 1
 
 
+def test_a_lease_is_never_longer_than_the_session(
+    zk: str, open_coord: Callable[[str], Coordinator]
+) -> None:
+    """The lease znode is ephemeral: a lease may end with its session, a session timeout after
+    the server last heard from the holder. So a ttl beyond the session timeout (2 s here) is
+    shortened to it, and the safety margin with it (10 % of 30 s would outlast the lease)."""
+    coord = open_coord(zk)
+    lease = coord.acquire(R, ttl=30, wait=0)
+    assert lease.ttl == 2.0
+    assert lease.safety_margin == pytest.approx(0.2)
+    renewed = coord.renew(lease)
+    assert renewed.ttl == 2.0 and renewed.expires_in == 2.0
+    info = coord.current(R)
+    assert info is not None and info.ttl == 2.0
+
+
 def test_the_end_of_the_holders_session_ends_its_lease(
     zk: str, open_coord: Callable[[str], Coordinator]
 ) -> None:
@@ -332,18 +348,27 @@ def test_advance_ends_leases_and_puts_every_later_epoch_above_the_minimum(
         coord.renew(held)
 
 
-def test_records_are_pruned_beyond_the_kept_number(
-    zk: str, monkeypatch: pytest.MonkeyPatch, open_coord: Callable[[str], Coordinator]
+def test_records_and_old_request_ids_are_pruned(
+    zk: str,
+    kazoo: KazooClient,
+    monkeypatch: pytest.MonkeyPatch,
+    open_coord: Callable[[str], Coordinator],
 ) -> None:
     monkeypatch.setattr(_plans, "RECORDS_KEPT", 30)
     monkeypatch.setattr(_plans, "_PRUNE_EVERY", 20)
     coord = open_coord(zk)
-    for _ in range(40):
-        coord.release(coord.acquire(R, ttl=5, wait=0))
+    requests = f"{parse_zk_url(zk).chroot}/request"
+    coord.release(coord.acquire(R, ttl=5, wait=0, request_id="old-request"))
+    time.sleep(0.3)
+    monkeypatch.setattr(_plans, "REQUESTS_KEPT_S", 0.2)
+    for i in range(40):
+        coord.release(coord.acquire(R, ttl=5, wait=0, request_id=f"r{i}"))
     history = coord.history(R)
     assert 30 <= len(history) < 50
     assert history[-1].kind is RecordKind.RELEASED
     assert [r.seq for r in history] == sorted(r.seq for r in history)
+    assert "old-request" not in kazoo.get_children(requests)
+    assert "r39" in kazoo.get_children(requests)
 
 
 def test_the_backend_is_the_zookeeper_one(zk: str) -> None:

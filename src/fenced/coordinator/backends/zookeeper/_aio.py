@@ -31,7 +31,13 @@ from fenced.coordinator.backend import (
     owned_ticket,
 )
 from fenced.coordinator.backends.zookeeper import _plans as plans
-from fenced.coordinator.backends.zookeeper._driver import answer, new_client, submit, translate
+from fenced.coordinator.backends.zookeeper._driver import (
+    answer,
+    connected,
+    new_client,
+    submit,
+    translate,
+)
 from fenced.coordinator.backends.zookeeper._layout import Paths
 from fenced.coordinator.backends.zookeeper._settings import parse_zk_url
 from fenced.coordinator.backends.zookeeper._steps import Plan, Request, SharedState
@@ -100,8 +106,7 @@ class AsyncZooKeeperBackend:
         if state == KazooState.LOST:
             self._state.held.clear()
         if state == KazooState.CONNECTED:
-            client_id = self._client.client_id
-            self._state.session = int(client_id[0]) if client_id else 0
+            connected(self._client, self._state)
             self._connected.set()
             if self._state.lost_places and not self._closed:
                 task = self._loop.create_task(self._sweep())

@@ -38,7 +38,13 @@ from fenced.coordinator.backend import (
     owned_ticket,
 )
 from fenced.coordinator.backends.zookeeper import _plans as plans
-from fenced.coordinator.backends.zookeeper._driver import answer, new_client, submit, translate
+from fenced.coordinator.backends.zookeeper._driver import (
+    answer,
+    connected,
+    new_client,
+    submit,
+    translate,
+)
 from fenced.coordinator.backends.zookeeper._layout import Paths
 from fenced.coordinator.backends.zookeeper._settings import parse_zk_url
 from fenced.coordinator.backends.zookeeper._steps import Plan, Request, SharedState
@@ -71,7 +77,8 @@ class ZooKeeperBackend:
             raise Unavailable(
                 f"ZooKeeper: no session with {redacted(url)} within {settings.connect_timeout:g} s"
             ) from error
-        self._state = SharedState(Paths(settings.chroot), session=self._session())
+        self._state = SharedState(Paths(settings.chroot))
+        connected(self._client, self._state)
         try:
             self._run(plans.open_state(self._state, create, self.url))
         except BaseException:
@@ -90,7 +97,7 @@ class ZooKeeperBackend:
         elif state == KazooState.LOST:
             self._state.held.clear()
         elif state == KazooState.CONNECTED:
-            self._state.session = self._session()
+            connected(self._client, self._state)
             if self._state.lost_places:  # not on kazoo's thread: the sweep waits for replies
                 threading.Thread(target=self._sweep, name="fenced-zk-sweep", daemon=True).start()
         with self._changed:
@@ -100,10 +107,6 @@ class ZooKeeperBackend:
     def _sweep(self) -> None:
         with contextlib.suppress(FencedError):
             self._run(plans.sweep(self._state), sweep=False)
-
-    def _session(self) -> int:
-        client_id = self._client.client_id
-        return int(client_id[0]) if client_id else 0
 
     def _run(self, plan: Plan[T], sweep: bool = True) -> T:
         """Run ``plan`` to its end, each request waited for at most the URL's timeout (places

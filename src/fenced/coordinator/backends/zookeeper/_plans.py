@@ -68,6 +68,7 @@ from fenced.core._records import Record, RecordKind
 
 __all__ = [
     "RECORDS_KEPT",
+    "REQUESTS_KEPT_S",
     "SLACK_MS",
     "ZkTicket",
     "advance",
@@ -93,6 +94,8 @@ SLACK_MS = 250.0
 RECORDS_KEPT = 10_000
 """Records kept (all resources); the oldest are pruned every :data:`_PRUNE_EVERY`."""
 _PRUNE_EVERY = 1000
+REQUESTS_KEPT_S = 24 * 3600.0
+"""Seconds a ``request_id``'s grant is remembered (a retry after that is a new request)."""
 _CHUNK = 100  # operations per pruning or restoring transaction
 _ATTEMPTS = 32  # transactions a step may try under contention before it is Unavailable
 
@@ -239,6 +242,7 @@ def try_grant(
 ) -> Plan[Granted | Blocked]:
     """``CoordinatorBackend.try_grant`` (see the module docstring)."""
     paths, resource = state.paths, request.resource
+    ttl = _bounded(state, request.ttl)
     for _ in range(_ATTEMPTS):
         minimum, meta_version = yield from _meta(state)
         remembered = state.counters.get(resource)
@@ -287,7 +291,7 @@ def try_grant(
             ops.append(("create", paths.counter(resource), granted.encode(), False, False))
         else:
             ops.append(("set", paths.counter(resource), granted.encode(), counter_version))
-        doc = LeaseDoc(epoch, request.owner, request.holder, request.ttl, request.value)
+        doc = LeaseDoc(epoch, request.owner, request.holder, ttl, request.value)
         ops.append(("create", paths.lease(resource), doc.encode(), True, False))
         detail: dict[str, object] = {"after": after}
         if request.value is not None:
@@ -321,7 +325,7 @@ def try_grant(
                 state.observe(mtime)
             state.held[(resource, epoch)] = Held(request.owner, doc, 0, new_version, mtime)
             yield from _maybe_prune(state, results)
-            return Granted(epoch, request.owner, request.holder, request.ttl, request.ttl)
+            return Granted(epoch, request.owner, request.holder, ttl, ttl)
         if any(op[1] == paths.meta for op, _ in _failed(results, sent)):
             state.meta = None
         state.forget(resource)
@@ -330,6 +334,14 @@ def try_grant(
             if earlier is not None:
                 return earlier
     raise Unavailable(f"ZooKeeper: {resource} changed on every one of {_ATTEMPTS} attempts")
+
+
+def _bounded(state: SharedState, ttl: float) -> float:
+    """``ttl``, or the session timeout if that is shorter: the lease znode is ephemeral, so the
+    lease may end with the session, as early as a session timeout after a request was sent."""
+    if state.session_s <= 0:
+        raise Unavailable("ZooKeeper: no session")
+    return min(ttl, state.session_s)
 
 
 def _mtime(result: Any) -> int | None:
@@ -522,6 +534,7 @@ def _resettle(state: SharedState, resource: str) -> Plan[None]:
 
 def renew(state: SharedState, resource: str, epoch: int, owner: str, ttl: float) -> Plan[float]:
     """``CoordinatorBackend.renew``: see the module docstring."""
+    ttl = _bounded(state, ttl)
     lost = LeaseLost(LossReason.REJECTED, f"{resource} epoch {epoch} is no longer this owner's")
     for fresh in (False, True):
         held = yield from _live(state, resource, epoch, owner, fresh)
@@ -697,7 +710,8 @@ def report(
 
 
 def _maybe_prune(state: SharedState, results: list[Any]) -> Plan[None]:
-    """Every :data:`_PRUNE_EVERY` records, delete the oldest beyond :data:`RECORDS_KEPT`."""
+    """Every :data:`_PRUNE_EVERY` records, delete the oldest beyond :data:`RECORDS_KEPT`, and
+    request ids older than :data:`REQUESTS_KEPT_S` (up to :data:`_CHUNK` × 10 per pass)."""
     created = [
         parsed[1]
         for r in results
@@ -713,10 +727,22 @@ def _maybe_prune(state: SharedState, results: list[Any]) -> Plan[None]:
         for child in answer[0]
         if (parsed := Paths.record_name(child)) is not None
     )
-    doomed = numbered[: max(0, len(numbered) - RECORDS_KEPT)]
+    doomed = [
+        f"{state.paths.log}/{child}"
+        for _, child in numbered[: max(0, len(numbered) - RECORDS_KEPT)]
+    ]
+    answer = yield Children(state.paths.requests)
+    if not isinstance(answer, NoNodeError) and answer[0]:
+        paths = [f"{state.paths.requests}/{child}" for child in answer[0][: _CHUNK * 10]]
+        found = yield Batch(tuple(Get(path) for path in paths))
+        oldest = state.server_now_ms() - REQUESTS_KEPT_S * 1000.0
+        doomed += [
+            path
+            for path, got in zip(paths, found, strict=True)
+            if not isinstance(got, NoNodeError) and got[1].ctime < oldest
+        ]
     for start in range(0, len(doomed), _CHUNK):
-        chunk = doomed[start : start + _CHUNK]
-        yield Multi(tuple(("delete", f"{state.paths.log}/{child}", -1) for _, child in chunk))
+        yield Multi(tuple(("delete", path, -1) for path in doomed[start : start + _CHUNK]))
 
 
 def advance(

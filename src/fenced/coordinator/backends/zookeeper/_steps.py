@@ -120,6 +120,9 @@ class SharedState:
     """The leader's clock minus this host's wall clock, from the last write's mtime (ms)."""
     session: int = 0
     """The ZooKeeper session id; leases of an earlier session ended with it."""
+    session_s: float = 0.0
+    """The session timeout the server granted (seconds): no lease is granted or renewed for
+    longer, since its ephemeral znode ends with the session."""
     lost_places: set[tuple[str, bytes]] = field(default_factory=set)
     """(resource, token) of waiter znodes this backend may have left behind (a leave that
     failed, a place whose creation reply was lost): swept before the next step."""
