@@ -1,28 +1,29 @@
 """One model, every backend in lockstep: the lease rules checked by random operations.
 
-The lease rules are written four times — in Python (the memory backend), SQL (SQLite), PL/pgSQL
-(PostgreSQL) and etcd transaction compares. The memory backend is the executable model
-(:mod:`fenced.coordinator.backends.memory._backend`). Each test here drives the model and one real
-backend (SQLite embedded; PostgreSQL and a 3-member etcd cluster started by the test session) with
-the same random operations at the backend contract (:mod:`fenced.coordinator.backend`): acquire with
-and without a ``request_id`` (fresh, replayed, replayed for another resource), renew, release and
-proclaim by the owner, by a wrong owner and with a stale or a later epoch, ``current``,
-``last_epoch``, ``resources``, ``records`` (with ``after`` and ``limit``), ``advance`` (the minimum
-epoch and per-resource floors of a restore), and clock steps. Every answer is compared (return
-values and exception classes), and so is every record.
+The lease rules are written five times — in Python (the memory backend), SQL (SQLite), PL/pgSQL
+(PostgreSQL), etcd transaction compares and ZooKeeper transactions. The memory backend is the
+executable model (:mod:`fenced.coordinator.backends.memory._backend`). Each test here drives the
+model and one real backend (SQLite embedded; PostgreSQL, a 3-member etcd cluster and a 3-member
+ZooKeeper ensemble started by the test session) with the same random operations at the backend
+contract (:mod:`fenced.coordinator.backend`): acquire with and without a ``request_id`` (fresh,
+replayed, replayed for another resource), renew, release and proclaim by the owner, by a wrong
+owner and with a stale or a later epoch, ``current``, ``last_epoch``, ``resources``, ``records``
+(with ``after`` and ``limit``), ``advance`` (the minimum epoch and per-resource floors of a
+restore), and clock steps. Every answer is compared (return values and exception classes), and so
+is every record.
 
 Time. SQLite takes an injected host clock: one :class:`ManualClock` drives the model and the
-backend, so every expiry is decided at the same instant (also exactly at the boundary, and across
-a "reboot"), and remaining times are compared exactly. PostgreSQL and etcd decide expiry by server
-time, so the model's clock follows real time, and the test never asks a question whose answer
-real time could make ambiguous: each live lease has a window from the earliest instant the backend
-may end it (the send time of its grant or renewal plus the remaining time the backend reported)
-to the latest (PostgreSQL: the reply time plus the ttl; etcd: the lease is seen gone, etcd
-rounding the ttl up to whole seconds and expiring leases on a 500 ms tick), and the model's expiry
-lies inside it. An operation that depends on a lease and would start within :data:`BUDGET` of its
-window first waits — real time passes, a "clock step" — until both sides have ended it. An
-operation that overran its budget into a window cannot be judged: if (only if) its answers then
-differ, the example is discarded (``reject``), not failed.
+backend, so every expiry is decided at the same instant (also exactly at the boundary, and across a
+"reboot"), and remaining times are compared exactly. PostgreSQL, etcd and ZooKeeper decide expiry
+by server time, so the model's clock follows real time, and the test never asks a question whose
+answer real time could make ambiguous: each live lease has a window from the earliest instant the
+backend may end it (the send time of its grant or renewal plus the remaining time the backend
+reported) to the latest (PostgreSQL and ZooKeeper: the reply time plus the ttl; etcd: the lease is
+seen gone, etcd rounding the ttl up to whole seconds and expiring leases on a 500 ms tick), and the
+model's expiry lies inside it. An operation that depends on a lease and would start within
+:data:`BUDGET` of its window first waits — real time passes, a "clock step" — until both sides have
+ended it. An operation that overran its budget into a window cannot be judged: if (only if) its
+answers then differ, the example is discarded (``reject``), not failed.
 
 Left out, and why: waiting (``enqueue``/``wait``/``leave``), because PostgreSQL, SQLite and etcd
 hand a released lease to the head waiter inside the release while the model leaves it to the
@@ -71,6 +72,7 @@ from fenced.core._lease import LeaseInfo
 from fenced.core._records import Record, RecordKind
 from fenced.testing.etcd import EtcdCluster
 from fenced.testing.postgres import PostgresServer
+from fenced.testing.zookeeper import ZooKeeperEnsemble
 
 RESOURCES = ("jobs/a", "jobs/b")
 FLOORED = "jobs/floored"  # only ever given a floor by advance (until someone acquires it)
@@ -785,10 +787,25 @@ def test_etcd_answers_like_the_model(etcd_cluster: EtcdCluster) -> None:
     _run(make, examples=18, steps=30, shrink=False, must=MUST_SEE_IN_REAL_TIME)
 
 
+def test_zookeeper_answers_like_the_model(zk_ensemble: ZooKeeperEnsemble) -> None:
+    def make() -> Sides:
+        # a session longer than every ttl drawn: the lease is the ttl's, as in the model
+        url = zk_ensemble.url("/lockstep" + uuid.uuid4().hex[:10], session_timeout=30, timeout=2)
+        clients = [open_backend(url), open_backend(url)]
+        model_clock = ManualClock()
+        model, name = _model(model_clock)
+        # The leader's clock decides: a lease ends at the mtime of its grant or renewal + ttl,
+        # between send time + ttl and reply time + ttl.
+        timing = RealTime(model_clock, overrun=lambda ttl: 0.0, gone=None)
+        return Sides(model, clients, timing, _closer(name, clients))
+
+    _run(make, examples=18, steps=30, shrink=False, must=MUST_SEE_IN_REAL_TIME)
+
+
 # -- what the lockstep runs found ------------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres", "etcd"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "etcd", "zookeeper"])
 def any_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CoordinatorBackend]:
     kind = request.param
     if kind == "memory":
@@ -801,6 +818,9 @@ def any_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Coor
     elif kind == "postgres":
         server: PostgresServer = request.getfixturevalue("postgres_server")
         url = server.url("postgres", schema="lockstep_" + uuid.uuid4().hex[:10])
+    elif kind == "zookeeper":
+        ensemble: ZooKeeperEnsemble = request.getfixturevalue("zk_ensemble")
+        url = ensemble.url("/lockstep" + uuid.uuid4().hex[:10])
     else:
         cluster: EtcdCluster = request.getfixturevalue("etcd_cluster")
         url = cluster.url(prefix="/lockstep" + uuid.uuid4().hex[:10], timeout=2)
