@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from fenced.coordinator._connect import open_backend
 from fenced.coordinator.backend import Granted, GrantRequest
 from fenced.core._errors import Busy, LeaseLost, OutcomeUnknown, StaleToken, Unavailable
 from fenced.core._lease import LeaseState
+from fenced.core._records import RecordKind
 from fenced.core._token import FencingToken
 from fenced.testing.conformance import wait_for
 from fenced.testing.proxy import TcpProxy
@@ -230,3 +232,57 @@ def other_can_acquire(coord: Coordinator) -> bool:
     except Busy:
         return False
     return True
+
+
+@pytest.mark.slow
+def test_a_restored_ensemble_would_issue_epochs_again_and_advance_prevents_it(
+    ensemble: ZooKeeperEnsemble, tmp_path: Path
+) -> None:
+    """Copy every member's data (the backup), grant more epochs, put the copy back (the
+    restore): the restored counter would hand out the later epochs again. ``advance`` with the
+    store's floors puts every later grant above every epoch issued before."""
+    url = ensemble.url("/fenced", timeout=2)
+    store = fenced.open_store(f"sqlite:///{tmp_path}/store.db", "strict")
+    with fenced.connect(url) as coord:
+        for _ in range(2):
+            lease = coord.acquire(R, ttl=5, wait=0)
+            store.fence(lease.token)
+            coord.release(lease)
+    backup = _copy_data(ensemble, tmp_path / "backup", restore=False)
+    with fenced.connect(url) as coord:
+        for _ in range(3):
+            lease = coord.acquire(R, ttl=5, wait=0)
+            store.fence(lease.token)
+            coord.release(lease)
+        issued = lease.epoch
+        assert issued == 5
+    _copy_data(ensemble, backup, restore=True)
+    with fenced.connect(url) as coord:
+        assert coord.last_epoch(R) == 2  # forgotten: epochs 3 to 5 would be issued again
+        report = fenced.coordinator.advance(coord, stores=[store], reason="restore")
+        assert report.minimum > issued
+        later = coord.acquire(R, ttl=5, wait=0)
+        assert later.epoch > report.minimum > issued
+        store.fence(later.token)  # the store accepts it: above its floor
+        assert [r.kind for r in coord.history(R)][-2:] == [
+            RecordKind.RESTORED,
+            RecordKind.GRANTED,
+        ]
+    store.close()
+
+
+def _copy_data(ensemble: ZooKeeperEnsemble, to: Path, *, restore: bool) -> Path:
+    """Stop every member, copy its data directory to ``to`` (or back from it), start them."""
+
+    for member in ensemble.members:
+        ensemble.kill(member)
+    for member in ensemble.members:
+        data = ensemble.member(member).data_dir
+        copy = to / str(member)
+        if restore:
+            shutil.rmtree(data)
+            shutil.copytree(copy, data)
+        else:
+            shutil.copytree(data, copy)
+    ensemble.start()
+    return to
