@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import fenced
+from fenced.coordinator import advance
 from fenced.coordinator._client import Coordinator
 from fenced.coordinator._connect import open_backend
 from fenced.coordinator.backend import Granted, GrantRequest
@@ -259,7 +260,7 @@ def test_a_restored_ensemble_would_issue_epochs_again_and_advance_prevents_it(
     _copy_data(ensemble, backup, restore=True)
     with fenced.connect(url) as coord:
         assert coord.last_epoch(R) == 2  # forgotten: epochs 3 to 5 would be issued again
-        report = fenced.coordinator.advance(coord, stores=[store], reason="restore")
+        report = advance(coord, stores=[store], reason="restore")
         assert report.minimum > issued
         later = coord.acquire(R, ttl=5, wait=0)
         assert later.epoch > report.minimum > issued
