@@ -363,11 +363,12 @@ def test_records_and_old_request_ids_are_pruned(
     monkeypatch.setattr(_plans, "REQUESTS_KEPT_S", 0.2)
     for i in range(40):
         coord.release(coord.acquire(R, ttl=5, wait=0, request_id=f"r{i}"))
+    wait_for(lambda: len(coord.history(R)) < 50, 10, "the prune, in the background")
     history = coord.history(R)
     assert 30 <= len(history) < 50
     assert history[-1].kind is RecordKind.RELEASED
     assert [r.seq for r in history] == sorted(r.seq for r in history)
-    assert "old-request" not in kazoo.get_children(requests)
+    wait_for(lambda: "old-request" not in kazoo.get_children(requests), 10, "request ids pruned")
     assert "r39" in kazoo.get_children(requests)
 
 
@@ -376,5 +377,74 @@ def test_the_backend_is_the_zookeeper_one(zk: str) -> None:
     try:
         assert isinstance(backend, ZooKeeperBackend)
         assert backend.url == zk.partition("?")[0]
+    finally:
+        backend.close()
+
+
+@pytest.fixture
+def handoffs(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """What every one-round-trip handoff attempt returned (None: the guess was wrong)."""
+    seen: list[object] = []
+    real = _plans._handoff
+
+    def spy(*args: Any) -> Any:
+        result = yield from real(*args)
+        seen.append(result)
+        return result
+
+    monkeypatch.setattr(_plans, "_handoff", spy)
+    return seen
+
+
+def test_the_head_waiter_woken_by_a_release_grants_itself_in_one_round_trip(
+    zk: str, open_coord: Callable[[str], Coordinator], handoffs: list[object]
+) -> None:
+    """The head's grant is sent right after a read of the counter, guessing the release's
+    outcome; the records say the lease came after a release."""
+    holder, waiter = open_coord(zk), open_coord(zk)
+    lease = holder.acquire(R, ttl=30, wait=0)
+    got: list[int] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(R, ttl=30, wait=10).epoch))
+    thread.start()
+    queue = f"{parse_zk_url(zk).chroot}/queue/exports%2Fdaily"
+    wait_for(lambda: holder_sees_waiters(holder, queue), 5, "the waiter's place")
+    time.sleep(0.2)  # the waiter watches the lease
+    holder.release(lease)
+    thread.join(10)
+    assert got == [lease.epoch + 1]
+    assert [isinstance(h, Granted) for h in handoffs] == [True]
+    granted = [r for r in holder.history(R) if r.kind is RecordKind.GRANTED]
+    assert granted[-1].detail["after"] == "released"
+
+
+def holder_sees_waiters(coord: Coordinator, queue: str) -> bool:
+    client = coord.backend._client  # type: ignore[attr-defined]
+    return bool(client.get_children(queue))
+
+
+def test_a_head_woken_by_an_expiry_someone_else_recorded_gets_the_after_right(
+    zk: str, open_coord: Callable[[str], Coordinator], handoffs: list[object]
+) -> None:
+    """The guess is "released"; when the lease was ended by another client recording its
+    expiry instead, the read sent before the grant says so and the record is corrected."""
+    holder, other = open_coord(zk), open_coord(zk)
+    backend = open_backend(zk)
+    try:
+        lease = holder.acquire(R, ttl=0.5, wait=0)
+        request = GrantRequest(R, 5.0, "owner-w", "waiter")
+        ticket = backend.enqueue(request)
+        assert isinstance(backend.try_grant(request, ticket), Blocked)  # head, behind the lease
+        time.sleep(0.7)
+        assert other.current(R) is None  # records the expiry, deletes the lease znode
+        ticket.head_woken = True  # type: ignore[attr-defined]  # what wait() sets on a deletion
+        granted = backend.try_grant(request, ticket)
+        assert isinstance(granted, Granted) and granted.epoch == lease.epoch + 1
+        assert [isinstance(h, Granted) for h in handoffs] == [True]  # the guess held
+        kinds = [(r.kind, r.detail.get("after")) for r in other.history(R)]
+        assert kinds == [
+            (RecordKind.GRANTED, "none"),
+            (RecordKind.EXPIRED, None),
+            (RecordKind.GRANTED, "expired"),
+        ]
     finally:
         backend.close()

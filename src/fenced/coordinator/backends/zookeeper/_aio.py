@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kazoo.handlers.threading import KazooTimeoutError
@@ -79,7 +80,7 @@ class AsyncZooKeeperBackend:
         self._connected = asyncio.Event()
         self._client.add_listener(self._on_state)
         self._closed = False
-        self._sweeps: set[asyncio.Task[None]] = set()
+        self._background: dict[str, asyncio.Task[None]] = {}
 
     def __repr__(self) -> str:
         return f"AsyncZooKeeperBackend({self.url!r})"
@@ -108,17 +109,25 @@ class AsyncZooKeeperBackend:
         if state == KazooState.CONNECTED:
             connected(self._client, self._state)
             self._connected.set()
-            if self._state.lost_places and not self._closed:
-                task = self._loop.create_task(self._sweep())
-                self._sweeps.add(task)
-                task.add_done_callback(self._sweeps.discard)
+            if self._state.lost_places:
+                self._in_background("sweep", plans.sweep)
         else:
             self._connected.clear()
         self._wake()
 
-    async def _sweep(self) -> None:
-        with contextlib.suppress(FencedError):
-            await self._run(plans.sweep(self._state), sweep=False)
+    def _in_background(self, name: str, plan: Callable[[SharedState], Plan[None]]) -> None:
+        """Run ``plan`` in a task of its own (at most one of each ``name``; cancelled by
+        :meth:`aclose`); its failures are left for a later run."""
+        if self._closed or name in self._background:
+            return
+
+        async def run() -> None:
+            with contextlib.suppress(FencedError):
+                await self._run(plan(self._state), sweep=False)
+
+        task = self._loop.create_task(run())
+        self._background[name] = task
+        task.add_done_callback(lambda _: self._background.pop(name, None))
 
     def _wake(self) -> None:
         self._changed.set()
@@ -153,6 +162,8 @@ class AsyncZooKeeperBackend:
             return stop.value  # type: ignore[no-any-return]
         finally:
             plan.close()
+            if self._state.prune_due:
+                self._in_background("prune", plans.prune)
 
     async def _answer(self, request: Request) -> object:
         pending = submit(self._client, self._state, request)
@@ -218,7 +229,11 @@ class AsyncZooKeeperBackend:
             if wake is None:
                 return
             path, due = wake
-            if not await self._wait_for(path, left if due is None else min(left, due)):
+            fired = await self._wait_for(path, left if due is None else min(left, due))
+            if path == self._state.paths.lease(mine.resource):
+                mine.head_woken = fired  # deleted: the next try_grant tries the handoff
+                return  # the lease is gone (or due): try at once
+            if not fired:
                 return
 
     async def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
@@ -280,9 +295,10 @@ class AsyncZooKeeperBackend:
         if self._closed:
             return
         self._closed = True
-        for task in list(self._sweeps):
+        tasks = list(self._background.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._sweeps, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         done = self._loop.create_future()
 
         def stop() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import TypeVar
 
 from kazoo.handlers.threading import KazooTimeoutError
@@ -69,6 +70,7 @@ class ZooKeeperBackend:
         self._timeout = settings.timeout
         self._client = new_client(settings)
         self._changed = threading.Condition()
+        self._busy: set[str] = set()  # background runs in flight (see _in_background)
         self._client.add_listener(self._on_state)
         try:
             self._client.start(timeout=settings.connect_timeout)
@@ -99,14 +101,28 @@ class ZooKeeperBackend:
         elif state == KazooState.CONNECTED:
             connected(self._client, self._state)
             if self._state.lost_places:  # not on kazoo's thread: the sweep waits for replies
-                threading.Thread(target=self._sweep, name="fenced-zk-sweep", daemon=True).start()
+                self._in_background("sweep", plans.sweep)
         with self._changed:
             self._changed.notify_all()
         return False
 
-    def _sweep(self) -> None:
-        with contextlib.suppress(FencedError):
-            self._run(plans.sweep(self._state), sweep=False)
+    def _in_background(self, name: str, plan: Callable[[SharedState], Plan[None]]) -> None:
+        """Run ``plan`` on a short-lived thread of its own (at most one of each ``name``);
+        its failures are left for a later run."""
+        with self._changed:
+            if name in self._busy:
+                return
+            self._busy.add(name)
+
+        def run() -> None:
+            try:
+                with contextlib.suppress(FencedError):
+                    self._run(plan(self._state), sweep=False)
+            finally:
+                with self._changed:
+                    self._busy.discard(name)
+
+        threading.Thread(target=run, name=f"fenced-zk-{name}", daemon=True).start()
 
     def _run(self, plan: Plan[T], sweep: bool = True) -> T:
         """Run ``plan`` to its end, each request waited for at most the URL's timeout (places
@@ -127,6 +143,8 @@ class ZooKeeperBackend:
             return stop.value  # type: ignore[no-any-return]
         finally:
             plan.close()
+            if self._state.prune_due:
+                self._in_background("prune", plans.prune)
 
     def _answer(self, request: Request) -> object:
         pending = submit(self._client, self._state, request)
@@ -192,7 +210,11 @@ class ZooKeeperBackend:
             if wake is None:
                 return
             path, due = wake
-            if not self._wait_for(path, left if due is None else min(left, due)):
+            fired = self._wait_for(path, left if due is None else min(left, due))
+            if path == self._state.paths.lease(mine.resource):
+                mine.head_woken = fired  # deleted: the next try_grant tries the handoff
+                return  # the lease is gone (or due): try at once
+            if not fired:
                 return
 
     def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:

@@ -90,11 +90,18 @@ def submit(client: KazooClient, state: SharedState, request: Request) -> Pending
     if isinstance(request, Get | Children):
         return [_read(client, request)]
     if isinstance(request, Batch):
-        return [_read(client, read) for read in request.reads]
+        sent = [_read(client, read) for read in request.reads]
+        if request.then is not None:
+            sent.append(_commit(client, request.then))
+        return sent
     if isinstance(request, Tick):
         return [client.set_async(state.paths.clock, b"", -1)]
+    return [_commit(client, request)]
+
+
+def _commit(client: KazooClient, multi: Multi) -> IAsyncResult:
     transaction = client.transaction()
-    for op in request.ops:
+    for op in multi.ops:
         kind = op[0]
         if kind == "create":
             transaction.create(op[1], op[2], ephemeral=op[3], sequence=op[4])
@@ -104,7 +111,7 @@ def submit(client: KazooClient, state: SharedState, request: Request) -> Pending
             transaction.delete(op[1], op[2])
         else:
             transaction.check(op[1], op[2])
-    return [transaction.commit_async()]
+    return transaction.commit_async()
 
 
 def _value(result: IAsyncResult) -> Any:
@@ -139,6 +146,6 @@ def translate(request: Request, error: BaseException) -> Exception:
             "ZooKeeper refused for lack of permission (an ACL on the fenced chroot)"
         )
     what = "no reply" if isinstance(error, KazooTimeoutError) else type(error).__name__
-    if isinstance(request, Multi):
+    if isinstance(request, Multi) or (isinstance(request, Batch) and request.then is not None):
         return OutcomeUnknown(f"ZooKeeper: {what} to a transaction; it may have been applied")
     return Unavailable(f"ZooKeeper: {what}")

@@ -30,6 +30,7 @@ the ephemeral znode ends, whichever comes first.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -65,8 +66,17 @@ def _load(data: bytes, path: str) -> dict[str, Any]:
     return value
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def _dump(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    return _ENCODER.encode(value).encode()
+
+
+@functools.lru_cache(maxsize=4096)
+def _name(text: str) -> str:
+    """``text`` as one znode name (``/`` and every other reserved character percent-encoded)."""
+    return quote(text, safe="")
 
 
 @dataclass(frozen=True)
@@ -104,22 +114,22 @@ class Paths:
         return (self.resources, self.queues, self.log, self.requests)
 
     def counter(self, resource: str) -> str:
-        return f"{self.resources}/{quote(resource, safe='')}"
+        return f"{self.resources}/{_name(resource)}"
 
     def lease(self, resource: str) -> str:
         return f"{self.counter(resource)}/lease"
 
     def queue(self, resource: str) -> str:
-        return f"{self.queues}/{quote(resource, safe='')}"
+        return f"{self.queues}/{_name(resource)}"
 
     def waiter_prefix(self, resource: str) -> str:
         return f"{self.queue(resource)}/w-"
 
     def record_prefix(self, resource: str) -> str:
-        return f"{self.log}/{quote(resource, safe='')}@"
+        return f"{self.log}/{_name(resource)}@"
 
     def request(self, request_id: str) -> str:
-        return f"{self.requests}/{quote(request_id, safe='')}"
+        return f"{self.requests}/{_name(request_id)}"
 
     @staticmethod
     def resource_of(child: str) -> str:

@@ -79,6 +79,7 @@ __all__ = [
     "newest_seq",
     "open_state",
     "proclaim",
+    "prune",
     "records",
     "release",
     "renew",
@@ -110,6 +111,9 @@ class ZkTicket:
     path: str
     _backend: object
     token: bytes = field(default_factory=lambda: secrets.token_hex(12).encode())
+    head_woken: bool = False
+    """Set by the faces' ``wait`` when the lease this head waiter watched was deleted: its next
+    ``try_grant`` tries the one-round-trip handoff first."""
 
     def __repr__(self) -> str:
         return f"ZkTicket({self.resource!r}, {self.path.rpartition('/')[2]!r})"
@@ -243,6 +247,11 @@ def try_grant(
     """``CoordinatorBackend.try_grant`` (see the module docstring)."""
     paths, resource = state.paths, request.resource
     ttl = _bounded(state, request.ttl)
+    if ticket is not None and ticket.head_woken:
+        ticket.head_woken = False
+        handed = yield from _handoff(state, request, ticket, ttl)
+        if handed is not None:
+            return handed
     for _ in range(_ATTEMPTS):
         minimum, meta_version = yield from _meta(state)
         remembered = state.counters.get(resource)
@@ -286,46 +295,15 @@ def try_grant(
         else:
             ops.append(("check", paths.queue(resource), queue_version))
         epoch = last + 1
-        granted = Counter(epoch, request.holder, "live")
-        if counter is None:
-            ops.append(("create", paths.counter(resource), granted.encode(), False, False))
-        else:
-            ops.append(("set", paths.counter(resource), granted.encode(), counter_version))
-        doc = LeaseDoc(epoch, request.owner, request.holder, ttl, request.value)
-        ops.append(("create", paths.lease(resource), doc.encode(), True, False))
-        detail: dict[str, object] = {"after": after}
-        if request.value is not None:
-            detail["value"] = request.value
-        ops.append(_record(state, RecordKind.GRANTED, resource, epoch, request.holder, detail))
-        if request.request_id is not None:
-            ops.append(
-                (
-                    "create",
-                    paths.request(request.request_id),
-                    encode_request(resource, epoch, request.owner),
-                    False,
-                    False,
-                )
-            )
-        sent = tuple(ops)
+        grant = _Grant(state, request, ttl, epoch, counter_version if counter else None, after)
+        sent = (*ops, *grant.ops)
         results = yield Multi(sent)
         if _ok(results):
-            counter_at = next(i for i, op in enumerate(sent) if op[1] == paths.counter(resource))
-            new_version = 0 if counter is None else counter_version + 1
-            state.counters[resource] = (granted, new_version)
             if ticket is None and waiters is None:
                 state.queues[resource] = 0  # the queue znode this grant created
             elif ticket is None and waiters == [] and queue_version is not None:
                 state.queues[resource] = queue_version
-            observed = _mtime(results[counter_at])
-            if observed is None:
-                mtime = int(state.server_now_ms())
-            else:
-                mtime = observed
-                state.observe(mtime)
-            state.held[(resource, epoch)] = Held(request.owner, doc, 0, new_version, mtime)
-            yield from _maybe_prune(state, results)
-            return Granted(epoch, request.owner, request.holder, ttl, ttl)
+            return grant.done(results[len(ops) :])
         if any(op[1] == paths.meta for op, _ in _failed(results, sent)):
             state.meta = None
         state.forget(resource)
@@ -334,6 +312,96 @@ def try_grant(
             if earlier is not None:
                 return earlier
     raise Unavailable(f"ZooKeeper: {resource} changed on every one of {_ATTEMPTS} attempts")
+
+
+class _Grant:
+    """The operations of one grant (counter, lease, record, request id) and what its success
+    leaves remembered."""
+
+    def __init__(
+        self,
+        state: SharedState,
+        request: GrantRequest,
+        ttl: float,
+        epoch: int,
+        counter_version: int | None,
+        after: str,
+    ) -> None:
+        paths, resource = state.paths, request.resource
+        self.state, self.request, self.ttl, self.epoch = state, request, ttl, epoch
+        self.counter = Counter(epoch, request.holder, "live")
+        self.doc = LeaseDoc(epoch, request.owner, request.holder, ttl, request.value)
+        self.version = 0 if counter_version is None else counter_version + 1
+        ops: list[Op] = [
+            ("create", paths.counter(resource), self.counter.encode(), False, False)
+            if counter_version is None
+            else ("set", paths.counter(resource), self.counter.encode(), counter_version),
+            ("create", paths.lease(resource), self.doc.encode(), True, False),
+        ]
+        ops.append(self.record(after))
+        if request.request_id is not None:
+            request_doc = encode_request(resource, epoch, request.owner)
+            ops.append(("create", paths.request(request.request_id), request_doc, False, False))
+        self.ops = tuple(ops)
+
+    def done(self, results: list[Any]) -> Granted:
+        """Remember the committed grant (``results``: those of :attr:`ops`)."""
+        state, request = self.state, self.request
+        state.counters[request.resource] = (self.counter, self.version)
+        observed = _mtime(results[0])
+        if observed is None:
+            mtime = int(state.server_now_ms())
+        else:
+            mtime = observed
+            state.observe(mtime)
+        held = Held(request.owner, self.doc, 0, self.version, mtime)
+        state.held[(request.resource, self.epoch)] = held
+        _note_records(state, results)
+        return Granted(self.epoch, request.owner, request.holder, self.ttl, self.ttl)
+
+    def record(self, after: str) -> Op:
+        """The ``granted`` record, ``after`` saying how the previous lease ended."""
+        detail: dict[str, object] = {"after": after}
+        if self.request.value is not None:
+            detail["value"] = self.request.value
+        resource, holder = self.request.resource, self.request.holder
+        return _record(self.state, RecordKind.GRANTED, resource, self.epoch, holder, detail)
+
+    def record_path(self, results: list[Any]) -> str:
+        return str(results[2])
+
+
+def _handoff(
+    state: SharedState, request: GrantRequest, ticket: ZkTicket, ttl: float
+) -> Plan[Granted | None]:
+    """The head waiter, woken by the deletion of the lease, grants itself in one round trip:
+    the grant transaction as the lease it waited behind left things (the counter one version
+    on, "released"), sent right after a read of the counter. None when the guess was wrong
+    (the normal path reads again). The read, answered before the transaction, tells how the
+    lease ended; if not by a release, the ``granted`` record's ``after`` is corrected."""
+    remembered, meta = state.counters.get(request.resource), state.meta
+    if remembered is None or meta is None or remembered[0].state != "live":
+        return None
+    (counter, version), (minimum, meta_version) = remembered, meta
+    grant = _Grant(state, request, ttl, max(counter.epoch, minimum) + 1, version + 1, "released")
+    ops: tuple[Op, ...] = (
+        ("check", state.paths.meta, meta_version),
+        ("delete", ticket.path, -1),
+        *grant.ops,
+    )
+    counter_path = state.paths.counter(request.resource)
+    answers = yield Batch((Get(counter_path),), then=Multi(ops))
+    results = answers[-1]
+    if not _ok(results):
+        state.forget(request.resource)
+        return None
+    granted = grant.done(results[2:])
+    if not isinstance(answers[0], NoNodeError):
+        ended = Counter.decode(answers[0][0], counter_path).state
+        if ended != "released":
+            corrected = grant.record(ended)[2]
+            yield Multi((("set", grant.record_path(results[2:]), corrected, -1),))
+    return granted
 
 
 def _bounded(state: SharedState, ttl: float) -> float:
@@ -505,7 +573,7 @@ def _settle(state: SharedState, resource: str, view: _View) -> Plan[bool]:
     state.held.pop((resource, counter.epoch), None)
     if _ok(results):
         state.counters[resource] = (ended, view.counter_version + 1)
-        yield from _maybe_prune(state, results)
+        _note_records(state, results)
     else:
         state.forget(resource)
     return True
@@ -583,7 +651,7 @@ def proclaim(state: SharedState, resource: str, epoch: int, owner: str, value: s
         state.held[(resource, epoch)] = Held(
             owner, doc, stat.version, held.counter_version, stat.mtime
         )
-        yield from _maybe_prune(state, results)
+        _note_records(state, results)
         return
     raise lost
 
@@ -605,7 +673,7 @@ def release(state: SharedState, resource: str, epoch: int, owner: str) -> Plan[b
         if _ok(results):
             state.counters[resource] = (ended, held.counter_version + 1)
             state.observe(results[1].mtime)
-            yield from _maybe_prune(state, results)
+            _note_records(state, results)
             return True
     return False
 
@@ -706,19 +774,25 @@ def report(
     detail: dict[str, object],
 ) -> Plan[None]:
     results = yield Multi((_record(state, kind, resource, epoch, holder, detail),))
-    yield from _maybe_prune(state, results)
+    _note_records(state, results)
 
 
-def _maybe_prune(state: SharedState, results: list[Any]) -> Plan[None]:
-    """Every :data:`_PRUNE_EVERY` records, delete the oldest beyond :data:`RECORDS_KEPT`, and
-    request ids older than :data:`REQUESTS_KEPT_S` (up to :data:`_CHUNK` × 10 per pass)."""
+def _note_records(state: SharedState, results: list[Any]) -> None:
+    """After a committed transaction: every :data:`_PRUNE_EVERY` records, a prune is due (the
+    faces run :func:`prune` in the background: it never delays, nor fails, the step)."""
     created = [
         parsed[1]
         for r in results
         if isinstance(r, str) and (parsed := Paths.record_name(r.rpartition("/")[2]))
     ]
-    if not any(seq % _PRUNE_EVERY < len(created) for seq in created):
-        return
+    if any(seq % _PRUNE_EVERY < len(created) for seq in created):
+        state.prune_due = True
+
+
+def prune(state: SharedState) -> Plan[None]:
+    """Delete the oldest records beyond :data:`RECORDS_KEPT`, and request ids older than
+    :data:`REQUESTS_KEPT_S` (up to :data:`_CHUNK` × 10 per pass)."""
+    state.prune_due = False
     answer = yield Children(state.paths.log)
     if isinstance(answer, NoNodeError):
         return

@@ -62,9 +62,12 @@ Read = Get | Children
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Reads sent together (pipelined); answered as a list, in order."""
+    """Reads sent together (pipelined), optionally followed by a transaction sent right after
+    them (ZooKeeper answers a session's requests in order: the reads see the state before it);
+    answered as a list, in order, the transaction's results last."""
 
     reads: tuple[Read, ...]
+    then: Multi | None = None
 
 
 Op = tuple[Any, ...]
@@ -123,6 +126,8 @@ class SharedState:
     session_s: float = 0.0
     """The session timeout the server granted (seconds): no lease is granted or renewed for
     longer, since its ephemeral znode ends with the session."""
+    prune_due: bool = False
+    """Records crossed a multiple of the prune interval: :func:`._plans.prune` should run."""
     lost_places: set[tuple[str, bytes]] = field(default_factory=set)
     """(resource, token) of waiter znodes this backend may have left behind (a leave that
     failed, a place whose creation reply was lost): swept before the next step."""
