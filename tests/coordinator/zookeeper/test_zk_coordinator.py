@@ -29,6 +29,7 @@ from fenced.coordinator.backend import Blocked, Granted, GrantRequest
 from fenced.coordinator.backends.zookeeper import _plans
 from fenced.coordinator.backends.zookeeper._backend import ZooKeeperBackend
 from fenced.coordinator.backends.zookeeper._settings import parse_zk_url
+from fenced.coordinator.backends.zookeeper._steps import Children
 from fenced.core._clock import ManualClock
 from fenced.core._errors import Busy, ConfigurationError, LeaseLost, Unavailable
 from fenced.core._records import RecordKind
@@ -448,3 +449,25 @@ def test_a_head_woken_by_an_expiry_someone_else_recorded_gets_the_after_right(
         ]
     finally:
         backend.close()
+
+
+def test_a_failing_prune_never_fails_the_step_that_made_it_due(
+    zk: str, monkeypatch: pytest.MonkeyPatch, open_coord: Callable[[str], Coordinator]
+) -> None:
+    """A prune runs after a committed grant or release, in the background: when it fails, the
+    acquire still returns its lease (it was granted) and the release its True."""
+    failed: list[str] = []
+
+    def failing_prune(state: Any) -> Any:
+        failed.append("prune")
+        yield Children(state.paths.log)
+        raise Unavailable("the prune's read failed")
+
+    monkeypatch.setattr(_plans, "_PRUNE_EVERY", 2)
+    monkeypatch.setattr(_plans, "prune", failing_prune)
+    coord = open_coord(zk)
+    for _ in range(4):
+        lease = coord.acquire(R, ttl=5, wait=0)
+        assert coord.release(lease) is True
+    wait_for(lambda: bool(failed), 5, "a prune")
+    assert coord.last_epoch(R) == 4
