@@ -23,9 +23,17 @@ from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.connection import ConnectionHandler
-from kazoo.protocol.serialization import Connect
+from kazoo.protocol.serialization import (
+    CheckVersion,
+    Connect,
+    Create,
+    Delete,
+    SetData,
+    Transaction,
+)
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from fenced.coordinator.backends.zookeeper._settings import ZkSettings
 from fenced.coordinator.backends.zookeeper._steps import (
@@ -100,18 +108,24 @@ def submit(client: KazooClient, state: SharedState, request: Request) -> Pending
 
 
 def _commit(client: KazooClient, multi: Multi) -> IAsyncResult:
-    transaction = client.transaction()
+    """Send ``multi`` as one ZooKeeper transaction. The operations are built as kazoo's
+    ``TransactionRequest`` builds them, without its per-operation argument checks, chroot
+    handling (fenced's paths are absolute: the client has no chroot) and logging."""
+    operations: list[object] = []
     for op in multi.ops:
         kind = op[0]
         if kind == "create":
-            transaction.create(op[1], op[2], ephemeral=op[3], sequence=op[4])
+            flags = (1 if op[3] else 0) | (2 if op[4] else 0)
+            operations.append(Create(op[1], op[2], OPEN_ACL_UNSAFE, flags))
         elif kind == "set":
-            transaction.set_data(op[1], op[2], op[3])
+            operations.append(SetData(op[1], op[2], op[3]))
         elif kind == "delete":
-            transaction.delete(op[1], op[2])
+            operations.append(Delete(op[1], op[2]))
         else:
-            transaction.check(op[1], op[2])
-    return transaction.commit_async()
+            operations.append(CheckVersion(op[1], op[2]))
+    result = client.handler.async_result()
+    client._call(Transaction(operations), result)
+    return result
 
 
 def _value(result: IAsyncResult) -> Any:
