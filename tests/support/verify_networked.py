@@ -7,13 +7,22 @@ import subprocess
 import sys
 
 from fenced.verify._cases import CASES, run_cases
+from fenced.verify._mutants import CATALOGUE
 from fenced.verify._schedule import run_random
 from fenced.verify._target import Target
 
-__all__ = ["ONLY_EMBEDDED", "assert_mutants_pass", "assert_verify_passes"]
+__all__ = ["ONLY_EMBEDDED", "assert_mutants_pass", "assert_verify_passes", "elsewhere"]
 
 ONLY_EMBEDDED = frozenset({"release-without-owner", "epoch-reuse"})
 """The seeded defects whose hooks exist only in the embedded (SQLite) coordinator."""
+
+
+def elsewhere(kind: str) -> frozenset[str]:
+    """The seeded defects without a hook in the ``kind`` coordinator (``postgresql``,
+    ``etcd``): n/a against it (the embedded stores have every store defect)."""
+    return frozenset(
+        m.name for m in CATALOGUE if m.coordinators is not None and kind not in m.coordinators
+    )
 
 
 def assert_verify_passes(target: Target, seed: int, schedules: int) -> None:
@@ -39,10 +48,11 @@ def _fenced(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def assert_mutants_pass(coordinator: str, seed: int) -> None:
+def assert_mutants_pass(coordinator: str, seed: int, kind: str) -> None:
     """``fenced verify --mutants --coordinator URL`` exits 0: every defect with a hook in this
-    coordinator (and the embedded stores) is caught, and the defects of the embedded
-    coordinator are shown as n/a, not as failures; ``--random`` refuses them."""
+    coordinator (of ``kind``; and the embedded stores) is caught, and the defects of the other
+    coordinators (the embedded one's among them) are shown as n/a, not as failures;
+    ``--random`` refuses them."""
     done = _fenced(
         *("--mutants", "--coordinator", coordinator, "--seed", str(seed), "--json"), timeout=600
     )
@@ -50,8 +60,10 @@ def assert_mutants_pass(coordinator: str, seed: int) -> None:
     document = json.loads(done.stdout)
     assert document["ok"] is True
     statuses = {row["mutant"]: row["status"] for row in document["mutants"]}
-    assert {name for name, status in statuses.items() if status == "n/a"} == ONLY_EMBEDDED
-    applicable = {status for name, status in statuses.items() if name not in ONLY_EMBEDDED}
+    absent = elsewhere(kind)
+    assert absent >= ONLY_EMBEDDED
+    assert {name for name, status in statuses.items() if status == "n/a"} == absent
+    applicable = {status for name, status in statuses.items() if name not in absent}
     assert applicable == {"caught"}, statuses
     refused = _fenced(
         *("--random", "1", "--mutant", "epoch-reuse", "--coordinator", coordinator), timeout=60

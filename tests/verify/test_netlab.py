@@ -246,3 +246,61 @@ def test_hosts_and_relays_added_to_a_running_lab(echo_ports: tuple[int, int]) ->
             lab.add_relay("a", "127.0.0.1", echo_ports[1])
         names = {lab.hub, lab.namespace(1), lab.namespace(2)}
     assert not names & set(lab_namespaces())
+
+
+def _connect_from(lab: NetLab, host: int, address: str, port: int) -> str:
+    """From inside host ``host``: connect to ``address:port``; ``ok`` or the error's name."""
+    code = _connect_code(address, port).replace('print("connected")', 'print("ok")')
+    done = subprocess.run(
+        lab.command(host, [sys.executable, "-c", code]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def test_a_server_inside_a_host_is_exposed_on_loopback_and_isolated_from_the_others() -> None:
+    server = textwrap.dedent(
+        """
+        import socket, sys, threading
+        listener = socket.create_server((sys.argv[1], 7000))
+        print("ready", flush=True)
+        def serve(conn):
+            with conn:
+                while data := conn.recv(4096):
+                    conn.sendall(data)
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+        """
+    )
+    with NetLab(2) as lab:
+        inside = lab.host_address(1)
+        with subprocess.Popen(
+            lab.command(1, [sys.executable, "-c", server, inside]),
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as child:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+            try:
+                relay = lab.expose(1, 7000)
+
+                def echo() -> bytes:
+                    with socket.create_connection(("127.0.0.1", relay.port), timeout=5) as s:
+                        s.sendall(b"ping")
+                        return s.recv(4)
+
+                assert echo() == b"ping"
+                assert _connect_from(lab, 2, inside, 7000) == "ok"
+                lab.isolate(1, 2)
+                assert _connect_from(lab, 2, inside, 7000) == "TimeoutError"
+                assert echo() == b"ping"  # the relay still reaches it: clients are not cut
+                lab.heal(1)
+                assert _connect_from(lab, 2, inside, 7000) == "ok"
+            finally:
+                child.kill()
+        with pytest.raises(ValueError, match="isolate from which hosts"):
+            lab.isolate(1)

@@ -73,7 +73,7 @@ class History:
         call = f"{w}:{kind}{self._calls}"
         self.ev(t, w, f"{kind}.send", call=call, op=op, **send)
         if reply is not None:
-            self.ev(t + dt, w, f"{kind}.reply", call=call, op=op, fault=None, **reply)
+            self.ev(t + dt, w, f"{kind}.reply", call=call, op=op, **{"fault": None, **reply})
 
     def grant(self, w: str, epoch: int, t: float, **reply: Any) -> None:
         fields = {"ok": True, "applied": True, "granted": epoch, "ttl": self.ttl}
@@ -391,6 +391,91 @@ def test_a_lease_granted_for_less_than_its_ttl_is_held_to_what_was_granted() -> 
     assert broken(h) == ["holder-deadline"]
 
 
+def _waits(h: History, w: str, t: float) -> None:
+    """``w`` is told the resource is busy and takes a place in line at ``t``."""
+    blocked = {"ok": True, "applied": False, "blocked": True, "epoch": 1}
+    h.call("c", w, "try_grant", t, {"res": R, "ttl": h.ttl, "ticket": False}, blocked)
+    h.call("c", w, "enqueue", t + 0.002, {"res": R, "ttl": h.ttl}, {"ok": True, "applied": True})
+
+
+def _stalled(granted_at: float, **then: Any) -> History:
+    """A holds epoch 1 and releases it at 0.5 (replied 0.501); C waits in line from 0.3; C is
+    granted epoch 2 at ``granted_at``. The bound: ttl + margin (a fifth of the ttl) = 1.2 s."""
+    h = History()
+    h.grant("A", 1, 0.0)
+    h.lease("A", 1, 0.002, deadline=0.8)
+    _waits(h, "C", 0.3)
+    h.release("A", 1, 0.5)
+    for event in then.get("events", []):
+        h.ev(*event[:3], **event[3] if len(event) > 3 else {})
+    h.grant("C", 2, granted_at)
+    h.lease("C", 2, granted_at + 0.002, deadline=granted_at + 0.8)
+    h.records([1, 2], [1])
+    return h
+
+
+def test_grant_progress() -> None:
+    """The resource is free from 0.501 and C waits in line: a grant is due by 1.701."""
+    assert broken(_stalled(1.6)) == []
+    assert broken(_stalled(1.8)) == ["grant-progress"]
+    (violation,) = check_history(_stalled(1.8).events).violations
+    assert "C waited in line" in violation.message and "1.299s" in violation.message
+
+
+def test_grant_progress_from_a_certain_expiry() -> None:
+    """Without a release, the resource is free once A's lease has certainly expired: the
+    reply of its last renewal + the ttl (+ the backend's overrun)."""
+    h = History()
+    h.grant("A", 1, 0.0)
+    h.renew("A", 1, 0.3)  # replied at 0.301: certainly expired at 1.301
+    _waits(h, "C", 0.35)
+    h.grant("C", 2, 2.45)
+    h.records([1, 2], [])
+    assert broken(h) == []
+    h.events = [e for e in h.events if e["w"] != "C"]
+    _waits(h, "C", 0.35)
+    h.grant("C", 2, 2.6)
+    assert broken(h) == ["grant-progress"]
+    h.events[0]["overrun"] = 0.5  # etcd keeps a lease up to that much longer
+    assert broken(h) == []
+
+
+def test_grant_progress_is_not_owed_while_a_fault_explains_the_delay() -> None:
+    """Another worker stopped or cut off may hold the place ahead of C (or a lease handed to
+    it) until its keep-alive lapses; a request delayed on the wire is late; a worker that is
+    stopped, killed or cut off is not waiting."""
+    pause = [(0.4, "verify", "pause", {"target": "B"}), (0.9, "verify", "resume", {"target": "B"})]
+    assert broken(_stalled(4.5, events=pause)) == []  # B's place may last till 0.9 + 2.5 s
+    assert broken(_stalled(4.7, events=pause)) == ["grant-progress"]  # then the bound, 1.2 s
+    assert broken(_stalled(4.2, events=[(0.6, "verify", "kill", {"target": "B"})])) == []
+    paused_waiter = [(0.4, "verify", "pause", {"target": "C"})]  # never resumed: not waiting
+    assert broken(_stalled(5.0, events=paused_waiter)) == []
+    cut = [(0.45, "verify", "partition", {"target": "C"})]
+    cut += [(1.0, "verify", "partition-healed", {"target": "C"})]
+    assert broken(_stalled(3.4, events=cut)) == []
+    h = _stalled(2.0)
+    late = {"ok": True, "applied": False, "blocked": True, "epoch": 1, "fault": "delay_request"}
+    h.call("c", "C", "try_grant", 1.6, {"res": R, "ttl": 1.0, "issued": 0.55}, late)
+    assert broken(h) == []  # in flight from 0.55 to 1.601: C's request was late
+
+
+def test_grant_progress_is_owed_only_to_a_waiter_in_line() -> None:
+    """A waiter that left the line (its wait ran out) waits no more; one that gave up without
+    leaving (no leave in the history) still holds its place: it still waits."""
+    h = History()
+    h.grant("A", 1, 0.0)
+    _waits(h, "C", 0.3)
+    h.release("A", 1, 0.5)
+    left = {"ok": True, "applied": True}
+    h.call("c", "C", "leave", 0.7, {"res": R, "ticket": True, "take": True}, left)
+    h.records([1], [1])
+    assert broken(h) == []
+    h = _stalled(4.0)
+    unavailable = {"ok": False, "applied": False, "error": "Unavailable", "fault": "unavailable"}
+    h.call("c", "C", "try_grant", 0.6, {"res": R, "ttl": 1.0, "ticket": True}, unavailable)
+    assert broken(h) == ["grant-progress"]  # its acquire failed, and it never left the line
+
+
 def test_op_exactly_once() -> None:
     h = correct()
     h.final("S", [["A.1", 1], ["A.1", 1], ["B.1", 2]], 3, POINTER)
@@ -485,6 +570,12 @@ def test_mutant_names_are_checked_and_not_public() -> None:
 
 PG = "postgresql://verify@127.0.0.1:5432/fenced"
 ONLY_SQLITE = {"release-without-owner", "epoch-reuse"}
+ONLY_POSTGRES = {"pg-grant-read-committed"}
+ONLY_ETCD = {"etcd-grant-no-revision-compare"}
+SQLITE_AND_POSTGRES = {"renew-revives-expired"}
+NOT_ON_SQLITE = ONLY_POSTGRES | ONLY_ETCD
+NOT_ON_POSTGRES = ONLY_SQLITE | ONLY_ETCD
+NOT_ON_ETCD = ONLY_SQLITE | ONLY_POSTGRES | SQLITE_AND_POSTGRES
 
 
 def _not_applicable(target: Target) -> set[str]:
@@ -492,20 +583,25 @@ def _not_applicable(target: Target) -> set[str]:
 
 
 def test_each_defect_declares_where_it_applies() -> None:
-    assert _not_applicable(Target()) == set()
-    assert _not_applicable(Target("sqlite:////tmp/x.db")) == set()
-    assert _not_applicable(Target(PG)) == ONLY_SQLITE
-    assert _not_applicable(Target("postgres://verify@127.0.0.1:5432/fenced")) == ONLY_SQLITE
-    assert _not_applicable(Target("etcd://127.0.0.1:2379,127.0.0.1:22379")) == ONLY_SQLITE
+    assert _not_applicable(Target()) == NOT_ON_SQLITE
+    assert _not_applicable(Target("sqlite:////tmp/x.db")) == NOT_ON_SQLITE
+    assert _not_applicable(Target(PG)) == NOT_ON_POSTGRES
+    assert _not_applicable(Target("postgres://verify@127.0.0.1:5432/fenced")) == NOT_ON_POSTGRES
+    assert _not_applicable(Target("etcd://127.0.0.1:2379,127.0.0.1:22379")) == NOT_ON_ETCD
+    assert _not_applicable(Target("etcds://127.0.0.1:2379")) == NOT_ON_ETCD
+    # the client's defects apply to every coordinator, fenced serve's too
+    assert "waiter-keeps-place" not in _not_applicable(Target("http://127.0.0.1:8080"))
     # check-then-write lives in the file store: n/a only when no role is a file store
-    assert _not_applicable(Target(PG, {"S": PG, "M": PG + "2"})) == ONLY_SQLITE | {
+    assert _not_applicable(Target(PG, {"S": PG, "M": PG + "2"})) == NOT_ON_POSTGRES | {
         "check-then-write"
     }
     assert _not_applicable(
         Target(None, {"S": "sqlite:////srv/a.db", "M": "sqlite:////srv/b.db"})
-    ) == {"check-then-write"}
-    assert _not_applicable(Target(None, {"S": PG})) == set()  # M is a fresh file store
-    assert _not_applicable(Target(None, {"S": "sqlite:////srv/a.db", "M": "file:///m"})) == set()
+    ) == NOT_ON_SQLITE | {"check-then-write"}
+    assert _not_applicable(Target(None, {"S": PG})) == NOT_ON_SQLITE  # M: a fresh file store
+    assert _not_applicable(Target(None, {"S": "sqlite:////srv/a.db", "M": "file:///m"})) == (
+        NOT_ON_SQLITE
+    )
 
 
 def test_an_inapplicable_defect_is_shown_as_na_and_is_no_failure() -> None:
@@ -605,10 +701,15 @@ def test_the_correct_program_keeps_every_invariant_under_each_mutant_profile(
     assert summary.totals()["grants"] >= 2
 
 
+EMBEDDED = [m for m in CATALOGUE if m.not_applicable(Target()) is None]
+"""The seeded defects that apply to the embedded coordinator and stores (the others are hunted
+against PostgreSQL and etcd: tests/verify/test_verify_postgres.py, test_verify_etcd.py)."""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("seed", [500, 7001])
-@pytest.mark.parametrize("mutant", CATALOGUE, ids=[m.name for m in CATALOGUE])
+@pytest.mark.parametrize("mutant", EMBEDDED, ids=[m.name for m in EMBEDDED])
 def test_every_mutant_is_caught(mutant: Any, seed: int) -> None:
     # The same budget for every defect, and any seed: each one's profile is designed to expose
     # it in (nearly) every schedule (50 seeds of `fenced verify --mutants` are in the docs).

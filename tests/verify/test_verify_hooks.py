@@ -28,7 +28,7 @@ from fenced.coordinator.backend import Blocked, Granted, GrantRequest, Ticket
 from fenced.coordinator.backends.memory._backend import MemoryBackend
 from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
 from fenced.core._clock import ManualClock
-from fenced.core._errors import LeaseLost, NotInstalled, StaleToken, Unavailable
+from fenced.core._errors import Busy, LeaseLost, NotInstalled, StaleToken, Unavailable
 from fenced.fence import open_store
 from fenced.fence._store import Store
 from fenced.testing.store_conformance import R, token
@@ -40,9 +40,12 @@ from fenced.verify._seeded import (
     DEDUP_AFTER_FENCE,
     EPOCH_REUSE,
     NO_FENCE_CHECK,
+    PG_GRANT_READ_COMMITTED,
     PUBLISH_NO_TOKEN_CHECK,
     RELEASE_WITHOUT_OWNER,
+    RENEW_REVIVES_EXPIRED,
     RENEWAL_FAILURE_IGNORED,
+    WAITER_KEEPS_PLACE,
     SeededCoordinator,
     SeededSQLiteBackend,
     SeededStore,
@@ -124,15 +127,42 @@ def test_epoch_reuse_keeps_the_epoch_of_an_expired_lease(tmp_path: Path, path: s
             backend.close()
 
 
+def test_renew_revives_expired_extends_a_lease_that_expired(tmp_path: Path) -> None:
+    """The correct renew refuses a lease that expired, even if nobody took the resource since;
+    the seeded one sets it to expire ttl after the renewal arrived. A lease taken over by a
+    newer grant is not revived (its epoch and owner are gone)."""
+    clock = ManualClock()
+    database = tmp_path / "fenced.db"
+    defects = frozenset({RENEW_REVIVES_EXPIRED})
+    with (
+        SQLiteBackend(database, host_clock=clock) as backend,
+        SeededSQLiteBackend(database, defects, host_clock=clock) as broken,
+    ):
+        lease = granted(backend.try_grant(request(OWNER_A, 1.0), None))
+        clock.advance(1.5)
+        with pytest.raises(LeaseLost):
+            backend.renew(R, lease.epoch, OWNER_A, 1.0)
+        assert backend.current(R) is None
+        assert broken.renew(R, lease.epoch, OWNER_A, 1.0) == 1.0
+        info = backend.current(R)
+        assert info is not None and info.epoch == lease.epoch and info.expires_in == 1.0
+        clock.advance(1.5)
+        newer = granted(backend.try_grant(request(OWNER_B, 1.0), None))
+        with pytest.raises(LeaseLost):
+            broken.renew(R, lease.epoch, OWNER_A, 1.0)
+        assert broken.renew(R, newer.epoch, OWNER_B, 1.0) == 1.0
+
+
 def test_a_seeded_statement_is_the_correct_one_with_one_clause_changed(tmp_path: Path) -> None:
     """Built from the statement the backend runs, so that the rest of it cannot drift; a
     statement that lost the clause fails loudly instead of running as the correct one."""
-    both = frozenset({EPOCH_REUSE, RELEASE_WITHOUT_OWNER})
-    with SeededSQLiteBackend(tmp_path / "fenced.db", both) as broken:
+    every = frozenset({EPOCH_REUSE, RELEASE_WITHOUT_OWNER, RENEW_REVIVES_EXPIRED})
+    with SeededSQLiteBackend(tmp_path / "fenced.db", every) as broken:
         statements = [
             (SQLiteBackend._grant_sql, broken._grant_sql),
             (SQLiteBackend._grant_known_sql, broken._grant_known_sql),
             (SQLiteBackend._release_sql, broken._release_sql),
+            (SQLiteBackend._renew_sql, broken._renew_sql),
         ]
     for correct, changed in statements:
         assert changed != correct
@@ -282,6 +312,68 @@ def test_renewal_failure_ignored_extends_the_lease_from_the_failed_send(tmp_path
     finally:
         broken.close()
         correct.close()
+
+
+def test_waiter_keeps_place_leaves_no_queue_when_it_gives_up(tmp_path: Path) -> None:
+    """A waits behind a live lease and gives up (Busy). The correct acquire leaves the line: once
+    the lease is released, C is granted at once. The seeded one keeps its place: the release
+    hands the lease to that place (or wakes it), and C is refused until the place's keep-alive
+    or the lease handed to it lapses — although nobody holds the resource."""
+    database = tmp_path / "fenced.db"
+    for seeded_waiter in (False, True):
+        with (
+            SQLiteBackend(database) as holding,
+            SQLiteBackend(database) as waiting,
+            SQLiteBackend(database) as late,
+        ):
+            holder = Coordinator(holding)
+            waiter: Coordinator = (
+                SeededCoordinator(waiting, frozenset({WAITER_KEEPS_PLACE}))
+                if seeded_waiter
+                else Coordinator(waiting)
+            )
+            other = Coordinator(late)
+            lease = holder.acquire(R, 10.0, 0)
+            with pytest.raises(Busy):
+                waiter.acquire(R, 10.0, 0.05)
+            holder.release(lease)
+            if seeded_waiter:
+                with pytest.raises(Busy):
+                    other.acquire(R, 10.0, 0)
+            else:
+                other.release(other.acquire(R, 10.0, 0))
+            for coordinator in (holder, waiter, other):
+                coordinator.close()
+
+
+def test_the_seeded_server_variants_are_the_correct_ones_with_one_clause_changed() -> None:
+    """PostgreSQL: the schema's own functions, one clause changed, created in ``pg_temp`` (never
+    in the schema); etcd: the grant transaction without its compare of the state's revision.
+    Built from what the backends run; a text or a transaction that lost the clause is a
+    ValueError (no server needed)."""
+    from fenced.coordinator.backends.etcd._keys import Keys, ResourceState
+    from fenced.coordinator.backends.etcd._plans import grant_plan
+    from fenced.verify import _seeded_etcd, _seeded_postgres
+
+    renew = _seeded_postgres.function_text("vx", "renew")
+    revived = _seeded_postgres._temporary("vx", "renew", "\n          AND r.expires_at > v_now", "")
+    assert "r.expires_at > v_now" in renew and "r.expires_at > v_now" not in revived
+    assert revived.startswith("CREATE OR REPLACE FUNCTION pg_temp.renew(")
+    grant = _seeded_postgres.function_text("vx", "try_grant")
+    unlocked = _seeded_postgres._temporary("vx", "try_grant", " FOR UPDATE OF r;", ";")
+    assert grant.count("FOR UPDATE OF r") == 1 and "FOR UPDATE OF r" not in unlocked
+    assert len(grant.splitlines()) == len(unlocked.splitlines())
+    with pytest.raises(ValueError, match="exactly once"):
+        _seeded_postgres._temporary("vx", "renew", "FOR UPDATE OF r", "")
+
+    keys = Keys("/hooks")
+    plan = grant_plan(keys, request(OWNER_A), (7, ResourceState(3), 2, 0), 1, None, None)
+    careless = _seeded_etcd.without_revision_compare(plan, keys.res(R))
+    assert len(careless.request.compare) == len(plan.request.compare) - 1
+    assert careless.epoch == plan.epoch == 4
+    with pytest.raises(ValueError, match="exactly once"):
+        _seeded_etcd.without_revision_compare(careless, keys.res(R))
+    assert {PG_GRANT_READ_COMMITTED, RENEW_REVIVES_EXPIRED} <= seeded.DEFECTS
 
 
 # -- who may switch a defect on -----------------------------------------------------------------

@@ -7,9 +7,10 @@
   store's critical section, so that the successor's fence queues behind it and lands in that
   window): caught, and the same schedules pass without the defect.
 
-(``waiter-keeps-place``, a waiter of the embedded coordinator that keeps its queue place after it
-gave up, is not in the catalogue: it only delays later grants — by the queue's keep-alive — and
-no invariant of the checker is about progress, so no schedule could catch it.)
+(``waiter-keeps-place``, a waiter that keeps its queue place after it gave up, only delays later
+grants; ``grant-progress`` catches it: tests/verify/test_verify_hooks.py builds it, and it is
+hunted with the other defects in test_verify.py, test_verify_postgres.py and
+test_verify_etcd.py.)
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pytest
 
 from fenced.testing.zookeeper import ZooKeeperEnsemble
 from fenced.verify._target import Target
-from support.verify_networked import assert_verify_passes
+from support.verify_networked import assert_mutants_pass, assert_verify_passes
 
 
 @pytest.mark.slow
@@ -28,3 +28,12 @@ def test_the_cases_and_random_schedules_pass_on_zookeeper(zk_ensemble: ZooKeeper
     target = Target.create(url)
     assert target.lease_overrun(0.6) == 0.0  # expiry by the leader's clock, at the ttl
     assert_verify_passes(target, seed=301, schedules=3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(660)
+def test_the_seeded_defects_are_caught_or_na_on_zookeeper(zk_ensemble: ZooKeeperEnsemble) -> None:
+    """The client's defects (deadline-from-reply, renewal-failure-ignored, waiter-keeps-place)
+    and the stores' are caught against the ensemble; the other coordinators' are n/a."""
+    url = zk_ensemble.url(f"/verify-{uuid.uuid4().hex[:10]}", session_timeout=2, timeout=2)
+    assert_mutants_pass(url, seed=302, kind="zk")

@@ -324,12 +324,14 @@ class EtcdCluster(StartStop):
         self.wait_ready(timeout)
         return self
 
-    def restart(self, member: EtcdMember, timeout: float = 20.0) -> None:
-        """Start a stopped (killed) member again on its data directory."""
+    def restart(self, member: EtcdMember, timeout: float = 20.0, *, wait: bool = True) -> None:
+        """Start a stopped (killed) member again on its data directory (``wait``: until it
+        answers and knows a leader)."""
         if member.running:
             raise RuntimeError(f"{member.name} is still running")
         self._spawn(member, "existing")
-        self.wait_ready(timeout, members=[member])
+        if wait:
+            self.wait_ready(timeout, members=[member])
 
     def start_all(self, timeout: float = 20.0) -> None:
         """Start every stopped member again (a whole-cluster restart) and wait for a leader."""

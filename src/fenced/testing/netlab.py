@@ -25,6 +25,13 @@ process can hold both ends). So a host reaches a server only through the lab, an
   netem`` does not exist on these kernels; delays come from the proxies).
 * :meth:`heal` removes the host's rules.
 
+A server can also run *inside* a host (``lab.command(host, [...])``, listening on
+:meth:`host_address`): :meth:`expose` gives a relay on this machine's loopback that carries each
+connection into the host's namespace, so programs outside the lab reach it as a server on
+loopback, and :meth:`isolate` cuts the host from other hosts of the lab (both directions) while
+those loopback connections still reach it: the etcd members of ``fenced verify``'s own cluster
+run this way, and isolating one cuts its peer traffic only.
+
 Names: every namespace is ``fenced-<pid>-<lab>-…`` with the creating process's PID. A lab's
 :meth:`stop` deletes its namespaces (which takes their veths, addresses and nftables rules with
 them). A process killed with SIGKILL cannot: :meth:`start` first deletes the namespaces of
@@ -162,6 +169,26 @@ class _LabProxy(TcpProxy):
         return listener
 
 
+class _InwardProxy(TcpProxy):
+    """A :class:`TcpProxy` on this machine's loopback whose connections to the server are made
+    inside a lab host's namespace."""
+
+    def __init__(self, namespace: str, address: str, port: int) -> None:
+        super().__init__("127.0.0.1", port, lifetime=None)
+        self._namespace = namespace
+        self._address = (address, port)
+
+    def _server_connection(self) -> socket.socket:
+        server = _in_namespace(self._namespace)
+        server.settimeout(5)
+        try:
+            server.connect(self._address)
+        except OSError:
+            server.close()
+            raise
+        return server
+
+
 class NetLab(StartStop):
     """A lab of ``hosts`` namespaces around one hub that relays to ``servers`` (see the module
     docstring). ``servers``: name → (loopback host, port) of a server on this machine."""
@@ -177,6 +204,7 @@ class NetLab(StartStop):
         self.name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
         self.hub = f"{self.name}-hub"
         self._relays: dict[str, TcpProxy] = {}
+        self._exposed: list[TcpProxy] = []
         self._made: list[str] = []
 
     # -- names and addresses ----------------------------------------------------------------
@@ -247,11 +275,19 @@ class NetLab(StartStop):
         self._servers[server] = (host, port)
         return relay
 
+    def expose(self, host: int, port: int) -> TcpProxy:
+        """A relay on this machine's loopback (its ``port``) to port ``port`` of host ``host``'s
+        address, connecting from inside the host's namespace (see the module docstring)."""
+        relay = _InwardProxy(self.namespace(host), self.host_address(host), port).start()
+        self._exposed.append(relay)
+        return relay
+
     def stop(self) -> None:
         """Close the relays and delete the lab's namespaces. Idempotent."""
-        for relay in self._relays.values():
+        for relay in [*self._relays.values(), *self._exposed]:
             relay.stop()
         self._relays.clear()
+        self._exposed.clear()
         for name in reversed(self._made):
             with contextlib.suppress(RuntimeError, OSError):
                 _run("ip", "netns", "delete", name)
@@ -283,6 +319,15 @@ class NetLab(StartStop):
             return
         share = "" if percent == 100 else f" numgen random mod 100 lt {percent}"
         self._rule(host, "input", f"ip saddr {SUBNET}.0/24{share} drop")
+
+    def isolate(self, host: int, *others: int) -> None:
+        """Drop every packet between host ``host`` and the hosts ``others`` (both ways), in
+        ``host``'s namespace; its exposed relays (:meth:`expose`) still reach it."""
+        if not others:
+            raise ValueError("isolate from which hosts?")
+        addresses = ", ".join(self.host_address(other) for other in others)
+        self._rule(host, "input", f"ip saddr {{ {addresses} }} drop")
+        self._rule(host, "output", f"ip daddr {{ {addresses} }} drop")
 
     def heal(self, host: int) -> None:
         """Remove every rule of host ``host``."""

@@ -115,6 +115,11 @@ class TcpProxy(StartStop):
         listener.bind((self._listen_host, self._requested_port))
         return listener
 
+    def _server_connection(self) -> socket.socket:
+        """A new connection to the target (a lab's inward relay makes it in another
+        namespace)."""
+        return socket.create_connection(self.target, timeout=5)
+
     def start(self) -> TcpProxy:
         listener = self._listening_socket()
         listener.listen(128)
@@ -215,7 +220,7 @@ class TcpProxy(StartStop):
         while self._mode == "blackhole" and not self._stopped.is_set():
             time.sleep(_TICK)  # the client is connected (to us) and hears nothing
         try:
-            server = socket.create_connection(self.target, timeout=5)
+            server = self._server_connection()
         except OSError:
             with contextlib.suppress(OSError):
                 client.close()

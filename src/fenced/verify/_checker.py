@@ -21,6 +21,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from fenced.verify import _progress as progress
 from fenced.verify._history import Call, Grant, History, granted_for
 from fenced.verify._recorder import Event
 from fenced.verify._report import INVARIANTS, Report, Violation
@@ -214,6 +215,19 @@ class _Checker:
                     f"{call.sent - latest:.3f}s after that lease had certainly expired",
                     call.sent,
                 )
+
+    def check_progress(self) -> None:
+        """grant-progress: a free resource with a waiter is granted within the bound, unless a
+        fault explains the delay (:mod:`fenced.verify._progress`)."""
+        limit = progress.bound(self.history)
+        for stall in progress.stalls(self.history):
+            self.report.add(
+                "grant-progress",
+                f"the resource was free for {stall.length:.3f}s while {', '.join(stall.waiters)} "
+                f"waited in line, and nothing was granted (bound: ttl + margin = {limit:.3f}s; "
+                "no pause, kill, cut or delayed request explains it)",
+                stall.start,
+            )
 
     # -- the stores -----------------------------------------------------------------------------
 
@@ -638,6 +652,7 @@ class _Checker:
         self.check_grants()
         self.check_holders()
         self.check_owner_ops()
+        self.check_progress()
         self.check_stores()
         self.check_restores()
         self.check_diagnostics()

@@ -10,7 +10,8 @@ died first) is a call of unknown outcome.
 Vocabulary of the events (written by :mod:`.worker`, :mod:`.faults`, :mod:`.processes` and the
 drivers; ``t`` is the deadline clock, CLOCK_BOOTTIME on Linux, in the emitting process)::
 
-    meta       resource, ttl, stores {name: {mode, url}}, overrun      (first event of a run)
+    meta       resource, ttl, stores {name: {mode, url}}, overrun (failover included), failover
+               (first event of a run)
     c.send     call, op (try_grant|renew|release|report|enqueue|leave), res, epoch, ttl, rid,
                ticket (try_grant: made with a place in the queue), take (leave)
     c.reply    call, ok, applied (true/false/null), granted (try_grant, or a leave that took a
@@ -23,6 +24,10 @@ drivers; ``t`` is the deadline clock, CLOCK_BOOTTIME on Linux, in the emitting p
     suspend    t0, seconds: the host slept between t0 and t (seen by the recorder of one process)
     wire       target, mode (a proxy cut)  crash  error (a worker died of an exception)
     partition  target, mode (coordinator | store | both | loss: nftables rules in its lab host)
+    member-kill, member-isolate   target (an etcd member), role (leader | follower), length:
+               a member fault of verify's own cluster, in place; member-restart, member-heal
+               end it (meta's failover: how much a leader change may lengthen a lease);
+               elsewhere: true for a fault another schedule sharing the cluster made
     backup     t0 (start): the coordinator was backed up; a later restore puts this state back
     restore    t0 (start) … the event's t is its end, available, epochs
     final      store, chain, version, pointer, read_sha             (after every worker ended)

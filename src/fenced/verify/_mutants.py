@@ -13,30 +13,50 @@ one store kind (``coordinators`` / ``stores``). Against a target without that ba
 the defect is **n/a** (shown with the reason, never run, and no failure): running it would run
 the correct program and call it a miss.
 
-=========================  ==================================================  =============
-mutant                     defect (seam where verify seeds it)                 applies to
-=========================  ==================================================  =============
-no-fence-check             stores accept any epoch                             every store
-                           (SeededStore: floor read as the token's epoch)
-check-then-write           the file store checks and writes without its lock   file: stores
-                           (SeededStore: the file store's load and commit)
-deadline-from-reply        local deadline from the reply time, not the send    every
-                           time (SeededCoordinator.acquire, renew)             coordinator
-renewal-failure-ignored    a failed renewal counts as a success                every
-                           (SeededCoordinator.renew)                           coordinator
-release-without-owner      release deletes whatever lease is live              sqlite
-                           (SeededSQLiteBackend: the release statement)
-epoch-reuse                a grant after an expiry (crash, pause) or a         sqlite
-                           restore reuses the last epoch
-                           (SeededSQLiteBackend: the grant statements)
-dedup-after-fence          the op-id lookup comes after the fence check        every store
-                           (SeededStore: the op-id lookup)
-publish-no-token-check     publish skips the fence and pointer checks          every store
-                           (SeededStore: a publish's floor and pointer)
-floor-after-write          the floor (the writer's epoch) is installed after   every store
-                           the write, in a separate transaction
-                           (SeededStore: a mutation's install)
-=========================  ==================================================  =============
+==============================  ==================================================  =============
+mutant                          defect (seam where verify seeds it)                 applies to
+==============================  ==================================================  =============
+no-fence-check                  stores accept any epoch                             every store
+                                (SeededStore: floor read as the token's epoch)
+check-then-write                the file store checks and writes without its lock   file: stores
+                                (SeededStore: the file store's load and commit)
+deadline-from-reply             local deadline from the reply time, not the send    every
+                                time (SeededCoordinator.acquire, renew)             coordinator
+renewal-failure-ignored         a failed renewal counts as a success                every
+                                (SeededCoordinator.renew)                           coordinator
+release-without-owner           release deletes whatever lease is live              sqlite
+                                (SeededSQLiteBackend: the release statement)
+epoch-reuse                     a grant after an expiry (crash, pause) or a         sqlite
+                                restore reuses the last epoch
+                                (SeededSQLiteBackend: the grant statements)
+dedup-after-fence               the op-id lookup comes after the fence check        every store
+                                (SeededStore: the op-id lookup)
+publish-no-token-check          publish skips the fence and pointer checks          every store
+                                (SeededStore: a publish's floor and pointer)
+floor-after-write               the floor (the writer's epoch) is installed after   every store
+                                the write, in a separate transaction
+                                (SeededStore: a mutation's install)
+renew-revives-expired           the server renews a lease of that owner and epoch   sqlite,
+                                to now + ttl without checking it is still live: a   postgresql
+                                renewal that arrives after the expiry revives it
+                                (SeededSQLiteBackend: the renew statement;
+                                SeededPostgresBackend: the renew function)
+etcd-grant-no-revision-compare  the grant writes the epoch it read + 1 without      etcd
+                                comparing the revision of the key it read
+                                (SeededEtcdBackend: the grant's compares)
+pg-grant-read-committed         the grant reads the resource's row without FOR      postgresql
+                                UPDATE, then writes the epoch it read + 1
+                                (SeededPostgresBackend: the try_grant function)
+waiter-keeps-place              a waiter that gives up keeps its place in line      every
+                                (SeededCoordinator: acquire's leave)                coordinator
+==============================  ==================================================  =============
+
+The profiles (:data:`~fenced.verify._schedule.PROFILES`) of the last four: ``late-renewals``
+(renewals delayed or failing and retried by holders that check rarely, grant attempts late or
+failing: a renewal reaches the coordinator after its lease expired, before any waiter took the
+resource), ``handovers`` (short leases, kills: grants from a stale view), ``lapses`` (renewals
+and releases fail: every lease lapses, and every waiter tries to take it at its expiry, at
+once), ``give-ups`` (half the grant attempts fail: their waiters give up).
 """
 
 from __future__ import annotations
@@ -78,7 +98,7 @@ MutantStatus = Literal["caught", "not caught", "n/a"]
 def _kind(url: str) -> str:
     """The backend kind of a coordinator or store URL (``postgres:`` is ``postgresql``)."""
     scheme = scheme_of(url)
-    return "postgresql" if scheme == "postgres" else scheme
+    return {"postgres": "postgresql", "etcds": "etcd"}.get(scheme, scheme)
 
 
 @dataclass(frozen=True)
@@ -193,6 +213,43 @@ CATALOGUE: tuple[Mutant, ...] = (
         "verify/_seeded.py SeededStore: a mutation's install, moved after its commit",
         ("outcome-honesty",),
         "in-commit",
+    ),
+    Mutant(
+        "renew-revives-expired",
+        "the server renews a lease of that owner and epoch to now + ttl without checking that it "
+        "is still live: a renewal that arrives after the lease expired (nobody took the resource "
+        "since) revives it",
+        "verify/_seeded.py SeededSQLiteBackend: the renew statement; verify/_seeded_postgres.py: "
+        "the renew function",
+        ("compare-owner",),
+        "late-renewals",
+        coordinators=frozenset({"sqlite", "postgresql"}),
+    ),
+    Mutant(
+        "etcd-grant-no-revision-compare",
+        "the etcd grant writes the epoch it read + 1 without comparing the revision of the key "
+        "it read it from: a grant from a stale view issues an epoch again",
+        "verify/_seeded_etcd.py SeededEtcdBackend: the grant transaction's compares",
+        ("token-unique", "token-monotonic", "diagnostics-match"),
+        "handovers",
+        coordinators=frozenset({"etcd"}),
+    ),
+    Mutant(
+        "pg-grant-read-committed",
+        "the PostgreSQL grant reads the resource's row without FOR UPDATE (READ COMMITTED) and "
+        "writes the epoch it read + 1: two overlapping grants issue the same epoch",
+        "verify/_seeded_postgres.py: the try_grant function's read of the resource",
+        ("token-unique", "exclusive-grant"),
+        "lapses",
+        coordinators=frozenset({"postgresql"}),
+    ),
+    Mutant(
+        "waiter-keeps-place",
+        "a waiter that gives up (its wait ran out, or an error ended it) keeps its place in line: "
+        "the waiters behind it wait until the backend drops that place",
+        "verify/_seeded.py SeededCoordinator: acquire's leave",
+        ("grant-progress",),
+        "give-ups",
     ),
 )
 """Every seeded defect, in table order (the names are those of fenced.verify._seeded)."""

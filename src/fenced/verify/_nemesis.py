@@ -35,6 +35,14 @@ reaches the stores), from the stores only (it still renews), from everything, or
 what it receives, for a TTL-biased time, then heal. A partition is recorded only once its rules
 are in place.
 
+**Member faults** (only against an etcd cluster verify started itself, see
+:mod:`fenced.verify._members`): a member — the leader or a follower, half and half — is killed
+(SIGKILL) and restarted on its data directory, or isolated from its peers by nftables rules, for
+1.5-3 × ttl, then healed. One such fault at a time on the whole cluster (schedules of ``--jobs``
+share it): a strike that finds the cluster busy or settling is tried again 0.3 s later, until
+the schedule ends. Recorded (``member-kill``, ``member-isolate``) once the fault is in place;
+after the run, the faults other schedules made meanwhile are recorded too (``elsewhere``).
+
 Wire faults (lost and delayed replies, unavailability) are injected inside each worker by its
 :class:`~fenced.verify._faults.FaultPlan`, seeded from the same schedule seed. With a networked
 coordinator on loopback, a quarter of the strikes are **wire** strikes on the real connection:
@@ -45,22 +53,36 @@ the victim's own TCP proxy delays every reply, blackholes the connection or drop
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from fenced.verify._members import MEMBER_FAULTS, MEMBER_HEALS, SETTLE, MemberControl
 from fenced.verify._processes import Run, WorkerProcess
 
 __all__ = ["Action", "Nemesis", "NemesisPlan", "pause_length"]
 
-ActionKind = Literal["pause", "kill", "backup", "restore", "restart", "wire", "partition"]
+ActionKind = Literal[
+    "pause",
+    "kill",
+    "backup",
+    "restore",
+    "restart",
+    "wire",
+    "partition",
+    "member-kill",
+    "member-isolate",
+]
 WIRE_MODES = ("delay", "blackhole", "lose_replies")
 PARTITION_MODES = ("coordinator", "store", "both", "loss")
 """What a partition cuts the victim's host from: the coordinator only (it still reaches the
 stores), the networked stores only (it still renews), everything, or 30 % of what it receives."""
 PARTITION_LOSS = 30
+MEMBER_RETRY = 0.3
+"""Seconds after which a member strike that found the cluster busy is tried again."""
 
 
 def pause_length(
@@ -93,6 +115,7 @@ class Action:
     kind: ActionKind
     length: float = 0.0
     prefer_holder: bool = True
+    """Strike the lease holder (a member fault: the etcd leader)."""
     pick: float = 0.0
     """A uniform number that picks the victim among the candidates (seeded)."""
 
@@ -104,6 +127,10 @@ class NemesisPlan:
     actions: list[Action] = field(default_factory=list)
     seed: int = 0
     """Seeds the lengths of the pauses that workers start themselves (before a send)."""
+    members: tuple[str, ...] = ()
+    """The member faults drawn from (empty: none; see :mod:`fenced.verify._members`)."""
+    horizon: float = math.inf
+    """The schedule's duration: a member strike is not tried again after it."""
 
     @classmethod
     def draw(
@@ -119,11 +146,16 @@ class NemesisPlan:
         restarts: bool = False,
         wire: bool = False,
         partitions: bool = False,
+        members: tuple[str, ...] = (),
     ) -> NemesisPlan:
         """Strikes every ``gap`` × ttl on average (exponential gaps) over ``duration`` seconds
         (``gap`` infinite: none);
         a share ``kills`` of them kill, 10 % restore (if ``restores``: after a backup taken at
-        15-35 % of the duration), 5 % restart (if ``restarts``), the others pause."""
+        15-35 % of the duration), 5 % restart (if ``restarts``), the others pause.
+
+        ``members``: the member faults possible (``member-kill``, ``member-isolate``); then,
+        besides, one member strike at 10-50 % of the duration (more if the duration leaves room
+        after the cluster settled), on the leader or a follower, for 1.5-3 × ttl."""
         actions: list[Action] = []
         if restores:
             actions.append(Action(rng.uniform(0.15, 0.35) * duration, "backup"))
@@ -146,8 +178,16 @@ class NemesisPlan:
                 length = pause_length(rng, ttl, in_flight=long_pauses)
             actions.append(Action(at, kind, length, rng.random() < 0.85, rng.random()))
             at += rng.expovariate(1 / (gap * ttl))
+        if members and math.isfinite(gap):
+            at = rng.uniform(0.1, 0.5) * duration
+            while at < duration:
+                isolate = rng.random() >= 0.5 and "member-isolate" in members
+                member: ActionKind = "member-isolate" if isolate else "member-kill"
+                length = ttl * rng.uniform(1.5, 3.0)
+                actions.append(Action(at, member, length, rng.random() < 0.5, rng.random()))
+                at += length + SETTLE + rng.uniform(0.0, 0.5) * duration
         actions.sort(key=lambda action: action.at)
-        return cls(actions, rng.getrandbits(32))
+        return cls(actions, rng.getrandbits(32), members, duration)
 
 
 class Nemesis:
@@ -156,7 +196,8 @@ class Nemesis:
     ``slots`` maps a slot number to the worker process currently in it; ``respawn(slot)``
     replaces a killed worker; ``restore()`` and ``restart()`` (optional) act on the coordinator;
     ``overrun`` is how much longer than ttl the coordinator may keep a lease; ``outlast``: every
-    self-stop outlasts it.
+    self-stop outlasts it; ``members``: the service of member faults (an etcd cluster verify
+    started; the plan's member strikes are skipped without it).
     Paused workers are resumed by :meth:`tick` when their pause is over, and by :meth:`calm`.
     """
 
@@ -173,6 +214,7 @@ class Nemesis:
         restart: Callable[[], None] | None = None,
         overrun: float = 0.0,
         outlast: bool = False,
+        members: MemberControl | None = None,
     ) -> None:
         self.run = run
         self.ttl = ttl
@@ -193,6 +235,11 @@ class Nemesis:
         self._holding: list[str] = []
         self._heal_at: dict[str, float] = {}
         self._partitioned: set[str] = set()
+        self._members = members
+        self._member_fault: tuple[int, str, str, float] | None = None
+        """The member fault this nemesis made and has not healed: id, kind, member, heal time."""
+        self._horizon = plan.horizon
+        self._since = run.rec.now()
         self.started = time.monotonic()
 
     def _holder(self) -> str | None:
@@ -250,6 +297,7 @@ class Nemesis:
             self._strike(action, now)
         upcoming = [self.started + a.at for a in self.pending[:1]]
         upcoming += list(self._resume_at.values()) + list(self._heal_at.values())
+        upcoming += [self._member_fault[3]] if self._member_fault is not None else []
         return max(0.0, min(upcoming, default=now + 0.05) - time.monotonic())
 
     def _strike(self, action: Action, now: float) -> None:
@@ -271,6 +319,9 @@ class Nemesis:
         if action.kind == "restart":
             if self._restart is not None:
                 self._restart()
+            return
+        if action.kind in MEMBER_FAULTS:
+            self._strike_member(action, now)
             return
         chosen = self._victim(action)
         if chosen is None:
@@ -327,7 +378,74 @@ class Nemesis:
         self._partitioned.add(worker.name)
         self._heal_at[worker.name] = now + action.length
 
+    def _strike_member(self, action: Action, now: float) -> None:
+        """A member fault (through the cluster's service), recorded once it is in place; tried
+        again :data:`MEMBER_RETRY` seconds later if the cluster is busy or settling."""
+        if self._members is None or self._member_fault is not None:
+            return
+        try:
+            fault = self._members.strike(
+                action.kind,
+                leader=action.prefer_holder,
+                pick=action.pick,
+                length=action.length,
+                by=str(self.run.history),
+            )
+        except (OSError, RuntimeError, ValueError) as error:
+            self.run.rec.emit("member-error", kind=action.kind, error=repr(error))
+            return
+        if "refused" in fault:
+            later = now - self.started + MEMBER_RETRY
+            if later + action.length / 2 < self._horizon:  # half of it fits in the schedule
+                self.pending.append(replace(action, at=later))
+                self.pending.sort(key=lambda pending: pending.at)
+            return
+        member = str(fault["member"])
+        self.run.rec.emit(
+            action.kind,
+            target=member,
+            role=fault["role"],
+            member_pid=fault.get("pid"),
+            length=round(action.length, 3),
+        )
+        self._member_fault = (int(fault["id"]), action.kind, member, now + action.length)
+
+    def _heal_member(self, now: float) -> None:
+        if self._member_fault is None or self._members is None:
+            return
+        fault, kind, member, when = self._member_fault
+        if when > now:
+            return
+        self._member_fault = None
+        try:
+            healed = self._members.heal(fault)
+        except (OSError, RuntimeError, ValueError) as error:  # the service heals it itself
+            self.run.rec.emit(MEMBER_HEALS[kind], target=member, error=repr(error))
+            return
+        by = "nemesis" if healed.get("healed") else "service"  # (its grace ran out first)
+        self.run.rec.emit(MEMBER_HEALS[kind], target=member, member_pid=healed.get("pid"), by=by)
+
+    def record_elsewhere(self) -> None:
+        """Record the member faults other schedules made while this one ran (``elsewhere``:
+        they share the cluster, and these explain delays here too), at the times they were in
+        place and healed. After :meth:`calm`."""
+        if self._members is None:
+            return
+        try:
+            faults = self._members.elsewhere(self._since, str(self.run.history))
+        except (OSError, RuntimeError, ValueError) as error:
+            self.run.rec.emit("member-error", error=repr(error))
+            return
+        pid = os.getpid()
+        for fault in faults:
+            kind, member = str(fault["kind"]), str(fault["member"])
+            event = {"pid": pid, "w": "verify", "target": member, "elsewhere": True}
+            self.run.rec.write({"t": fault["t"], **event, "ev": kind, "role": fault["role"]})
+            if fault["healed"] is not None:
+                self.run.rec.write({"t": fault["healed"], **event, "ev": MEMBER_HEALS[kind]})
+
     def _heal(self, now: float) -> None:
+        self._heal_member(now)
         for name, when in list(self._heal_at.items()):
             worker = self._worker(name)
             if worker is None or when <= now:

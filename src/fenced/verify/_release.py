@@ -1,18 +1,24 @@
 """The release check: ``./dev release-check`` (``python -m fenced.verify._release``). Hours, not CI.
 
-It starts its own servers (a PostgreSQL, a 3-member etcd cluster and a Ceph RGW, from
-:mod:`fenced.testing`, on loopback, stopped by PID), then runs, at ``--scale 1``:
+It starts its own servers (a PostgreSQL and a Ceph RGW from :mod:`fenced.testing`, on loopback,
+and a 3-member etcd cluster, :class:`~fenced.verify._members.ManagedEtcd`, whose members run in a
+network lab of their own; all stopped by PID), then runs, at ``--scale 1``:
 
-==============================  ==========  =========================================
-run                             schedules   stores
-==============================  ==========  =========================================
-embedded SQLite coordinator     2,000       embedded ``sqlite:`` and ``file:``, both modes
-PostgreSQL coordinator          1,000       ``postgresql:`` strict and monotonic
-etcd coordinator (3 members)    500         ``s3:`` (RGW) strict and monotonic
-==============================  ==========  =========================================
+==================================================  =========  ================================
+run                                                 schedules  stores
+==================================================  =========  ================================
+embedded SQLite coordinator                         2,000      embedded ``sqlite:`` and
+                                                               ``file:``, both modes
+PostgreSQL coordinator                              1,000      ``postgresql:`` strict and
+                                                               monotonic
+etcd (3 members, member kills and partitions)       500        ``s3:`` (RGW) strict and
+                                                               monotonic
+==================================================  =========  ================================
 
 each with ``--jobs`` schedules at a time (real network partitions against the networked
-coordinators when run as root), then hunts every seeded defect on every coordinator
+coordinators when run as root; against etcd also member faults: kills and restarts of the
+leader or a follower and, as root, isolation of one from its peers), then hunts every seeded
+defect on every coordinator
 (``--mutants``; defects without a seam there are n/a). It prints one Markdown table (the one
 docs/verify.md publishes: schedules, operations, faults by kind, writes sent after a pause,
 stale writes rejected, violations, defects caught) and writes the figures as JSON to ``--out``.
@@ -38,9 +44,9 @@ from typing import Any
 
 from fenced.fence._store import open_store
 from fenced.fence._values import Mode
-from fenced.testing.etcd import EtcdCluster
 from fenced.testing.postgres import PostgresServer
 from fenced.testing.rgw import RgwServer
+from fenced.verify._members import ManagedEtcd
 from fenced.verify._mutants import run_mutants
 from fenced.verify._schedule import run_random
 from fenced.verify._target import Target
@@ -57,6 +63,8 @@ class Row:
 
     name: str
     stores: str
+    label: str = ""
+    """The coordinator as the table shows it (default: ``name``)."""
     schedules: int = 0
     seconds: float = 0.0
     stats: Counter[str] = field(default_factory=Counter)
@@ -78,6 +86,7 @@ class Row:
     def to_json(self) -> dict[str, Any]:
         return {
             "run": self.name,
+            "coordinator": self.label or self.name,
             "stores": self.stores,
             "schedules": self.schedules,
             "seconds": round(self.seconds, 1),
@@ -119,7 +128,7 @@ def _targets(stack: ExitStack) -> Iterator[tuple[str, str, Target]]:
         "postgresql: strict and monotonic",
         Target.create(postgres.url("postgres", schema=f"release_c_{name}"), stores),
     )
-    etcd = stack.enter_context(EtcdCluster(size=3))
+    etcd = stack.enter_context(ManagedEtcd(size=3))
     rgw = stack.enter_context(RgwServer())
     os.environ.update(rgw.environment())  # the AWS chain of this process and its workers
     bucket = rgw.create_bucket()
@@ -129,8 +138,17 @@ def _targets(stack: ExitStack) -> Iterator[tuple[str, str, Target]]:
     yield (
         "etcd",
         "s3: (Ceph RGW) strict and monotonic",
-        Target.create(etcd.url(f"/release-{name}"), s3),
+        Target.create(etcd.url(f"/release-{name}"), s3, members=etcd.control),
     )
+
+
+def _label(name: str, target: Target) -> str:
+    """The coordinator cell: etcd's says which member faults struck it."""
+    kinds = target.member_faults
+    if not kinds:
+        return name
+    faults = "member kills and partitions" if "member-isolate" in kinds else "member kills"
+    return f"{name} (3 members, {faults})"
 
 
 def table(rows: list[Row]) -> str:
@@ -142,7 +160,8 @@ def table(rows: list[Row]) -> str:
     ]
     for row in rows:
         lines.append(
-            f"| {row.name} | {row.stores} | {row.schedules:,} | {row.stats['operations']:,} | "
+            f"| {row.label or row.name} | {row.stores} | {row.schedules:,} | "
+            f"{row.stats['operations']:,} | "
             f"{row.faults()} | {row.stats['mutations sent after a pause']:,} | "
             f"{row.stats['stale writes rejected']:,} | {row.violations} | {row.caught} |"
         )
@@ -167,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         for name, stores, target in _targets(stack):
             count = max(1, round(FULL[name] * args.scale))
-            row = Row(name, stores)
+            row = Row(name, stores, _label(name, target))
             print(f"{name}: {count} schedules ({target.describe()})", flush=True)
             began = time.monotonic()
             summary = run_random(count, args.seed, target, duration=args.duration, jobs=args.jobs)

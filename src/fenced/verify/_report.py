@@ -28,6 +28,8 @@ INVARIANTS: dict[str, str] = {
     "chain-integrity": "every accepted write extends exactly the previously accepted state "
     "(no lost update, no acknowledged write missing)",
     "compare-owner": "release and renew take effect only on the live lease of that owner and epoch",
+    "grant-progress": "a free resource with a waiter in line is granted within ttl + margin, "
+    "unless a fault (pause, kill, cut, delayed request) explains the delay",
     "op-exactly-once": "an operation id takes effect at most once",
     "outcome-honesty": "an operation reported as failed never took effect",
     "pointer-monotonic": "the publication pointer never moves backwards",

@@ -43,14 +43,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from fenced.coordinator import _restore as restoring
 from fenced.coordinator._connect import connect
-from fenced.core._errors import ConfigurationError
+from fenced.core._errors import ConfigurationError, OutcomeUnknown, Unavailable
 from fenced.fence._store import open_store
 from fenced.testing.netlab import NetLab
 from fenced.verify._checker import Report, check_history
+from fenced.verify._members import count_member_faults
 from fenced.verify._nemesis import Nemesis, NemesisPlan
 from fenced.verify._processes import Run, RunFailed, WorkerProcess
 from fenced.verify._recorder import Event, read_history
@@ -73,6 +74,10 @@ __all__ = [
 
 DEFAULT_DURATION = 4.0
 """Seconds of work per schedule (plus start-up and drain)."""
+_T = TypeVar("_T")
+PATIENCE = 20.0
+"""Seconds verify keeps asking an etcd cluster under member faults for what it needs itself (the
+lease overrun, the final records): another schedule's fault may have it electing a leader."""
 BASE_RATES = {
     "try_grant": 0.1,
     "renew": 0.2,
@@ -225,6 +230,39 @@ PROFILES: dict[str, Profile] = {
             outlast=True,
             write_stores=("S",),
         ),
+        Profile(
+            "late-renewals",
+            # Renewals that reach the coordinator after their lease expired (delayed; and retried
+            # until the deadline: holders check rarely, so a failed renewal does not end the
+            # lease at once), and waiters that are late or out of the line then (one that takes
+            # the resource first makes the late renewal moot).
+            {**{op: 0.0 for op in BASE_RATES}, "renew": 1.0, "try_grant": 0.8},
+            vary=False,
+            kinds={"delay_request": 1.0, "unavailable": 1.0},
+            strike_gap=math.inf,
+            idle=20.0,
+            ops=16,
+        ),
+        # Short leases and fresh processes: grants by workers whose view of the resource is
+        # stale (another worker was granted and released it since they last read it).
+        Profile("handovers", vary=False, strike_gap=1.5, kills=0.3, ops=2),
+        Profile(
+            "lapses",
+            # Every lease lapses (its renewals and its release fail): every waiter is told to
+            # retry at the expiry, and they all try to take the resource at once.
+            {**{op: 0.0 for op in BASE_RATES}, "renew": 1.0, "release": 1.0},
+            vary=False,
+            kinds={"unavailable": 1.0},
+            strike_gap=math.inf,
+        ),
+        Profile(
+            "give-ups",
+            # Half the grant attempts fail: the waiter gives up (and must leave the line).
+            {**{op: 0.0 for op in BASE_RATES}, "try_grant": 0.5},
+            vary=False,
+            kinds={"unavailable": 1.0},
+            strike_gap=math.inf,
+        ),
     )
 }
 """Every fault profile by name."""
@@ -254,8 +292,12 @@ class Schedule:
         restarts: bool = False,
         wire: bool = False,
         partitions: bool = False,
+        members: tuple[str, ...] = (),
     ) -> Schedule:
-        """The schedule of ``seed``: everything it does is drawn from ``random.Random(seed)``."""
+        """The schedule of ``seed``: everything it does is drawn from ``random.Random(seed)``.
+
+        ``members``: the member faults possible (an etcd cluster verify started itself,
+        :attr:`Target.member_faults <fenced.verify._target.Target.member_faults>`)."""
         profile = profile or PROFILES["standard"]
         rng = random.Random(seed)
         ttl = rng.choice((0.6, 0.8, 1.0))
@@ -273,6 +315,7 @@ class Schedule:
             restarts=restarts,
             wire=wire,
             partitions=partitions,
+            members=members,
         )
         workers = rng.randint(2, 4)
         return cls(seed, duration, workers, ttl, round(ttl * 0.2, 4), rates, plan, profile)
@@ -301,8 +344,13 @@ class ScheduleResult:
         return self.report.ok
 
 
-def collect_final(run: Run, coordinator: str, stores: dict[str, str], resource: str) -> None:
-    """Record the final state of every store and the diagnostic records (after the workers)."""
+def collect_final(
+    run: Run, coordinator: str, stores: dict[str, str], resource: str, *, patience: float = 0.0
+) -> None:
+    """Record the final state of every store and the diagnostic records (after the workers).
+
+    ``patience``: seconds to keep asking a coordinator that is unavailable (an etcd cluster
+    whose member another schedule has struck)."""
     for role, url in sorted(stores.items()):
         with open_store(url) as store:
             item = store.get(resource, KEY)
@@ -326,13 +374,30 @@ def collect_final(run: Run, coordinator: str, stores: dict[str, str], resource: 
                 run.rec.emit("records", source=f"store:{role}", unavailable=str(error))
             else:
                 run.rec.emit("records", source=f"store:{role}", records=records)
-    with connect(coordinator) as coord:
+
+    def read() -> list[dict[str, Any]]:
+        with connect(coordinator) as coord:
+            return [r.to_json() for r in coord.history(resource)]
+
+    try:
+        coordinator_records = _patiently(read, patience)
+    except (ConfigurationError, NotImplementedError) as error:
+        run.rec.emit("records", source="coordinator", unavailable=str(error))
+    else:
+        run.rec.emit("records", source="coordinator", records=coordinator_records)
+
+
+def _patiently(call: Callable[[], _T], patience: float) -> _T:
+    """``call()``, called again after an ``Unavailable`` or ``OutcomeUnknown`` for up to
+    ``patience`` seconds (a read, or a lease taken and given back: nothing is changed twice)."""
+    deadline = time.monotonic() + patience
+    while True:
         try:
-            coordinator_records = [r.to_json() for r in coord.history(resource)]
-        except (ConfigurationError, NotImplementedError) as error:
-            run.rec.emit("records", source="coordinator", unavailable=str(error))
-        else:
-            run.rec.emit("records", source="coordinator", records=coordinator_records)
+            return call()
+        except (Unavailable, OutcomeUnknown):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def backup_coordinator(run: Run, coordinator: str, dest: Path) -> None:
@@ -397,14 +462,19 @@ def run_schedule(
     stores = target.store_urls(rundir, schedule.seed, schedule.profile.stores)
     resource = f"verify/s{schedule.seed}-{secrets.token_hex(3)}"
     modes = {"S": "strict", "M": "monotonic"}
-    overrun = target.lease_overrun(schedule.ttl)
+    patience = PATIENCE if target.members is not None else 0.0
+    overrun = _patiently(lambda: target.lease_overrun(schedule.ttl), patience)
+    # A leader change restarts the countdown of every etcd lease (member faults change leaders;
+    # every schedule of the run shares the cluster, its faults included): the checker's overrun.
+    failover = target.failover(schedule.ttl, overrun) if schedule.nemesis.members else 0.0
     run.rec.emit(
         "meta",
         kind="schedule",
         seed=schedule.seed,
         resource=resource,
         ttl=schedule.ttl,
-        overrun=overrun,
+        overrun=round(overrun + failover, 3),
+        failover=failover,
         margin=schedule.margin,
         workers=schedule.workers,
         rates=schedule.rates,
@@ -480,6 +550,7 @@ def run_schedule(
             restore=restore_now,
             overrun=overrun,
             outlast=schedule.profile.outlast,
+            members=target.members if schedule.nemesis.members else None,
         )
         end = nemesis.started + schedule.duration
         temporary = go.with_suffix(".tmp")
@@ -488,12 +559,15 @@ def run_schedule(
         while (now := time.monotonic()) < end:
             time.sleep(max(0.001, min(nemesis.tick(), end - now, 0.05)))
         nemesis.calm(time.monotonic() + 6 * schedule.ttl + 10.0)
-        collect_final(run, coordinator, stores, resource)
+        nemesis.record_elsewhere()
+        collect_final(run, coordinator, stores, resource, patience=patience)
     finally:
         run.close()
         if run.lab is not None:
             run.lab.stop()
-    report = check_history(read_history(run.history))
+    events = read_history(run.history)
+    report = check_history(events)
+    count_member_faults(events, report.stats)
     return ScheduleResult(schedule, report, run.history, time.monotonic() - began, stores)
 
 
@@ -587,6 +661,7 @@ def run_random(
             restores=restores and target.restorable,
             wire=target.proxied,
             partitions=target.partitions,
+            members=target.member_faults,
         )
 
     def finished(result: ScheduleResult) -> None:

@@ -11,13 +11,24 @@ the invariants expected to catch it are in the catalogue, :mod:`fenced.verify._m
   :class:`~fenced.Coordinator` whose ``acquire`` and ``renew`` — what ``hold()`` and its lease
   keeper call — count the local deadline from the reply instead of the send
   (``deadline-from-reply``), or whose ``renew`` answers any failure with the lease extended
-  from the send, as if the renewal had succeeded (``renewal-failure-ignored``).
-* **The embedded coordinator**: :class:`SeededSQLiteBackend` runs variants of the grant and
-  release statements that :class:`~fenced.coordinator.backends.sqlite._backend.SQLiteBackend`
-  names as class attributes, each the correct statement with one clause changed
-  (``epoch-reuse``, ``release-without-owner``). A statement that no longer has that clause
-  exactly once is a :class:`ValueError` when the backend is built, never the correct program
-  run under the defect's name.
+  from the send, as if the renewal had succeeded (``renewal-failure-ignored``), or whose
+  ``acquire`` never leaves the queue: a waiter that gives up (its wait ran out, or an error
+  ended it) keeps its place until the backend drops it (``waiter-keeps-place``).
+* **The embedded coordinator**: :class:`SeededSQLiteBackend` runs variants of the grant,
+  release and renew statements that
+  :class:`~fenced.coordinator.backends.sqlite._backend.SQLiteBackend` names as class
+  attributes, each the correct statement with one clause changed (``epoch-reuse``,
+  ``release-without-owner``, ``renew-revives-expired``). A statement that no longer has that
+  clause exactly once is a :class:`ValueError` when the backend is built, never the correct
+  program run under the defect's name.
+* **PostgreSQL** (:mod:`fenced.verify._seeded_postgres`, loaded only for a ``postgresql:``
+  coordinator): the ``renew`` and ``try_grant`` functions of the coordinator's schema, each
+  with one clause changed, created as session-local functions (``pg_temp``: the schema, which
+  other clients use, is never altered) and called instead of the schema's
+  (``renew-revives-expired``, ``pg-grant-read-committed``).
+* **etcd** (:mod:`fenced.verify._seeded_etcd`, loaded only for an ``etcd:`` coordinator): the
+  grant transaction without its compare of the resource state's revision
+  (``etcd-grant-no-revision-compare``).
 * **Stores** (every store kind): :class:`SeededStore` is a :class:`~fenced.Store` over a backend
   whose transactions lie to the put or publish in flight, whose token it knows: the floor reads
   as the token's own epoch, so any epoch passes, and the floor is raised as the accepted
@@ -44,12 +55,13 @@ from typing import Any, cast
 
 from fenced.coordinator._client import Coordinator
 from fenced.coordinator._connect import open_backend
-from fenced.coordinator.backend import CoordinatorBackend
+from fenced.coordinator.backend import CoordinatorBackend, Granted, Ticket
 from fenced.coordinator.backends.sqlite._backend import SQLiteBackend
-from fenced.coordinator.backends.sqlite._statements import _LOST_RESERVATION, _MINIMUM
+from fenced.coordinator.backends.sqlite._statements import _LIVE, _LOST_RESERVATION, _MINIMUM
 from fenced.core._clock import Clock, HostClock, SystemClock
 from fenced.core._lease import Lease
 from fenced.core._token import FencingToken
+from fenced.core._urls import scheme_of
 from fenced.fence._ops import OpRecord
 from fenced.fence._rules import Head, admit_fence, admit_mutation
 from fenced.fence._source import PublishData
@@ -67,12 +79,16 @@ __all__ = [
     "DEDUP_AFTER_FENCE",
     "DEFECTS",
     "EPOCH_REUSE",
+    "ETCD_GRANT_NO_REVISION_COMPARE",
     "FLOOR_AFTER_WRITE",
     "FLOOR_WINDOW",
     "NO_FENCE_CHECK",
+    "PG_GRANT_READ_COMMITTED",
     "PUBLISH_NO_TOKEN_CHECK",
     "RELEASE_WITHOUT_OWNER",
     "RENEWAL_FAILURE_IGNORED",
+    "RENEW_REVIVES_EXPIRED",
+    "WAITER_KEEPS_PLACE",
     "SeededCoordinator",
     "SeededSQLiteBackend",
     "SeededStore",
@@ -91,13 +107,19 @@ EPOCH_REUSE = "epoch-reuse"
 DEDUP_AFTER_FENCE = "dedup-after-fence"
 PUBLISH_NO_TOKEN_CHECK = "publish-no-token-check"  # noqa: S105 - a name, not a secret
 FLOOR_AFTER_WRITE = "floor-after-write"
+RENEW_REVIVES_EXPIRED = "renew-revives-expired"
+ETCD_GRANT_NO_REVISION_COMPARE = "etcd-grant-no-revision-compare"
+PG_GRANT_READ_COMMITTED = "pg-grant-read-committed"
+WAITER_KEEPS_PLACE = "waiter-keeps-place"
 
-_CLIENT = frozenset({DEADLINE_FROM_REPLY, RENEWAL_FAILURE_IGNORED})
-_SQLITE = frozenset({RELEASE_WITHOUT_OWNER, EPOCH_REUSE})
+_CLIENT = frozenset({DEADLINE_FROM_REPLY, RENEWAL_FAILURE_IGNORED, WAITER_KEEPS_PLACE})
+_SQLITE = frozenset({RELEASE_WITHOUT_OWNER, EPOCH_REUSE, RENEW_REVIVES_EXPIRED})
+_POSTGRES = frozenset({RENEW_REVIVES_EXPIRED, PG_GRANT_READ_COMMITTED})
+_ETCD = frozenset({ETCD_GRANT_NO_REVISION_COMPARE})
 _STORE = frozenset(
     {NO_FENCE_CHECK, CHECK_THEN_WRITE, DEDUP_AFTER_FENCE, PUBLISH_NO_TOKEN_CHECK, FLOOR_AFTER_WRITE}
 )
-DEFECTS = _CLIENT | _SQLITE | _STORE
+DEFECTS = _CLIENT | _SQLITE | _POSTGRES | _ETCD | _STORE
 """Every seeded defect this module can build."""
 
 
@@ -115,8 +137,17 @@ def chosen(names: Iterable[str]) -> frozenset[str]:
 
 
 def coordinator_backend(url: str, defects: frozenset[str]) -> CoordinatorBackend:
-    """The backend of ``url`` (as :func:`fenced.connect` opens it), with the chosen embedded
-    coordinator defects if ``url`` names the embedded coordinator."""
+    """The backend of ``url`` (as :func:`fenced.connect` opens it), with the chosen defects of
+    that coordinator backend (the embedded one, PostgreSQL, etcd), if any."""
+    scheme = scheme_of(url)
+    if scheme in ("postgresql", "postgres") and defects & _POSTGRES:
+        from fenced.verify._seeded_postgres import SeededPostgresBackend  # noqa: PLC0415
+
+        return SeededPostgresBackend(url, defects & _POSTGRES)
+    if scheme in ("etcd", "etcds") and defects & _ETCD:
+        from fenced.verify._seeded_etcd import SeededEtcdBackend  # noqa: PLC0415
+
+        return SeededEtcdBackend(url, defects & _ETCD)
     opened = open_backend(url)
     seeded = defects & _SQLITE
     if not seeded or not isinstance(opened, SQLiteBackend):
@@ -132,16 +163,21 @@ def coordinator(backend: CoordinatorBackend, defects: frozenset[str]) -> Coordin
 
 
 class SeededCoordinator(Coordinator):
-    """A Coordinator with ``deadline-from-reply`` and/or ``renewal-failure-ignored``.
+    """A Coordinator with ``deadline-from-reply``, ``renewal-failure-ignored`` and/or
+    ``waiter-keeps-place``.
 
     ``hold()`` acquires through :meth:`acquire` and its lease keeper renews through
-    :meth:`renew`, so both defects reach the holder as the correct code would have.
+    :meth:`renew`, so these defects reach the holder as the correct code would have. With
+    ``waiter-keeps-place`` the backend is seen through :class:`_StaysInLine`: ``acquire``'s
+    leave (when its wait ran out, or an error ended it) does nothing.
     """
 
     def __init__(
         self, backend: CoordinatorBackend, defects: frozenset[str], clock: Clock | None = None
     ) -> None:
         self._time: Clock = clock or SystemClock()
+        if WAITER_KEEPS_PLACE in defects:
+            backend = cast(CoordinatorBackend, _StaysInLine(backend))
         super().__init__(backend, clock=self._time)
         self._defects = defects
 
@@ -171,6 +207,22 @@ class SeededCoordinator(Coordinator):
         )
 
 
+class _StaysInLine:
+    """``waiter-keeps-place``: ``inner`` as the Coordinator sees it, whose ``leave`` does
+    nothing. An acquire that gives up keeps its place in line: the waiters behind it wait until
+    the backend drops it (its keep-alive lapses; etcd keeps it while the process lives), and a
+    lease a release handed to it is neither taken nor passed on."""
+
+    def __init__(self, inner: CoordinatorBackend) -> None:
+        self._inner = inner
+
+    def leave(self, ticket: Ticket, take: bool = False) -> Granted | None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def _one_clause_changed(statement: str, clause: str, replacement: str) -> str:
     """``statement`` with its one ``clause`` replaced by ``replacement``.
 
@@ -186,12 +238,16 @@ _NEXT_EPOCH = f"max(epoch, {_MINIMUM}, {_LOST_RESERVATION}) + 1"
 
 
 class SeededSQLiteBackend(SQLiteBackend):
-    """The embedded coordinator with ``epoch-reuse`` and/or ``release-without-owner``.
+    """The embedded coordinator with ``epoch-reuse``, ``release-without-owner`` and/or
+    ``renew-revives-expired``.
 
     ``epoch-reuse``: a grant after a lease that was not released (it expired: a crashed or
     paused holder; or a restore ended it) keeps the last epoch instead of max(last, minimum) + 1,
     in both grant statements. ``release-without-owner``: the release statement without its
     compare of epoch and owner, so that a release ends whatever lease is live.
+    ``renew-revives-expired``: the renew statement without its "still live" condition: a
+    renewal that arrives after the lease expired (nobody took the resource since) sets it to
+    expire ttl after that arrival, as if it had never lapsed.
     """
 
     def __init__(
@@ -206,6 +262,8 @@ class SeededSQLiteBackend(SQLiteBackend):
         if RELEASE_WITHOUT_OWNER in defects:
             compare = "epoch = :epoch AND owner = :owner AND "
             self._release_sql = _one_clause_changed(self._release_sql, compare, "")
+        if RENEW_REVIVES_EXPIRED in defects:
+            self._renew_sql = _one_clause_changed(self._renew_sql, f" AND {_LIVE}", "")
 
 
 # -- stores -------------------------------------------------------------------------------------

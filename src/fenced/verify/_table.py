@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -172,7 +173,7 @@ def plain_random(summary: RandomSummary, replay: str) -> str:
         f"{totals['fault kill']}, lost replies {totals['fault lose_reply']}, delayed replies "
         f"{totals['fault delay_reply']}, delayed requests {totals['fault delay_request']}, "
         f"unavailable {totals['fault unavailable']}, restores {totals['fault restore']}, "
-        f"proxy cuts {totals['fault wire']}), "
+        f"proxy cuts {totals['fault wire']}{_network_faults(totals)}), "
         f"stale writes rejected {totals['stale writes rejected']}",
     ]
     for result in summary.failed:
@@ -187,6 +188,16 @@ def plain_random(summary: RandomSummary, replay: str) -> str:
     notes = sorted({n for r in summary.results for n in r.report.notes})
     out += [f"  note: {note}" for note in notes]
     return "\n".join(out)
+
+
+def _network_faults(totals: Counter[str]) -> str:
+    """The partitions and member faults of a run, where there were any."""
+    kinds = (
+        ("partitions", "fault partition"),
+        ("member kills", "fault member-kill"),
+        ("member isolations", "fault member-isolate"),
+    )
+    return "".join(f", {label} {totals[key]}" for label, key in kinds if totals[key])
 
 
 def caught_text(result: MutantResult) -> str:

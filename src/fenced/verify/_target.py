@@ -12,11 +12,15 @@ runs never see each other's leases); ``--store URL`` (repeatable) replaces the t
 the role matching that store's mode (a new store is created strict). The coordinator must be
 reachable by every worker process; ``memory://`` is refused (its state lives in one process).
 
-A networked coordinator (``postgresql://``, ``etcd://``) on loopback is reached by each worker
-through its own :class:`~fenced.testing.proxy.TcpProxy` (:attr:`Target.proxied`), so that the
-nemesis can delay, blackhole or drop the replies of one worker on the real wire. A server on
-another host is used directly (the proxy forwards to loopback only); the in-process wire faults
-(:mod:`fenced.verify._faults`) apply to every backend either way.
+A networked coordinator (``postgresql://``, ``etcd://``, ``zk://``) on loopback is reached by
+each worker through its own :class:`~fenced.testing.proxy.TcpProxy` (:attr:`Target.proxied`),
+so that the nemesis can delay, blackhole or drop the replies of one worker on the real wire. A
+server on another host is used directly (the proxy forwards to loopback only); the in-process
+wire faults (:mod:`fenced.verify._faults`) apply to every backend either way.
+
+Member faults (killing and isolating etcd members) need a cluster verify started itself
+(:class:`~fenced.verify._members.ManagedEtcd`, whose :class:`~fenced.verify._members.MemberControl`
+is :attr:`Target.members`): verify never kills or cuts off a server given by URL.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from fenced.core._urls import redacted, scheme_of, url_of_path
 from fenced.fence._store import open_store
 from fenced.fence._values import Mode
 from fenced.testing.netlab import unavailable
+from fenced.verify._members import MemberControl
 
 __all__ = [
     "NETWORKED",
@@ -44,7 +49,7 @@ __all__ = [
     "with_store_endpoint",
 ]
 
-NETWORKED = ("postgresql", "postgres", "etcd", "etcds", "http", "https")
+NETWORKED = ("postgresql", "postgres", "etcd", "etcds", "zk", "http", "https")
 """Coordinator URL schemes whose wire verification can cut with a TCP proxy."""
 
 
@@ -121,12 +126,22 @@ class Target:
     """User-given stores by role (``S`` strict, ``M`` monotonic)."""
     api: str = "sync"
     """The face the workers use: ``sync`` (:mod:`fenced`) or ``async`` (:mod:`fenced.aio`)."""
+    members: MemberControl | None = None
+    """The member faults of the etcd cluster ``coordinator`` names, when verify started it."""
 
     @classmethod
     def create(
-        cls, coordinator: str | None, stores: tuple[str, ...] = (), api: str = "sync"
+        cls,
+        coordinator: str | None,
+        stores: tuple[str, ...] = (),
+        api: str = "sync",
+        *,
+        members: MemberControl | None = None,
     ) -> Target:
-        """Validate the URLs (connecting once to each) and the API before anything runs."""
+        """Validate the URLs (connecting once to each) and the API before anything runs.
+
+        ``members``: the cluster is one verify started (:class:`~fenced.verify._members.
+        ManagedEtcd`), whose members the nemesis may kill and isolate."""
         if api not in APIS:
             raise ConfigurationError(f"api must be one of {', '.join(APIS)}, got {api!r}")
         url = None
@@ -147,7 +162,9 @@ class Target:
                     f"{redacted(store_url)}"
                 )
             roles[role] = store_url
-        return cls(url, roles, api)
+        if members is not None and (url is None or scheme_of(url) not in ("etcd", "etcds")):
+            raise ConfigurationError("member faults need the etcd cluster verify started")
+        return cls(url, roles, api, members)
 
     @property
     def proxied(self) -> bool:
@@ -177,6 +194,17 @@ class Target:
         networked coordinator on loopback, on a machine where a network lab can be built."""
         return self.proxied and unavailable() is None
 
+    @property
+    def member_faults(self) -> tuple[str, ...]:
+        """The member faults randomized schedules strike (``member-kill``, ``member-isolate``;
+        empty unless verify started the etcd cluster itself)."""
+        return () if self.members is None else self.members.kinds
+
+    def failover(self, ttl: float, overrun: float) -> float:
+        """How much longer than ``ttl`` + ``overrun`` a lease may live when member faults change
+        the etcd leader (0 without member faults)."""
+        return 0.0 if self.members is None else round(self.members.failover(ttl + overrun), 3)
+
     def describe(self) -> str:
         coordinator = self.coordinator or "embedded SQLite (fresh per run)"
         stores = ", ".join(f"{r}={u}" for r, u in sorted(self.stores.items())) or "embedded"
@@ -189,7 +217,12 @@ class Target:
                 if why is None
                 else f"; no network partitions ({why}): in-process and proxy faults only"
             )
-        return f"coordinator {coordinator}; stores {stores}{face}{network}"
+        members = ""
+        if self.members is not None:
+            members = f"; {self.members.describe()}"
+        elif self.coordinator is not None and scheme_of(self.coordinator) in ("etcd", "etcds"):
+            members = "; no member faults (verify kills and isolates only members it started)"
+        return f"coordinator {coordinator}; stores {stores}{face}{network}{members}"
 
     def lease_overrun(self, ttl: float) -> float:
         """How much longer than ``ttl`` the coordinator may keep a lease live after the send

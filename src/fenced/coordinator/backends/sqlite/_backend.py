@@ -236,11 +236,12 @@ class SQLiteBackend(WaitingQueue, Closing):
     says one lived (never a new coordinator with epochs from 1 in its place).
     """
 
-    # The grant (known resource; upsert) and release statements, as class attributes so that a
-    # subclass can run variants: fenced verify's seeded defects (fenced.verify._seeded) do.
+    # The grant (known resource; upsert), release and renew statements, as class attributes so
+    # that a subclass can run variants: fenced verify's seeded defects (fenced.verify._seeded) do.
     _grant_known_sql: str = _GRANT_KNOWN
     _grant_sql: str = _GRANT
     _release_sql: str = _RELEASE
+    _renew_sql: str = _RENEW
 
     def __init__(
         self,
@@ -492,7 +493,7 @@ class SQLiteBackend(WaitingQueue, Closing):
         resource. Commits without fsync (see the module doc: only a reboot can lose it).
         """
         _, params = self._params(name=resource, epoch=epoch, owner=owner, ttl=ttl)
-        if not self._db.write(_RENEW, params, f"renewing {resource}", durable=False):
+        if not self._db.write(self._renew_sql, params, f"renewing {resource}", durable=False):
             raise LeaseLost(
                 LossReason.REJECTED,
                 f"the coordinator has no live lease of {resource} at epoch {epoch} for this owner",
