@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
-from _common import fmt_rate, fmt_time, median, percentile, print_table
+from _common import fmt_rate, fmt_time, jain, median, percentile, print_table
 
 import fenced
 
 __all__ = [
     "AcquireRelease",
     "Cycle",
+    "FairRound",
     "FencedCycle",
     "HandoffMessages",
     "HandoffRound",
@@ -37,6 +38,8 @@ __all__ = [
     "contend",
     "cycle_rounds",
     "expect",
+    "fairness_round",
+    "fairness_rounds",
     "fenced_lock",
     "handoff_rounds",
     "interleaved",
@@ -432,3 +435,62 @@ def print_handoffs(results: dict[str, list[HandoffRound]], title: str) -> None:
         ["implementation", "n", "p50", "p90", "p99", "max", "p50 rounds min–max", "release() p50"],
         rows,
     )
+
+
+# -- fairness: processes contending on one resource -----------------------------------------------
+@dataclass
+class FairRound:
+    """One contention round: grants per process inside the window, and every wait."""
+
+    seconds: float
+    counts: list[int]
+    waits: list[float]
+
+    @property
+    def rate(self) -> float:
+        return sum(self.counts) / self.seconds
+
+    @property
+    def min_share(self) -> float:
+        """The least-served process's count over the mean count."""
+        mean = sum(self.counts) / len(self.counts)
+        return min(self.counts) / mean if mean else math.nan
+
+    @property
+    def jain(self) -> float:
+        return jain([float(c) for c in self.counts])
+
+
+def fairness_round(impl: str, workers: Workers, seconds: float, resource: str) -> FairRound:
+    """Every worker contends on ``resource`` with ``impl`` for ``seconds``, starting together."""
+    start_at = time.monotonic() + 0.2
+    for conn in workers.conns:
+        conn.send(("contend", impl, resource, start_at, seconds))
+    replies = [expect(conn, "contended", timeout=seconds + 120) for conn in workers.conns]
+    return FairRound(seconds, [r[1] for r in replies], [w for r in replies for w in r[2]])
+
+
+def fairness_rounds(
+    workers: Workers, names: Sequence[str], rounds: int, seconds: float, resource: str
+) -> dict[str, list[FairRound]]:
+    """A short warm-up per implementation, then ``rounds`` interleaved rounds, each printed."""
+    results: dict[str, list[FairRound]] = {name: [] for name in names}
+    print(
+        f"\n[3/3] fairness: {len(workers.conns)} processes, warm-up + {rounds} rounds x "
+        f"{seconds:g} s",
+        flush=True,
+    )
+    for name in names:
+        fairness_round(name, workers, min(seconds, 1.0), resource)
+    for number in range(rounds):
+        for name in interleaved(names, number):
+            results[name].append(fairness_round(name, workers, seconds, resource))
+        print(
+            f"  round {number + 1}: "
+            + ", ".join(
+                f"{n} {fmt_rate(results[n][-1].rate)}/s counts {results[n][-1].counts}"
+                for n in names
+            ),
+            flush=True,
+        )
+    return results

@@ -21,7 +21,6 @@ against a private redis-server on a free loopback port, stopped by PID at the en
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import sqlite3
@@ -29,7 +28,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,6 @@ from _common import (
     fmt_rate,
     fmt_ratio,
     fmt_time,
-    jain,
     median,
     percentile,
     print_table,
@@ -49,6 +46,7 @@ from _common import (
 from _rounds import (
     AcquireRelease,
     Cycle,
+    FairRound,
     FencedCycle,
     HandoffMessages,
     HandoffRound,
@@ -56,10 +54,9 @@ from _rounds import (
     WorkerLock,
     Workers,
     cycle_rounds,
-    expect,
+    fairness_rounds,
     fenced_lock,
     handoff_rounds,
-    interleaved,
     print_cycles,
     print_handoffs,
     round_options,
@@ -273,57 +270,8 @@ def report_handoff(results: dict[str, list[HandoffRound]]) -> None:
 
 
 # -- 3. fairness ------------------------------------------------------------------------------
-@dataclass
-class FairRound:
-    seconds: float
-    counts: list[int]
-    waits: list[float]
-
-    @property
-    def rate(self) -> float:
-        return sum(self.counts) / self.seconds
-
-    @property
-    def min_share(self) -> float:
-        """The least-served process's count over the mean count."""
-        mean = sum(self.counts) / len(self.counts)
-        return min(self.counts) / mean if mean else math.nan
-
-    @property
-    def jain(self) -> float:
-        return jain([float(c) for c in self.counts])
-
-
-def fairness_round(impl: str, workers: Workers, seconds: float) -> FairRound:
-    start_at = time.monotonic() + 0.2
-    for conn in workers.conns:
-        conn.send(("contend", impl, R_FAIR, start_at, seconds))
-    replies = [expect(conn, "contended", timeout=seconds + 120) for conn in workers.conns]
-    return FairRound(seconds, [r[1] for r in replies], [w for r in replies for w in r[2]])
-
-
 def bench_fairness(workers: Workers, rounds: int, seconds: float) -> dict[str, list[FairRound]]:
-    names = [FENCED, REDIS]
-    results: dict[str, list[FairRound]] = {name: [] for name in names}
-    print(
-        f"\n[3/3] fairness: {len(workers.conns)} processes, warm-up + {rounds} rounds x "
-        f"{seconds} s",
-        flush=True,
-    )
-    for name in names:
-        fairness_round(name, workers, min(seconds, 1.0))
-    for round_number in range(rounds):
-        for name in interleaved(names, round_number):
-            results[name].append(fairness_round(name, workers, seconds))
-        print(
-            f"  round {round_number + 1}: "
-            + ", ".join(
-                f"{n} {fmt_rate(results[n][-1].rate)}/s counts {results[n][-1].counts}"
-                for n in names
-            ),
-            flush=True,
-        )
-    return results
+    return fairness_rounds(workers, [FENCED, REDIS], rounds, seconds, R_FAIR)
 
 
 def report_fairness(results: dict[str, list[FairRound]]) -> None:

@@ -100,9 +100,10 @@ from pathlib import Path
 from typing import Any
 
 import kazoo
-from _common import fmt_rate, fmt_ratio, fmt_time, jain, median, percentile, print_table, verdict
+from _common import fmt_rate, fmt_ratio, fmt_time, median, percentile, print_table, verdict
 from _rounds import (
     Cycle,
+    FairRound,
     HandoffMessages,
     HandoffRound,
     Results,
@@ -110,9 +111,8 @@ from _rounds import (
     WorkerLock,
     Workers,
     cycle_rounds,
-    expect,
+    fairness_rounds,
     handoff_rounds,
-    interleaved,
     print_cycles,
     print_handoffs,
     round_options,
@@ -563,56 +563,8 @@ def bench_handoff(workers: Workers, rounds: int, total: int) -> dict[str, list[H
     return results
 
 
-@dataclass
-class FairRound:
-    seconds: float
-    counts: list[int]
-    waits: list[float]
-
-    @property
-    def rate(self) -> float:
-        return sum(self.counts) / self.seconds
-
-    @property
-    def min_share(self) -> float:
-        """The least-served process's count over the mean count."""
-        mean = sum(self.counts) / len(self.counts)
-        return min(self.counts) / mean if mean else math.nan
-
-    @property
-    def jain(self) -> float:
-        return jain([float(c) for c in self.counts])
-
-
-def fairness_round(impl: str, workers: Workers, seconds: float) -> FairRound:
-    start_at = time.monotonic() + 0.2
-    for conn in workers.conns:
-        conn.send(("contend", impl, R_FAIR, start_at, seconds))
-    replies = [expect(conn, "contended", timeout=seconds + 120) for conn in workers.conns]
-    return FairRound(seconds, [r[1] for r in replies], [w for r in replies for w in r[2]])
-
-
 def bench_fairness(workers: Workers, rounds: int, seconds: float) -> dict[str, list[FairRound]]:
-    names = [FENCED, KAZOO]
-    results: dict[str, list[FairRound]] = {name: [] for name in names}
-    print(
-        f"\n[3/3] fairness: {len(workers.conns)} processes, warm-up + {rounds} rounds x "
-        f"{seconds:g} s",
-        flush=True,
-    )
-    for name in names:
-        fairness_round(name, workers, min(seconds, 1.0))
-    for number in range(rounds):
-        for name in interleaved(names, number):
-            results[name].append(fairness_round(name, workers, seconds))
-        print(
-            f"  round {number + 1}: "
-            + ", ".join(
-                f"{n} {fmt_rate(results[n][-1].rate)}/s counts {results[n][-1].counts}"
-                for n in names
-            ),
-            flush=True,
-        )
+    results = fairness_rounds(workers, [FENCED, KAZOO], rounds, seconds, R_FAIR)
     rows = []
     for name, found in results.items():
         rates = [r.rate for r in found]
