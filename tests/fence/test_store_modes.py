@@ -36,8 +36,14 @@ def _use(store: Store) -> None:
 
 
 def _created(directory: Path) -> dict[str, int]:
-    """Every file and directory below ``directory`` with its mode."""
-    return {str(path.relative_to(directory)): mode(path) for path in directory.rglob("*")}
+    """Every file and directory below ``directory`` with its mode. The file store empties its
+    ``trash`` in the background: an entry deleted while being listed is listed again."""
+    for _ in range(20):
+        try:
+            return {str(p.relative_to(directory)): mode(p) for p in directory.rglob("*")}
+        except FileNotFoundError:
+            continue
+    raise AssertionError(f"{directory} kept changing while it was listed")
 
 
 def _kinds(created: dict[str, int]) -> set[str]:
