@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
-from _common import fmt_rate, fmt_time, jain, median, percentile, print_table
+from _common import fmt_rate, fmt_ratio, fmt_time, jain, median, percentile, print_table
 
 import fenced
 
@@ -44,6 +44,7 @@ __all__ = [
     "handoff_rounds",
     "interleaved",
     "print_cycles",
+    "print_fairness",
     "print_handoffs",
     "serve",
     "timed_halves",
@@ -494,3 +495,24 @@ def fairness_rounds(
             flush=True,
         )
     return results
+
+
+def print_fairness(results: dict[str, list[FairRound]], title: str) -> None:
+    """One row per implementation: rates, the worst round's spread, min/mean, Jain, waits."""
+    rows = []
+    for name, found in results.items():
+        rates = [r.rate for r in found]
+        worst = min(found, key=lambda r: r.min_share)
+        waits = [w for r in found for w in r.waits]
+        rows.append([
+            name,
+            fmt_rate(median(rates)),
+            f"{fmt_rate(min(rates))} – {fmt_rate(max(rates))}",
+            f"{min(worst.counts):,} / {max(worst.counts):,}",
+            fmt_ratio(worst.min_share),
+            fmt_ratio(min(r.jain for r in found)),
+            fmt_time(percentile(waits, 50)),
+            fmt_time(percentile(waits, 99)),
+        ])  # fmt: skip
+    header = ["implementation", "acquisitions/s", "rounds min–max", "per-process min / max"]
+    print_table(title, [*header, "min/mean", "Jain", "wait p50", "wait p99"], rows)

@@ -58,6 +58,7 @@ from _rounds import (
     fenced_lock,
     handoff_rounds,
     print_cycles,
+    print_fairness,
     print_handoffs,
     round_options,
     serve,
@@ -275,35 +276,10 @@ def bench_fairness(workers: Workers, rounds: int, seconds: float) -> dict[str, l
 
 
 def report_fairness(results: dict[str, list[FairRound]]) -> None:
-    rows = []
-    for name, rounds in results.items():
-        rates = [r.rate for r in rounds]
-        worst = min(rounds, key=lambda r: r.min_share)
-        waits = [w for r in rounds for w in r.waits]
-        rows.append([
-            name,
-            fmt_rate(median(rates)),
-            f"{fmt_rate(min(rates))} – {fmt_rate(max(rates))}",
-            f"{min(worst.counts):,} / {max(worst.counts):,}",
-            fmt_ratio(worst.min_share),
-            fmt_ratio(min(r.jain for r in rounds)),
-            fmt_time(percentile(waits, 50)),
-            fmt_time(percentile(waits, 99)),
-        ])  # fmt: skip
-    print_table(
+    print_fairness(
+        results,
         f"3. Contention ({len(next(iter(results.values()))[0].counts)} processes, one resource; "
         "worst round shown for min/max, min/mean and Jain)",
-        [
-            "implementation",
-            "acquisitions/s",
-            "rounds min–max",
-            "per-process min / max",
-            "min/mean",
-            "Jain",
-            "wait p50",
-            "wait p99",
-        ],
-        rows,
     )
     worst_share = min(r.min_share for r in results[FENCED])
     print(

@@ -114,6 +114,7 @@ from _rounds import (
     fairness_rounds,
     handoff_rounds,
     print_cycles,
+    print_fairness,
     print_handoffs,
     round_options,
     serve,
@@ -565,35 +566,10 @@ def bench_handoff(workers: Workers, rounds: int, total: int) -> dict[str, list[H
 
 def bench_fairness(workers: Workers, rounds: int, seconds: float) -> dict[str, list[FairRound]]:
     results = fairness_rounds(workers, [FENCED, KAZOO], rounds, seconds, R_FAIR)
-    rows = []
-    for name, found in results.items():
-        rates = [r.rate for r in found]
-        worst = min(found, key=lambda r: r.min_share)
-        waits = [w for r in found for w in r.waits]
-        rows.append([
-            name,
-            fmt_rate(median(rates)),
-            f"{fmt_rate(min(rates))} – {fmt_rate(max(rates))}",
-            f"{min(worst.counts):,} / {max(worst.counts):,}",
-            fmt_ratio(worst.min_share),
-            fmt_ratio(min(r.jain for r in found)),
-            fmt_time(percentile(waits, 50)),
-            fmt_time(percentile(waits, 99)),
-        ])  # fmt: skip
-    print_table(
+    print_fairness(
+        results,
         f"3. Contention ({len(workers.conns)} processes, one resource, {seconds:g} s; worst "
         "round shown for min/max, min/mean and Jain)",
-        [
-            "implementation",
-            "acquisitions/s",
-            "rounds min–max",
-            "per-process min / max",
-            "min/mean",
-            "Jain",
-            "wait p50",
-            "wait p99",
-        ],
-        rows,
     )
     return results
 
