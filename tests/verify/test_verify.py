@@ -535,6 +535,18 @@ def test_diagnostics_match_a_renewal_failure_report_of_unknown_outcome_may_be_mi
     assert "diagnostics-match" in broken(h)  # one certainly applied, and not recorded
 
 
+def test_diagnostics_match_a_renewal_that_fails_after_its_holder_left_needs_no_report() -> None:
+    """Found by a run at 8 jobs: a renewal whose request was delayed past its holder's release
+    was sent as the worker closed its coordinator, and failed: no holder saw that failure."""
+    h = correct()
+    h.ev(1.15, "B", "unhold", epoch=2, error=None)
+    failed = {"ok": False, "applied": False, "error": "ConfigurationError"}
+    h.call("c", "B", "renew", 1.2, {"res": R, "epoch": 2, "ttl": h.ttl}, failed)
+    assert "diagnostics-match" not in broken(h)
+    h.call("c", "B", "renew", 0.75, {"res": R, "epoch": 2, "ttl": h.ttl}, failed)
+    assert "diagnostics-match" in broken(h)  # this one failed while B held epoch 2: unreported
+
+
 def test_every_invariant_has_a_test() -> None:
     tested = {
         name.removeprefix("test_").replace("_", "-")

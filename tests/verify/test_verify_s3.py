@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from fenced.fence import open_store
+from fenced.verify import _seeded as seeded
+from fenced.verify._mutants import CATALOGUE, hunt
 from fenced.verify._recorder import read_history
+from fenced.verify._target import Target
 from support.s3_stores import s3_bucket, s3_url
 
 __all__ = ["s3_bucket", "s3_url"]  # fixtures from support.s3_stores, used here
@@ -62,3 +65,19 @@ def test_a_seeded_schedule_keeps_every_invariant_on_s3_stores_in_both_modes(
     sends = [e for e in events if e["ev"] == "s.send" and e["op"] in ("put", "publish")]
     written = {e["store"] for e in sends if e["call"] in applied}
     assert written == {"S", "M"}, written  # both modes took writes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_floor_after_write_is_caught_on_s3_stores(s3_url: str) -> None:
+    """An ``s3:`` store has no lock for a successor's fence to queue behind: the defect's
+    profile stops the writer between its write's commit and its install, where the fence
+    lands (a stop before the commit lets the fence in first, and the commit then fails its
+    condition honestly: the defect escaped a release check that way)."""
+    (mutant,) = [m for m in CATALOGUE if m.name == seeded.FLOOR_AFTER_WRITE]
+    base, _, options = s3_url.partition("?")
+    stores = (f"{base}/faw-strict?{options}", f"{base}/faw-monotonic?{options}")
+    open_store(stores[1], mode="monotonic").close()
+    result = hunt(mutant, Target.create(None, stores), seed=11, budget=4, duration=3)
+    assert result.caught, f"floor-after-write survived {result.schedules} schedules on s3:"
+    assert "outcome-honesty" in result.invariants, result.messages

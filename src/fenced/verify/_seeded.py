@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -292,6 +292,12 @@ class SeededStore(Store):
         self._lies = _LyingBackend(opened._backend, defects)
         super().__init__(cast(Backend, self._lies), opened._options)
 
+    def in_window(self, call: Callable[[], None]) -> bool:
+        """With ``floor-after-write``: run ``call`` in the window between a mutation's commit
+        and its install, after the window's own round trip; returns whether that defect is
+        seeded here (``False``: ``call`` is never run)."""
+        return self._lies.in_window(call)
+
     def put(
         self,
         token: FencingToken,
@@ -330,6 +336,14 @@ class _LyingBackend:
         self._inner = inner
         self._defects = defects
         self._presented: FencingToken | None = None
+        self._window_call: Callable[[], None] | None = None
+
+    def in_window(self, call: Callable[[], None]) -> bool:
+        """See :meth:`SeededStore.in_window`."""
+        if FLOOR_AFTER_WRITE not in self._defects:
+            return False
+        self._window_call = call
+        return True
 
     @contextlib.contextmanager
     def presenting(self, token: FencingToken) -> Iterator[None]:
@@ -364,6 +378,8 @@ class _LyingBackend:
             # fence queued behind the write) refuses it, and the put or publish raises StaleToken
             # although its write landed; a stale writer may have slipped in too.
             _between_the_transactions()
+            if self._window_call is not None:
+                self._window_call()
             with self._inner.transaction(resource) as floor_tx:
                 head = floor_tx.head()
                 installed = admit_fence(head, lying.token)

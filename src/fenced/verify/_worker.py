@@ -171,12 +171,19 @@ class StopInCommit:
     (or database transaction) across the stop, so a successor's install waits for the commit;
     a store that checks and writes in separate steps lets the successor in between, and the
     stale commit then lands on top of the successor's (seeded defect ``check-then-write``).
+
+    With ``floor-after-write`` seeded in the store, the stop moves to the window between the
+    write's commit and the transaction that installs its epoch (:meth:`SeededStore.in_window`):
+    a successor's fence lands there on every store kind, locked or not (an ``s3:`` store has no
+    lock for the fence to queue behind: a stop before the commit lets the fence in first, and
+    the writer's conditional commit then fails honestly).
     """
 
     def __init__(self, inner: Backend, stop: Callable[[], None]) -> None:
         self._inner = inner
         self._stop = stop
         self._armed = False
+        self._in_window = False
 
     def arm(self, armed: bool = True) -> None:
         """Stop inside the next committed transaction (``False``: do not)."""
@@ -186,9 +193,13 @@ class StopInCommit:
     def transaction(self, resource: str, intent: Intent = ORDINARY) -> Iterator[Transaction]:
         with self._inner.transaction(resource, intent) as tx:
             yield tx
-            if self._armed:
-                self._armed = False
-                self._stop()
+            if not self._in_window:
+                self._stop_if_armed()
+
+    def _stop_if_armed(self) -> None:
+        if self._armed:
+            self._armed = False
+            self._stop()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -198,6 +209,8 @@ class StopInCommit:
         """Put a StopInCommit between ``store`` and its backend; returns it."""
         wrapper = cls(store._backend, stop)
         store._backend = cast(Backend, wrapper)
+        if isinstance(store, seeded.SeededStore):
+            wrapper._in_window = store.in_window(wrapper._stop_if_armed)
         return wrapper
 
 
