@@ -6,8 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
+from types import SimpleNamespace
+from typing import cast
 
-from fenced.verify._release import Row, table
+import pytest
+
+from fenced.verify._release import Progress, Row, table
+from fenced.verify._schedule import ScheduleResult
 
 
 def _release(*args: str) -> subprocess.CompletedProcess[str]:
@@ -47,3 +52,31 @@ def test_the_table_has_one_line_per_run() -> None:
         "| 30 | 25 | 0 | 2/2 |"
     )
     assert Row("etcd", "s3:").caught == "not hunted"
+
+
+def test_its_progress_lines_come_every_twentieth_and_name_each_violation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    progress = Progress("postgresql", 40)
+
+    def finished(seed: int, violations: int) -> None:
+        report = SimpleNamespace(violations=[object()] * violations)
+        progress(
+            cast(
+                ScheduleResult, SimpleNamespace(schedule=SimpleNamespace(seed=seed), report=report)
+            )
+        )
+
+    for seed in range(1, 41):
+        finished(seed, 1 if seed == 3 else 0)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "  postgresql: 2/40 schedules, 0 violations, elapsed 0:00, left 0:00"
+    assert "  postgresql: seed 3 VIOLATED" in lines
+    assert len(lines) == 21  # 20 progress lines and one violation
+    assert lines[-1].startswith("  postgresql: 40/40 schedules, 1 violations, elapsed ")
+    assert progress.line(90.0) == (
+        "postgresql: 40/40 schedules, 1 violations, elapsed 1:30, left 0:00"
+    )
+    half = Progress("etcd", 10)
+    half.done = 5
+    assert half.line(150.0).endswith("elapsed 2:30, left 2:30")

@@ -48,10 +48,10 @@ from fenced.testing.postgres import PostgresServer
 from fenced.testing.rgw import RgwServer
 from fenced.verify._members import ManagedEtcd
 from fenced.verify._mutants import run_mutants
-from fenced.verify._schedule import run_random
+from fenced.verify._schedule import ScheduleResult, run_random
 from fenced.verify._target import Target
 
-__all__ = ["Row", "main"]
+__all__ = ["Progress", "Row", "main"]
 
 FULL = {"embedded": 2000, "postgresql": 1000, "etcd": 500}
 """Schedules per coordinator at ``--scale 1``."""
@@ -151,6 +151,43 @@ def _label(name: str, target: Target) -> str:
     return f"{name} (3 members, {faults})"
 
 
+class Progress:
+    """Plain progress lines of one run: at every twentieth of ``total`` schedules (and at the
+    last), what is done, the violations so far and the time left at the pace so far; a
+    failing schedule's seed at once."""
+
+    def __init__(self, name: str, total: int) -> None:
+        self.name = name
+        self.total = total
+        self.done = 0
+        self.violations = 0
+        self.started = time.monotonic()
+        self._step = max(1, total // 20)
+
+    def __call__(self, result: ScheduleResult) -> None:
+        self.done += 1
+        found = len(result.report.violations)
+        self.violations += found
+        if found:
+            print(f"  {self.name}: seed {result.schedule.seed} VIOLATED", flush=True)
+        if self.done % self._step and self.done < self.total:
+            return
+        print(f"  {self.line(time.monotonic() - self.started)}", flush=True)
+
+    def line(self, elapsed: float) -> str:
+        """``name: done/total schedules, N violations, elapsed m:ss, left m:ss``."""
+        left = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+        return (
+            f"{self.name}: {self.done}/{self.total} schedules, {self.violations} violations, "
+            f"elapsed {_clock(elapsed)}, left {_clock(left)}"
+        )
+
+
+def _clock(seconds: float) -> str:
+    minutes, left = divmod(max(0, round(seconds)), 60)
+    return f"{minutes}:{left:02d}"
+
+
 def table(rows: list[Row]) -> str:
     """The Markdown table of ``rows``."""
     lines = [
@@ -189,7 +226,14 @@ def main(argv: list[str] | None = None) -> int:
             row = Row(name, stores, _label(name, target))
             print(f"{name}: {count} schedules ({target.describe()})", flush=True)
             began = time.monotonic()
-            summary = run_random(count, args.seed, target, duration=args.duration, jobs=args.jobs)
+            summary = run_random(
+                count,
+                args.seed,
+                target,
+                duration=args.duration,
+                jobs=args.jobs,
+                progress=Progress(name, count),
+            )
             row.schedules = len(summary.results)
             row.stats = summary.totals()
             row.violations = sum(len(r.report.violations) for r in summary.results)
