@@ -38,6 +38,7 @@ def test_the_table_has_one_line_per_run() -> None:
             "fault partition": 12,
             "fault pause": 40,
             "mutations sent after a pause": 30,
+            "writes held past the deadline by a partition": 4,
             "stale writes rejected": 25,
         }
     )
@@ -49,7 +50,7 @@ def test_the_table_has_one_line_per_run() -> None:
     lines = table([row]).splitlines()
     assert lines[2] == (
         "| postgresql | postgresql: strict and monotonic | 1,000 | 91,234 | partition 12, pause 40 "
-        "| 30 | 25 | 0 | 2/2 |"
+        "| 30 / 4 | 25 | 0 | 2/2 |"
     )
     assert Row("etcd", "s3:").caught == "not hunted"
 

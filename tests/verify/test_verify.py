@@ -109,6 +109,7 @@ class History:
         base_len: int,
         version: int | None = None,
         error: str | None = None,
+        dt: float = 0.001,
         **extra: Any,
     ) -> None:
         send = {"store": store, "res": R, "epoch": epoch, "key": "chain", "op_id": op_id}
@@ -117,7 +118,7 @@ class History:
             reply: dict[str, Any] = {"ok": True, "applied": True, "version": version}
         else:
             reply = {"ok": False, "applied": False, "error": error}
-        self.call("s", w, "put", t, send, reply)
+        self.call("s", w, "put", t, send, reply, dt)
 
     def publish(self, w: str, store: str, epoch: int, op_id: str, t: float, sha: str) -> None:
         send = {"store": store, "res": R, "epoch": epoch, "op_id": op_id, "sha": sha, "retry": 0}
@@ -235,6 +236,26 @@ def test_stop_at_deadline_allows_an_injected_pause() -> None:
     h.put("A", "M", 1, "A.4", 1.3, base_len=1, version=2)
     h.final("M", [["A.2", 1], ["A.4", 1]], 2)
     assert broken(h) == []
+
+
+def test_a_write_held_past_the_deadline_by_a_partition_is_counted() -> None:
+    """A write in flight while its worker was cut from the stores, answered after the holder's
+    deadline, may have arrived stale: the release check's table counts those."""
+
+    def held(mode: str, answered: float) -> int:
+        h = correct()
+        h.check("A", 1, 0.4, deadline=1.2)
+        h.ev(0.41, "verify", "partition", target="A", mode=mode)
+        h.put("A", "M", 1, "A.4", 0.42, base_len=1, error="Unavailable", dt=answered - 0.42)
+        h.ev(1.35, "verify", "partition-healed", target="A")
+        report = check_history(h.events)
+        assert report.invariants() == []
+        return report.stats["writes held past the deadline by a partition"]
+
+    assert held("store", answered=1.4) == 1
+    assert held("both", answered=1.4) == 1
+    assert held("store", answered=0.9) == 0  # answered before the deadline
+    assert held("coordinator", answered=1.4) == 0  # the stores were still reachable
 
 
 def test_stop_at_deadline_allows_a_host_suspend() -> None:

@@ -170,6 +170,9 @@ class _Checker:
             )
             return
         deadline, checked = float(check["deadline"]), float(check["t"])
+        call = self.history.by_id.get(str(send["call"]))
+        if call is not None and self.history.cut_in_flight(call, deadline):
+            self.report.stats["writes held past the deadline by a partition"] += 1
         if t <= deadline + _EPS or t - checked <= SCHEDULING_TOLERANCE:
             return
         if self.history.paused_between(worker, checked, t):

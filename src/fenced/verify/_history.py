@@ -24,6 +24,7 @@ drivers; ``t`` is the deadline clock, CLOCK_BOOTTIME on Linux, in the emitting p
     suspend    t0, seconds: the host slept between t0 and t (seen by the recorder of one process)
     wire       target, mode (a proxy cut)  crash  error (a worker died of an exception)
     partition  target, mode (coordinator | store | both | loss: nftables rules in its lab host)
+    partition-healed  target (its rules removed)
     member-kill, member-isolate   target (an etcd member), role (leader | follower), length:
                a member fault of verify's own cluster, in place; member-restart, member-heal
                end it (meta's failover: how much a leader change may lengthen a lease);
@@ -153,6 +154,8 @@ class History:
         self.overrun = float(self.meta.get("overrun", 0) or 0)
         self.calls: list[Call] = []
         by_id: dict[str, Call] = {}
+        self.by_id = by_id
+        """Every call by its ``call`` field."""
         for event in self.events:
             if event["ev"] in ("c.send", "s.send"):
                 call = Call(event)
@@ -164,6 +167,7 @@ class History:
                     found.reply = event
         self.killed = {str(e["target"]) for e in self.events if e["ev"] == "kill"}
         self.pauses = self._pauses()
+        self.store_cuts = self._store_cuts()
         self.suspends = [
             (float(e.get("t0") or e["t"]), float(e["t"]))
             for e in self.events
@@ -198,6 +202,32 @@ class History:
         for target, begin in started.items():
             spans[target].append((begin, float("inf")))
         return spans
+
+    def _store_cuts(self) -> dict[str, list[tuple[float, float]]]:
+        """Per worker: the intervals a real partition cut it from the stores (modes store,
+        both, loss), until healed (or the end of the run)."""
+        spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        started: dict[str, float] = {}
+        for event in self.events:
+            if event["ev"] == "partition" and event.get("mode") in ("store", "both", "loss"):
+                started.setdefault(str(event["target"]), float(event["t"]))
+            elif event["ev"] == "partition-healed" and str(event["target"]) in started:
+                target = str(event["target"])
+                spans[target].append((started.pop(target), float(event["t"])))
+        for target, begin in started.items():
+            spans[target].append((begin, float("inf")))
+        return spans
+
+    def cut_in_flight(self, call: Call, after: float) -> bool:
+        """``call`` was in flight (sent, not yet answered) while its worker was cut from the
+        stores, and was answered (or never) after ``after``: it may have arrived then."""
+        end = call.replied if call.replied is not None else float("inf")
+        if end <= after:
+            return False
+        return any(
+            begin < end and healed > call.sent
+            for begin, healed in self.store_cuts.get(call.worker, ())
+        )
 
     def paused_between(self, worker: str, begin: float, end: float) -> bool:
         """True if ``worker`` was (or may have been) stopped between ``begin`` and ``end``: an
