@@ -23,8 +23,13 @@ def _release(*args: str) -> subprocess.CompletedProcess[str]:
 def test_its_options_and_bad_values() -> None:
     shown = _release("--help")
     assert shown.returncode == 0
-    for option in ("--scale", "--jobs", "--seed", "--duration", "--out", "--no-mutants"):
+    for option in ("--scale", "--jobs", "--seed", "--duration", "--out", "--no-mutants", "--only"):
         assert option in shown.stdout
+    for name in ("embedded", "postgresql", "etcd", "zookeeper", "serve"):
+        assert name in shown.stdout
+    unknown = _release("--only", "redis")
+    assert unknown.returncode == 2
+    assert "invalid choice: 'redis'" in unknown.stderr
     refused = _release("--scale", "0")
     assert refused.returncode == 2
     assert "--scale must be positive" in refused.stderr

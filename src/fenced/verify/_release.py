@@ -1,8 +1,9 @@
 """The release check: ``./dev release-check`` (``python -m fenced.verify._release``). Hours, not CI.
 
-It starts its own servers (a PostgreSQL and a Ceph RGW from :mod:`fenced.testing`, on loopback,
-and a 3-member etcd cluster, :class:`~fenced.verify._members.ManagedEtcd`, whose members run in a
-network lab of their own; all stopped by PID), then runs, at ``--scale 1``:
+It starts its own servers (a PostgreSQL, a Ceph RGW, a 3-member ZooKeeper ensemble and a
+``fenced serve`` from :mod:`fenced.testing`, on loopback, and a 3-member etcd cluster,
+:class:`~fenced.verify._members.ManagedEtcd`, whose members run in a network lab of their own;
+all stopped by PID), then runs, at ``--scale 1``:
 
 ==================================================  =========  ================================
 run                                                 schedules  stores
@@ -13,7 +14,14 @@ PostgreSQL coordinator                              1,000      ``postgresql:`` s
                                                                monotonic
 etcd (3 members, member kills and partitions)       500        ``s3:`` (RGW) strict and
                                                                monotonic
+ZooKeeper (3 members)                               500        ``postgresql:`` strict and
+                                                               monotonic
+``fenced serve`` (over an embedded coordinator)     500        ``http:`` (served ``sqlite:``)
+                                                               strict and monotonic
 ==================================================  =========  ================================
+
+(``--only NAME``, repeatable: only those runs; names ``embedded``, ``postgresql``, ``etcd``,
+``zookeeper``, ``serve``.)
 
 each with ``--jobs`` schedules at a time (real network partitions against the networked
 coordinators when run as root; against etcd also member faults: kills and restarts of the
@@ -34,6 +42,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -43,10 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fenced.core._urls import url_of_path
 from fenced.fence._store import open_store
 from fenced.fence._values import Mode
 from fenced.testing.postgres import PostgresServer
 from fenced.testing.rgw import RgwServer
+from fenced.testing.server import ServeProcess
+from fenced.testing.zookeeper import ZooKeeperEnsemble
 from fenced.verify._members import ManagedEtcd
 from fenced.verify._mutants import run_mutants
 from fenced.verify._schedule import ScheduleResult, run_random
@@ -54,7 +66,7 @@ from fenced.verify._target import Target
 
 __all__ = ["Progress", "Row", "main"]
 
-FULL = {"embedded": 2000, "postgresql": 1000, "etcd": 500}
+FULL = {"embedded": 2000, "postgresql": 1000, "etcd": 500, "zookeeper": 500, "serve": 500}
 """Schedules per coordinator at ``--scale 1``."""
 
 
@@ -121,36 +133,75 @@ HELD = "writes held past the deadline by a partition"
 MODES: tuple[Mode, Mode] = ("strict", "monotonic")
 
 
-def _targets(stack: ExitStack) -> Iterator[tuple[str, str, Target]]:
-    """The three targets, each with its servers started on first use."""
-    yield "embedded", "sqlite: and file: (embedded), both modes", Target.create(None)
-    postgres = stack.enter_context(PostgresServer())
+def _targets(stack: ExitStack, only: frozenset[str]) -> Iterator[tuple[str, str, Target]]:
+    """The targets named in ``only``, in :data:`FULL`'s order, each with its servers started
+    when it comes up (the PostgreSQL server once, for the first run that needs it)."""
     name = uuid.uuid4().hex[:8]
-    stores = tuple(postgres.url("postgres", schema=f"release_{role}_{name}") for role in ("s", "m"))
+    postgres: PostgresServer | None = None
+
+    def postgres_stores(role: str) -> tuple[str, str]:
+        nonlocal postgres
+        if postgres is None:
+            postgres = stack.enter_context(PostgresServer())
+        urls = (
+            postgres.url("postgres", schema=f"release_{role}s_{name}"),
+            postgres.url("postgres", schema=f"release_{role}m_{name}"),
+        )
+        _create(urls)
+        return urls
+
+    if "embedded" in only:
+        yield "embedded", "sqlite: and file: (embedded), both modes", Target.create(None)
+    if "postgresql" in only:
+        stores = postgres_stores("p")
+        assert postgres is not None
+        coordinator = postgres.url("postgres", schema=f"release_c_{name}")
+        yield "postgresql", "postgresql: strict and monotonic", Target.create(coordinator, stores)
+    if "etcd" in only:
+        etcd = stack.enter_context(ManagedEtcd(size=3))
+        rgw = stack.enter_context(RgwServer())
+        os.environ.update(rgw.environment())  # the AWS chain of this process and its workers
+        bucket = rgw.create_bucket()
+        s3 = tuple(f"s3://{bucket}/release-{role}?endpoint={rgw.endpoint}" for role in "sm")
+        _create(s3)
+        yield (
+            "etcd",
+            "s3: (Ceph RGW) strict and monotonic",
+            Target.create(etcd.url(f"/release-{name}"), s3, members=etcd.control),
+        )
+    if "zookeeper" in only:
+        stores = postgres_stores("z")
+        ensemble = stack.enter_context(ZooKeeperEnsemble(3))
+        url = ensemble.url(f"/release-{name}", session_timeout=2, timeout=2)
+        yield "zookeeper", "postgresql: strict and monotonic", Target.create(url, stores)
+    if "serve" in only:
+        files = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fenced-release-")))
+        served = tuple(url_of_path("sqlite", str(files / f"{role}.db")) for role in "sm")
+        _create(served)
+        server = stack.enter_context(
+            ServeProcess(
+                url_of_path("sqlite", str(files / "coordinator.db")),
+                *("--store", f"s={served[0]}", "--store", f"m={served[1]}"),
+            )
+        )
+        yield (
+            "serve",
+            "http: (served sqlite:) strict and monotonic",
+            Target.create(server.url, (f"{server.url}/stores/s", f"{server.url}/stores/m")),
+        )
+
+
+def _create(stores: tuple[str, ...]) -> None:
+    """Create the strict and the monotonic store (a store's mode is chosen at its creation)."""
     for url, mode in zip(stores, MODES, strict=True):
         open_store(url, mode).close()
-    yield (
-        "postgresql",
-        "postgresql: strict and monotonic",
-        Target.create(postgres.url("postgres", schema=f"release_c_{name}"), stores),
-    )
-    etcd = stack.enter_context(ManagedEtcd(size=3))
-    rgw = stack.enter_context(RgwServer())
-    os.environ.update(rgw.environment())  # the AWS chain of this process and its workers
-    bucket = rgw.create_bucket()
-    s3 = tuple(f"s3://{bucket}/release-{role}?endpoint={rgw.endpoint}" for role in ("s", "m"))
-    for url, mode in zip(s3, MODES, strict=True):
-        open_store(url, mode).close()
-    yield (
-        "etcd",
-        "s3: (Ceph RGW) strict and monotonic",
-        Target.create(etcd.url(f"/release-{name}"), s3, members=etcd.control),
-    )
 
 
 def _label(name: str, target: Target) -> str:
     """The coordinator cell: etcd's says which member faults struck it."""
     kinds = target.member_faults
+    if name == "zookeeper":
+        return "zookeeper (3 members)"
     if not kinds:
         return name
     faults = "member kills and partitions" if "member-isolate" in kinds else "member kills"
@@ -221,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--out", type=Path, default=Path("release-check.json"))
     parser.add_argument(
+        "--only",
+        action="append",
+        choices=list(FULL),
+        help="run only this coordinator's schedules (repeatable; default: all)",
+    )
+    parser.add_argument(
         "--no-mutants", action="store_true", help="skip the hunt of the seeded defects"
     )
     args = parser.parse_args(argv)
@@ -229,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.UTC)
     rows: list[Row] = []
     with ExitStack() as stack:
-        for name, stores, target in _targets(stack):
+        for name, stores, target in _targets(stack, frozenset(args.only or FULL)):
             count = max(1, round(FULL[name] * args.scale))
             row = Row(name, stores, _label(name, target))
             print(f"{name}: {count} schedules ({target.describe()})", flush=True)
