@@ -3,7 +3,8 @@
 Worker A runs inside a lab host and reaches the coordinator and the store through the lab's
 relays; the test cuts it with nftables rules in its namespace, which TCP sees as silence, as a
 partition looks. Worker B is the successor, on this machine's loopback. Per networked backend
-(the PostgreSQL and etcd coordinators; the PostgreSQL and S3 stores):
+(the PostgreSQL, etcd and ZooKeeper coordinators; the PostgreSQL and S3 stores; ``fenced serve``,
+coordinator and stores over HTTP):
 
 * A is cut from the coordinator (not from the store) past its ttl; B acquires, fences and
   writes; A's late write, which still reaches the store, is rejected (StaleToken), and the store
@@ -33,6 +34,8 @@ from fenced.testing.etcd import EtcdCluster
 from fenced.testing.netlab import NetLab, unavailable
 from fenced.testing.postgres import PostgresServer
 from fenced.testing.rgw import RgwServer
+from fenced.testing.server import ServeProcess
+from fenced.testing.zookeeper import ZooKeeperEnsemble
 from support.s3_stores import s3_bucket, s3_url
 
 WORKER = str(Path(__file__).resolve().parents[1] / "support" / "partition_worker.py")
@@ -237,3 +240,42 @@ def test_s3_a_worker_cut_from_the_store_learns_its_first_outcome_by_op_id(
             rgw_server.environment(),
             delay=0.4,
         )
+
+
+def test_zookeeper_a_worker_cut_from_the_coordinator_past_its_ttl_is_rejected_late(
+    zk_ensemble: ZooKeeperEnsemble,
+    zk_url: str,
+    postgres_urls: tuple[str, str],
+    postgres_server: PostgresServer,
+) -> None:
+    chroot = zk_url.removeprefix("zk://").partition("/")[2]
+    port = zk_ensemble.client_port(0)
+    options = "?session_timeout=2&timeout=2"
+    inside = f"zk://127.0.0.1:{port}/{chroot}{options}"  # one member: one relay
+    store = postgres_urls[1]
+    servers = {"coordinator": ("127.0.0.1", port), "store": ("127.0.0.1", postgres_server.port)}
+    with NetLab(1, servers) as lab:
+        _cut_from_the_coordinator_past_its_ttl(
+            lab,
+            _through(lab, inside, "coordinator", port),
+            f"{zk_url}{options}",
+            _through(lab, store, "store", postgres_server.port),
+            store,
+        )
+
+
+def test_serve_a_worker_cut_from_the_served_store_learns_its_first_outcome_by_op_id(
+    tmp_path: Path,
+) -> None:
+    served = f"main=sqlite:///{tmp_path / 'store.db'}"
+    with ServeProcess(f"sqlite:///{tmp_path / 'fenced.db'}", "--store", served) as server:
+        port = int(server.url.rpartition(":")[2])
+        store = f"{server.url}/stores/main"
+        servers = {"coordinator": ("127.0.0.1", port), "store": ("127.0.0.1", port)}
+        with NetLab(1, servers) as lab:
+            _cut_from_the_store_after_the_write(
+                lab,
+                _through(lab, server.url, "coordinator", port),
+                _through(lab, store + "?timeout=3", "store", port),
+                store,
+            )
