@@ -3,9 +3,11 @@ only checks its command line and its table; docs/verify.md publishes a real run.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
@@ -17,7 +19,7 @@ from fenced.verify._schedule import ScheduleResult
 
 def _release(*args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "fenced.verify._release", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=100, check=False)
 
 
 def test_its_options_and_bad_values() -> None:
@@ -86,3 +88,25 @@ def test_its_progress_lines_come_every_twentieth_and_name_each_violation(
     half = Progress("etcd", 10)
     half.done = 5
     assert half.line(150.0).endswith("elapsed 2:30, left 2:30")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_tiny_embedded_run_restores_its_coordinator_and_writes_its_figures(
+    tmp_path: Path,
+) -> None:
+    """Every fault of ``fenced verify --random`` is in the release check: two schedules from
+    seed 3 on the embedded coordinator include restores of it (a release run once had none)."""
+    out = tmp_path / "release.json"
+    done = _release(
+        *("--scale", "0.001", "--only", "embedded", "--no-mutants", "--seed", "3"),
+        *("--out", str(out)),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(out.read_text())
+    assert document["ok"] is True
+    assert document["command"].startswith("./dev release-check --scale 0.001 --only embedded")
+    (run,) = document["runs"]
+    assert (run["run"], run["schedules"], run["violations"]) == ("embedded", 2, 0)
+    assert run["faults"].get("restore", 0) >= 1, run["faults"]
+    assert "| embedded | sqlite: and file: (embedded), both modes | 2 |" in done.stdout

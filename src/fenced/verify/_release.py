@@ -23,7 +23,8 @@ ZooKeeper (3 members)                               500        ``postgresql:`` s
 (``--only NAME``, repeatable: only those runs; names ``embedded``, ``postgresql``, ``etcd``,
 ``zookeeper``, ``serve``.)
 
-each with ``--jobs`` schedules at a time (real network partitions against the networked
+each with ``--jobs`` schedules at a time and every fault ``fenced verify --random`` injects
+(restores of the embedded coordinator; real network partitions against the networked
 coordinators when run as root; against etcd also member faults: kills and restarts of the
 leader or a follower and, as root, isolation of one from its peers), then hunts every seeded
 defect on every coordinator (``--mutants``; defects without a seam there are n/a). It prints a
@@ -298,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 duration=args.duration,
                 jobs=args.jobs,
                 progress=Progress(name, count),
+                restores=True,  # of the embedded coordinator (the only one verify restores)
             )
             row.schedules = len(summary.results)
             row.stats = summary.totals()
