@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import fenced
+from fenced.coordinator.backend import GrantRequest
 from fenced.coordinator.backends.http._wire import parse_url
 from fenced.testing.server import ServedCoordinator
 
@@ -88,3 +89,30 @@ def test_an_idle_connection_closed_by_the_server_is_not_a_lost_reply(
         lease = coordinator.acquire("jobs/idle", ttl=5, wait=0)
         time.sleep(0.5)  # past the server's keep-alive: it closed the connection
         assert coordinator.release(lease)
+
+
+def test_a_lease_handed_to_a_waiter_that_ended_before_it_was_taken_is_not_returned(
+    served: ServedCoordinator,
+) -> None:
+    """Found by the release check: a waiter's long poll came back with the lease a release
+    handed to it, and the waiter, paused, took it only after that lease had ended and a newer
+    epoch had been granted. The client returned the old epoch (with no time left): a grant of
+    an epoch older than one already granted. It now asks the server, which says the lease of
+    that request id is lost, as an in-process backend does."""
+    holder, other, waiter = (fenced.connect(served.url) for _ in range(3))
+    try:
+        held = holder.acquire("jobs/late-taker", ttl=30, wait=0)
+        backend = waiter.backend
+        request = GrantRequest("jobs/late-taker", 0.5, "owner-w", "w", uuid.uuid4().hex)
+        ticket = backend.enqueue(request)
+        holder.release(held)  # handed to the waiter's place
+        backend.wait(ticket, 5.0)
+        time.sleep(0.6)  # the waiter pauses past the handed lease's ttl
+        newer = other.acquire("jobs/late-taker", ttl=5, wait=5)
+        assert newer.epoch == held.epoch + 2
+        with pytest.raises(fenced.LeaseLost):
+            backend.try_grant(request, ticket)
+        other.release(newer)
+    finally:
+        for client in (holder, other, waiter):
+            client.close()

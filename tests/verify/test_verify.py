@@ -556,6 +556,26 @@ def test_diagnostics_match_a_renewal_failure_report_of_unknown_outcome_may_be_mi
     assert "diagnostics-match" in broken(h)  # one certainly applied, and not recorded
 
 
+def test_diagnostics_match_a_grant_whose_reply_was_lost_on_a_real_connection_may_be_recorded() -> (
+    None
+):
+    """Found by the release check through fenced serve: a cut connection lost the replies of a
+    worker's grant requests (outcome unknown, ``applied`` null); one had granted epoch 3, which
+    the coordinator recorded and no reply showed."""
+
+    def with_records(lost_reply: bool) -> list[str]:
+        h = correct()
+        h.events = [e for e in h.events if e["ev"] != "records"]
+        if lost_reply:
+            unknown = {"ok": False, "applied": None, "error": "OutcomeUnknown"}
+            h.call("c", "C", "try_grant", 1.2, {"res": R, "ttl": h.ttl, "rid": "r-c"}, unknown)
+        h.records([1, 2, 3], [1, 2])
+        return broken(h)
+
+    assert "diagnostics-match" not in with_records(lost_reply=True)
+    assert "diagnostics-match" in with_records(lost_reply=False)
+
+
 def test_diagnostics_match_a_renewal_that_fails_after_its_holder_left_needs_no_report() -> None:
     """Found by a run at 8 jobs: a renewal whose request was delayed past its holder's release
     was sent as the worker closed its coordinator, and failed: no holder saw that failure."""

@@ -240,16 +240,17 @@ class History:
         for call in self.calls:
             if call.op not in ("try_grant", "leave"):
                 continue
-            if call.reply is None:
-                self.unknown_grants += call.op == "try_grant"
+            reply = call.reply
+            granted = None if reply is None else reply.get("granted")
+            if reply is None or granted is None:
+                # No reply, or one of unknown outcome (a real connection lost after the request
+                # went out): it may have granted an epoch the history never shows.
+                self.unknown_grants += call.op == "try_grant" and call.applied is None
                 continue
-            granted = call.reply.get("granted")
-            if granted is None:
-                continue
-            ttl = float(call.reply.get("ttl") or call.send.get("ttl") or self.ttl)
+            ttl = float(reply.get("ttl") or call.send.get("ttl") or self.ttl)
             grant = Grant(int(granted), call, ttl)
             self.grants.append(grant)
-            if call.reply.get("replayed"):
+            if reply.get("replayed"):
                 continue
             lease = self.leases.get(grant.epoch)
             if lease is None:

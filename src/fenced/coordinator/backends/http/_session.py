@@ -156,7 +156,11 @@ class HttpSession:
     # -- grants and the queue ---------------------------------------------------------------
     def try_grant(self, request: GrantRequest, own: HttpTicket | None) -> Plan[Granted | Blocked]:
         if own is not None and own.handed is not None:
-            return _handed(own)
+            handed = _handed(own)
+            if handed is not None:
+                return handed
+            # It ended before it was taken (a caller paused past it): the server says what
+            # its request id has now (410 lease-lost once its lease ended), as in-process.
         rid = request.request_id if own is None else own.request_id
         call = acquire_call(request if own is None else own.request, rid, 0.0, own is not None)
         try:
@@ -206,10 +210,11 @@ class HttpSession:
     def leave(self, own: HttpTicket, take: bool) -> Plan[Granted | None]:
         if own.handed is not None:
             granted = _handed(own)
-            if take:
-                return granted
-            yield from self.release(own.resource, granted.epoch, granted.owner)
-            return None
+            if granted is not None:
+                if take:
+                    return granted
+                yield from self.release(own.resource, granted.epoch, granted.owner)
+                return None
         call = leases_call(own.resource, "leave", {"request_id": own.request_id, "take": take})
         status, body = yield from self.exchange(call)
         if status == 204 or not take:
@@ -330,10 +335,13 @@ def _waited(body: Any) -> float:
     return float(waited)
 
 
-def _handed(ticket: HttpTicket) -> Granted:
-    """The grant a poll returned, its remaining time counted from ``ticket.handed``'s time."""
+def _handed(ticket: HttpTicket) -> Granted | None:
+    """The grant a poll returned, its remaining time counted from ``ticket.handed``'s time;
+    None if none is left: a lease that ended before its waiter took it is never returned (a
+    newer epoch may have been granted since; a release seen found verify's token-monotonic
+    broken by such a grant, of no time, returned after a pause)."""
     assert ticket.handed is not None
     granted, since = ticket.handed
     ticket.handed = None
-    spent = time.monotonic() - since
-    return dataclasses.replace(granted, expires_in=max(granted.expires_in - spent, 0.0))
+    left = granted.expires_in - (time.monotonic() - since)
+    return dataclasses.replace(granted, expires_in=left) if left > 0 else None
