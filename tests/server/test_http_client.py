@@ -8,12 +8,16 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 import fenced
-from fenced.coordinator.backend import GrantRequest
+from fenced.coordinator.backend import Granted, GrantRequest
 from fenced.coordinator.backends.http._wire import parse_url
+from fenced.server._leases import _grant
+from fenced.server._state import ServerState
 from fenced.testing.server import ServedCoordinator
 
 
@@ -116,3 +120,15 @@ def test_a_lease_handed_to_a_waiter_that_ended_before_it_was_taken_is_not_return
     finally:
         for client in (holder, other, waiter):
             client.close()
+
+
+def test_the_time_a_poll_waited_ends_when_the_granting_backend_call_began() -> None:
+    """``waited`` is what the client adds to its send time before counting ``expires_in``:
+    it ends when the backend call that granted (and computed ``expires_in``) began, never when
+    the reply is built (the release check saw the event loop resume a poll milliseconds after
+    its grant, and the client's deadline came out past the lease's end)."""
+    state = cast(ServerState, SimpleNamespace(backend=SimpleNamespace(coordinator_id="c" * 32)))
+    granted = Granted(7, "owner", "w", 0.8, 0.79)
+    body = _grant(state, "jobs/waited", granted, since=100.0, asked=101.25)
+    assert (body.epoch, body.expires_in, body.waited) == (7, 0.79, 1.25)
+    assert _grant(state, "jobs/waited", granted).waited == 0.0  # no poll: nothing waited

@@ -52,9 +52,18 @@ MAX_RECORDS = 10_000
 
 
 def _grant(
-    state: ServerState, resource: str, granted: Granted, since: float | None = None
+    state: ServerState,
+    resource: str,
+    granted: Granted,
+    since: float | None = None,
+    asked: float | None = None,
 ) -> LeaseGrant:
-    """The body of a grant; ``since``: when the request arrived (``time.monotonic()``)."""
+    """The body of a grant; ``since``: when the request arrived, ``asked``: when the backend
+    call that granted it began (``time.monotonic()``). ``waited`` is ``asked - since``: the
+    backend computed ``expires_in`` after ``asked``, so a client that counts the remaining time
+    from its send time + ``waited`` never counts from later than the server did (measured when
+    the answer is built instead, it would include the event loop's delay in resuming this
+    request: under load the client's deadline came out milliseconds past the lease's end)."""
     token = FencingToken._of_checked(state.backend.coordinator_id, resource, granted.epoch)
     return LeaseGrant(
         resource=resource,
@@ -65,7 +74,7 @@ def _grant(
         ttl=granted.ttl,
         expires_in=granted.expires_in,
         coordinator_id=state.backend.coordinator_id,
-        waited=0.0 if since is None else max(time.monotonic() - since, 0.0),
+        waited=0.0 if since is None or asked is None else max(asked - since, 0.0),
     )
 
 
@@ -131,12 +140,13 @@ async def _poll(
     ticket = None if place is None else place.ticket
     try:
         while True:
+            asked = time.monotonic()
             result = await backend.try_grant(request, ticket)
             if isinstance(result, Granted):
                 if place is not None and key is not None:
                     places.forget(key, place)
                 ticket = None  # the grant consumed it
-                return _grant(state, request.resource, result, arrived)
+                return _grant(state, request.resource, result, arrived, asked)
             now = time.monotonic()
             if now >= deadline or places.stopping:
                 return await _not_yet(
@@ -191,9 +201,10 @@ async def _not_yet(
     if ticket is not None:
         if place is not None and key is not None:
             state.places.forget(key, place)
+        asked = time.monotonic()
         handed = await backend.leave(ticket, take=True)  # type: ignore[arg-type]
         if handed is not None:
-            return _grant(state, request.resource, handed, arrived)
+            return _grant(state, request.resource, handed, arrived, asked)
     raise Busy(request.resource, blocked.holder, blocked.epoch, blocked.remaining)
 
 

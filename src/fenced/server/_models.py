@@ -85,8 +85,9 @@ class LeaseGrant(BaseModel):
     coordinator_id: str
     waited: float = Field(
         0.0,
-        description="Seconds the server held this request before it answered. A client counts "
-        "the lease's remaining time from its send time plus this, never from its receive time.",
+        description="Seconds the server held this request before the backend call that granted "
+        "it began (expires_in was computed after). A client counts the lease's remaining time "
+        "from its send time plus this, never from its receive time.",
     )
 
 
