@@ -576,6 +576,38 @@ def test_diagnostics_match_a_grant_whose_reply_was_lost_on_a_real_connection_may
     assert "diagnostics-match" in with_records(lost_reply=False)
 
 
+def test_diagnostics_match_a_lease_known_only_from_a_replayed_grant_counts_its_release() -> None:
+    """Found by the release check through fenced serve: every reply to C's grant request was
+    lost on a cut connection; its retry with the same request id was answered with the grant,
+    replayed. C released that lease, and the coordinator recorded the release."""
+    h = correct()
+    h.events = [e for e in h.events if e["ev"] != "records"]
+    unknown = {"ok": False, "applied": None, "error": "OutcomeUnknown"}
+    h.call("c", "C", "try_grant", 1.6, {"res": R, "ttl": h.ttl, "rid": "r-c"}, unknown)
+    h.grant("C", 3, 1.65, replayed=True, expires_in=0.9)
+    h.release("C", 3, 1.8)
+    h.records([1, 2, 3], [1, 2, 3])
+    assert broken(h) == []
+
+
+def test_diagnostics_match_a_write_of_unknown_outcome_may_have_been_rejected() -> None:
+    """Found by the release check through fenced serve: a write in flight when its worker was
+    cut off (and then killed) reached the store after the heal and was rejected as stale; no
+    reply ever showed that rejection."""
+
+    def with_rejection(unknown_write: bool) -> list[str]:
+        h = correct()
+        if unknown_write:
+            send = {"store": "S", "res": R, "epoch": 1, "key": "chain", "op_id": "A.9"}
+            h.call("s", "A", "put", 0.352, {**send, "base_len": 1, "retry": 0}, None)
+        stale = {"kind": "rejected", "epoch": 1, "detail": {"presented": 1, "reason": "stale"}}
+        h.ev(9.2, "verify", "records", source="store:S", records=[stale])
+        return broken(h)
+
+    assert "diagnostics-match" not in with_rejection(unknown_write=True)
+    assert "diagnostics-match" in with_rejection(unknown_write=False)
+
+
 def test_diagnostics_match_a_renewal_that_fails_after_its_holder_left_needs_no_report() -> None:
     """Found by a run at 8 jobs: a renewal whose request was delayed past its holder's release
     was sent as the worker closed its coordinator, and failed: no holder saw that failure."""

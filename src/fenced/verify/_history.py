@@ -250,10 +250,12 @@ class History:
             ttl = float(reply.get("ttl") or call.send.get("ttl") or self.ttl)
             grant = Grant(int(granted), call, ttl)
             self.grants.append(grant)
-            if reply.get("replayed"):
-                continue
             lease = self.leases.get(grant.epoch)
-            if lease is None:
+            if reply.get("replayed") and lease is not None:
+                continue
+            if lease is None:  # (from a replay when every earlier reply was lost: it expires
+                # no earlier than the replay's send + its expires_in, no later than its reply's
+                # time + ttl, as a first grant)
                 lease = self.leases[grant.epoch] = Lease(grant.epoch, grant)
                 lease.definite.append(call.sent + granted_for(call.reply, ttl))
                 lease.maybe.append(call)
