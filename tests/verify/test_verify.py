@@ -661,6 +661,8 @@ SQLITE_AND_POSTGRES = {"renew-revives-expired"}
 NOT_ON_SQLITE = ONLY_POSTGRES | ONLY_ETCD
 NOT_ON_POSTGRES = ONLY_SQLITE | ONLY_ETCD
 NOT_ON_ETCD = ONLY_SQLITE | ONLY_POSTGRES | SQLITE_AND_POSTGRES
+SERVE = "http://127.0.0.1:8080"
+NOT_ON_SERVE = NOT_ON_ETCD | ONLY_ETCD
 
 
 def _not_applicable(target: Target) -> set[str]:
@@ -687,6 +689,14 @@ def test_each_defect_declares_where_it_applies() -> None:
     assert _not_applicable(Target(None, {"S": "sqlite:////srv/a.db", "M": "file:///m"})) == (
         NOT_ON_SQLITE
     )
+    # a store served over HTTP runs its backend in the fenced serve process: no store defect
+    served = Target(SERVE, {"S": f"{SERVE}/stores/s", "M": f"{SERVE}/stores/m"})
+    store_defects = set(seeded.STORE_DEFECTS)
+    assert _not_applicable(served) == NOT_ON_SERVE | store_defects
+    (reason,) = {m.not_applicable(served) for m in CATALOGUE if m.name in store_defects}
+    assert reason is not None and "fenced serve process" in reason
+    # one served role is enough to leave the other seedable
+    assert _not_applicable(Target(SERVE, {"S": f"{SERVE}/stores/s"})) == NOT_ON_SERVE
 
 
 def test_an_inapplicable_defect_is_shown_as_na_and_is_no_failure() -> None:

@@ -11,7 +11,9 @@ survives its budget of schedules is reported as **not caught**, and the run fail
 A defect exists only where it can be seeded (its hook): some only in one coordinator backend or
 one store kind (``coordinators`` / ``stores``). Against a target without that backend or store
 the defect is **n/a** (shown with the reason, never run, and no failure): running it would run
-the correct program and call it a miss.
+the correct program and call it a miss. The store defects are n/a against stores served over
+HTTP (``http:``, ``https:``): their backend runs in the ``fenced serve`` process, which verify
+does not seed.
 
 ==============================  ==================================================  =============
 mutant                          defect (seam where verify seeds it)                 applies to
@@ -92,7 +94,24 @@ MUTANT_DURATION = 3.0
 EMBEDDED_STORES = ("sqlite", "file")
 """The store kinds verify creates itself for a role given no ``--store``."""
 
+SERVED_STORES = frozenset({"http", "https"})
+"""Store kinds whose backend is the server's: no store defect can be seeded in them."""
+
 MutantStatus = Literal["caught", "not caught", "n/a"]
+
+
+def _store_kinds(target: Target, profile: str) -> set[str]:
+    """The store kinds of a run against ``target`` (those verify creates for a role given no
+    store: by ``profile``)."""
+    chosen = PROFILES[profile].stores
+    kinds: set[str] = set()
+    for index, role in enumerate(("S", "M")):
+        url = target.stores.get(role)
+        if url is not None:
+            kinds.add(_kind(url))
+        else:
+            kinds.update(EMBEDDED_STORES if chosen is None else (chosen[index],))
+    return kinds
 
 
 def _kind(url: str) -> str:
@@ -114,7 +133,8 @@ class Mutant:
     coordinators: frozenset[str] | None = None
     """The coordinator backends (URL schemes) it can be seeded in; None: every one."""
     stores: frozenset[str] | None = None
-    """The store kinds (URL schemes) it can be seeded in; None: every one."""
+    """The store kinds (URL schemes) it can be seeded in; None: every one a worker opens itself
+    (never a served one: :data:`SERVED_STORES`)."""
 
     def not_applicable(self, target: Target) -> str | None:
         """Why the defect cannot exist in a run against ``target`` (None: it applies)."""
@@ -125,20 +145,20 @@ class Mutant:
                     f"no hook in the {kind} coordinator "
                     f"(only in {', '.join(sorted(self.coordinators))})"
                 )
-        if self.stores is not None:
-            chosen = PROFILES[self.profile].stores
-            kinds: set[str] = set()
-            for index, role in enumerate(("S", "M")):
-                url = target.stores.get(role)
-                if url is not None:
-                    kinds.add(_kind(url))
-                else:
-                    kinds.update(EMBEDDED_STORES if chosen is None else (chosen[index],))
-            if not kinds & self.stores:
-                return (
-                    f"no hook in the {', '.join(sorted(kinds))} stores "
-                    f"(only in {', '.join(sorted(self.stores))})"
-                )
+        if self.stores is None and self.name not in seeded.STORE_DEFECTS:
+            return None
+        kinds = _store_kinds(target, self.profile)
+        seedable = kinds - SERVED_STORES
+        if not seedable:
+            return (
+                f"no hook in the served {', '.join(sorted(kinds))} stores "
+                "(their backend runs in the fenced serve process, which verify does not seed)"
+            )
+        if self.stores is not None and not seedable & self.stores:
+            return (
+                f"no hook in the {', '.join(sorted(kinds))} stores "
+                f"(only in {', '.join(sorted(self.stores))})"
+            )
         return None
 
 

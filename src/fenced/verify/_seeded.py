@@ -88,6 +88,7 @@ __all__ = [
     "RELEASE_WITHOUT_OWNER",
     "RENEWAL_FAILURE_IGNORED",
     "RENEW_REVIVES_EXPIRED",
+    "STORE_DEFECTS",
     "WAITER_KEEPS_PLACE",
     "SeededCoordinator",
     "SeededSQLiteBackend",
@@ -119,6 +120,9 @@ _ETCD = frozenset({ETCD_GRANT_NO_REVISION_COMPARE})
 _STORE = frozenset(
     {NO_FENCE_CHECK, CHECK_THEN_WRITE, DEDUP_AFTER_FENCE, PUBLISH_NO_TOKEN_CHECK, FLOOR_AFTER_WRITE}
 )
+STORE_DEFECTS = _STORE
+"""The defects seeded in a worker's store (never in a store served over HTTP: its backend runs
+in the ``fenced serve`` process)."""
 DEFECTS = _CLIENT | _SQLITE | _POSTGRES | _ETCD | _STORE
 """Every seeded defect this module can build."""
 

@@ -7,6 +7,7 @@ processes run ``tests/support/lease_workers.py``; waits poll with deadlines.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -23,6 +24,8 @@ from fenced.coordinator import advance
 from fenced.coordinator._client import Coordinator
 from fenced.coordinator._connect import open_backend
 from fenced.coordinator.backend import Granted, GrantRequest
+from fenced.coordinator.backends.zookeeper._aio import open_async_zookeeper
+from fenced.coordinator.backends.zookeeper._driver import KICK_EVERY
 from fenced.core._errors import Busy, LeaseLost, OutcomeUnknown, StaleToken, Unavailable
 from fenced.core._lease import LeaseState
 from fenced.core._records import RecordKind
@@ -287,3 +290,66 @@ def _copy_data(ensemble: ZooKeeperEnsemble, to: Path, *, restore: bool) -> Path:
             shutil.copytree(data, copy)
     ensemble.start()
     return to
+
+
+def test_reads_on_one_member_see_what_another_member_acknowledged(
+    zk_ensemble: ZooKeeperEnsemble,
+) -> None:
+    """A reader on one member and a writer on another: every read made after the write was
+    acknowledged sees it (ZooKeeper reads are as fresh as their member; fenced's read
+    operations sync the member first)."""
+    chroot = "/t" + secrets.token_hex(6)
+    leader = zk_ensemble.leader()
+    writer_on, reader_on = [i for i in zk_ensemble.members if i != leader][:2]
+    writer = open_backend(f"zk://127.0.0.1:{zk_ensemble.client_port(writer_on)}{chroot}")
+    reader = open_backend(f"zk://127.0.0.1:{zk_ensemble.client_port(reader_on)}{chroot}")
+    try:
+        for floor in range(1, 151):
+            writer.advance(0, {R: floor}, {"why": "test"})
+            assert reader.last_epoch(R) == floor
+            assert reader.resources() == [R]
+            assert reader.records(R)[-1].epoch == floor
+    finally:
+        writer.close()
+        reader.close()
+
+
+def _received(ensemble: ZooKeeperEnsemble, member: int) -> int:
+    reply = ensemble.four_letter(member, "srvr")
+    assert reply is not None
+    (line,) = [line for line in reply.splitlines() if line.startswith("Received:")]
+    return int(line.split(":")[1])
+
+
+def test_a_reply_later_than_the_kick_interval_is_still_its_requests_answer(
+    zk_ensemble: ZooKeeperEnsemble,
+) -> None:
+    """Every reply delayed 0.8 s by a proxy: the backend sends kicks while it waits (the
+    member receives more requests than the read's own), and each face gets its request's own
+    answer, within the timeout."""
+    chroot = "/t" + secrets.token_hex(6)
+    member = zk_ensemble.leader()
+    direct = open_backend(f"zk://127.0.0.1:{zk_ensemble.client_port(member)}{chroot}")
+    try:
+        direct.advance(0, {R: 7}, {"why": "test"})
+        with TcpProxy("127.0.0.1", zk_ensemble.client_port(member)) as proxy:
+            url = f"zk://127.0.0.1:{proxy.port}{chroot}?timeout=3"
+            late = open_backend(url)
+            try:
+                proxy.delay(0.8)
+                before = _received(zk_ensemble, member)
+                assert late.last_epoch(R) == 7  # its own 3 requests: sync, meta, counter
+                assert _received(zk_ensemble, member) - before >= 3 + int(0.8 / KICK_EVERY) - 1
+            finally:
+                late.close()
+
+            async def on_the_loop() -> int:
+                backend = await open_async_zookeeper(url)
+                try:
+                    return await backend.last_epoch(R)
+                finally:
+                    await backend.aclose()
+
+            assert asyncio.run(on_the_loop()) == 7  # the proxy still delays every reply
+    finally:
+        direct.close()

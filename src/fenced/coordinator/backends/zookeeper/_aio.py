@@ -33,8 +33,10 @@ from fenced.coordinator.backend import (
 )
 from fenced.coordinator.backends.zookeeper import _plans as plans
 from fenced.coordinator.backends.zookeeper._driver import (
+    KICK_EVERY,
     answer,
     connected,
+    kick,
     new_client,
     submit,
     translate,
@@ -167,12 +169,18 @@ class AsyncZooKeeperBackend:
 
     async def _answer(self, request: Request) -> object:
         pending = submit(self._client, self._state, request)
+        replies = asyncio.gather(*(self._future(r) for r in pending))
+        deadline = self._loop.time() + self._settings.timeout
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(self._future(r) for r in pending)), self._settings.timeout
-            )
-        except TimeoutError as error:
-            raise translate(request, KazooTimeoutError()) from error
+            while not replies.done():
+                left = deadline - self._loop.time()
+                if left <= 0:
+                    raise translate(request, KazooTimeoutError())
+                await asyncio.wait({replies}, timeout=min(left, KICK_EVERY))
+                if not replies.done():
+                    kick(self._client, self._state)
+        finally:
+            replies.cancel()  # no-op once answered; else (timeout, cancelled) stop waiting
         return answer(request, pending, self._state)
 
     async def _wait_for(self, path: str, timeout: float, children: bool = False) -> bool:

@@ -40,8 +40,10 @@ from fenced.coordinator.backend import (
 )
 from fenced.coordinator.backends.zookeeper import _plans as plans
 from fenced.coordinator.backends.zookeeper._driver import (
+    KICK_EVERY,
     answer,
     connected,
+    kick,
     new_client,
     submit,
     translate,
@@ -150,10 +152,14 @@ class ZooKeeperBackend:
         pending = submit(self._client, self._state, request)
         deadline = time.monotonic() + self._timeout
         for result in pending:
-            try:
-                result.wait(max(0.0, deadline - time.monotonic()))
-            except Exception as error:
-                raise translate(request, error) from error
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    result.wait(min(left, KICK_EVERY))
+                except Exception as error:
+                    raise translate(request, error) from error
+                if result.ready():
+                    break
+                kick(self._client, self._state)
             if not result.ready():
                 raise translate(request, KazooTimeoutError())
         return answer(request, pending, self._state)

@@ -18,6 +18,10 @@ how each holds on ZooKeeper:
   since) and writes or deletes the lease znode at its version. A renewal committed after the
   lease's expiry (its own mtime says so) is undone: the lease is deleted and the expiry
   recorded, never revived.
+* **Reads** — ``current``, ``last_epoch``, ``resources`` and ``records`` begin with a
+  :class:`~._steps.Sync`: they see every transaction committed before they began, whichever
+  client committed it (a plain ZooKeeper read is only as fresh as the member the session is
+  on). The deciding steps need none: a stale read costs one failed transaction.
 * **Waiting** — ephemeral sequential znodes under the queue znode; a waiter may be granted
   when its znode is the first and no lease is live. Waking is the driver's (a watch on the
   predecessor, or on the lease when first).
@@ -54,6 +58,7 @@ from fenced.coordinator.backends.zookeeper._steps import (
     Op,
     Plan,
     SharedState,
+    Sync,
     Tick,
 )
 from fenced.core._errors import (
@@ -679,6 +684,7 @@ def release(state: SharedState, resource: str, epoch: int, owner: str) -> Plan[b
 
 
 def current(state: SharedState, resource: str) -> Plan[LeaseInfo | None]:
+    yield Sync(state.paths.root)
     view = yield from _read(state, resource, queue=False)
     if view.counter is None or view.counter.state != "live" or view.lease is None:
         yield from _settle(state, resource, view)
@@ -695,14 +701,23 @@ def current(state: SharedState, resource: str) -> Plan[LeaseInfo | None]:
 
 def last_epoch(state: SharedState, resource: str) -> Plan[int]:
     state.meta = None
-    minimum, _ = yield from _meta(state)
-    answer = yield Get(state.paths.counter(resource))
+    path = state.paths.counter(resource)
+    _, meta, answer = yield Batch((Sync(state.paths.root), Get(state.paths.meta), Get(path)))
+    if isinstance(meta, NoNodeError):
+        raise ConfigurationError(f"the fenced state under {state.paths.root} was deleted")
+    minimum = decode_meta(meta[0], state.paths.meta)[1]
+    state.meta = (minimum, meta[1].version)
     if isinstance(answer, NoNodeError):
         return minimum
-    return max(Counter.decode(answer[0], state.paths.counter(resource)).epoch, minimum)
+    return max(Counter.decode(answer[0], path).epoch, minimum)
 
 
 def resources(state: SharedState) -> Plan[list[str]]:
+    yield Sync(state.paths.root)
+    return (yield from _resource_names(state))
+
+
+def _resource_names(state: SharedState) -> Plan[list[str]]:
     answer = yield Children(state.paths.resources)
     if isinstance(answer, NoNodeError):
         return []
@@ -719,7 +734,8 @@ def _settle_all(state: SharedState, names: Iterable[str]) -> Plan[None]:
 
 def records(state: SharedState, resource: str | None, after: int, limit: int) -> Plan[list[Record]]:
     """Records with ``seq > after``, oldest first, due expiries recorded first."""
-    names = [resource] if resource is not None else (yield from resources(state))
+    yield Sync(state.paths.root)
+    names = [resource] if resource is not None else (yield from _resource_names(state))
     yield from _settle_all(state, names)
     answer = yield Children(state.paths.log)
     if isinstance(answer, NoNodeError):
@@ -826,7 +842,7 @@ def advance(
     the end of every lease with its ``restored`` record, :data:`_CHUNK` resources per
     transaction (the meta znode in the first: from then on no grant gets an epoch ≤ minimum).
     """
-    names = sorted(set((yield from resources(state))) | set(floors))
+    names = sorted(set((yield from _resource_names(state))) | set(floors))
     yield from _settle_all(state, names)
     for _ in range(_ATTEMPTS):
         views: dict[str, _View] = {}

@@ -43,6 +43,7 @@ __all__ = [
     "Plan",
     "Request",
     "SharedState",
+    "Sync",
     "Tick",
 ]
 
@@ -57,7 +58,16 @@ class Children:
     path: str
 
 
-Read = Get | Children
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """Bring the member this session reads from up to date with the leader: a read sent after
+    it sees every transaction committed before the sync began, whichever client sent it
+    (ZooKeeper's reads are otherwise only as fresh as the member the session is on)."""
+
+    path: str
+
+
+Read = Get | Children | Sync
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +95,7 @@ class Tick:
     """Write the clock znode; answered with its new ``mtime`` (the leader's clock, ms)."""
 
 
-Request = Get | Children | Batch | Multi | Tick
+Request = Get | Children | Sync | Batch | Multi | Tick
 T = TypeVar("T")
 Plan = Generator[Request, Any, T]
 
