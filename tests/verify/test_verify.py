@@ -214,22 +214,6 @@ def test_exclusive_grant_needs_release_or_expiry() -> None:
     assert broken(h) == ["exclusive-grant"]
 
 
-def test_exclusive_grant_counts_a_close_that_ends_the_leases_only_where_it_does() -> None:
-    """ZooKeeper: a worker's exit closes its session, whose ephemeral znodes were its leases
-    (one it never learned it was granted, its reply lost): a grant after that exit is no
-    overlap. Elsewhere a lease outlives its client's close."""
-    h = correct()
-    h.events = [e for e in h.events if not (e.get("op") == "release" and e["w"] == "A")]
-    h.records([1, 2], [2])
-    h.ev(0.55, "A", "exit")
-    assert broken(h) == ["exclusive-grant"]
-    h.events[0]["ends_on_close"] = True
-    assert broken(h) == []
-    h.events = [e for e in h.events if e["ev"] != "exit"]
-    h.ev(0.65, "A", "exit")  # after B's grant was replied
-    assert broken(h) == ["exclusive-grant"]
-
-
 def test_holder_deadline() -> None:
     h = correct()
     h.check("A", 1, 0.4, deadline=1.5)  # 0.3 (last renewal sent) + 1.0 < 1.5

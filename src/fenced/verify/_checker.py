@@ -103,8 +103,6 @@ class _Checker:
             assert granted_by is not None
             if any(r.sent <= granted_by for r in previous.releases):
                 continue
-            if self.history.exits.get(previous.grant.call.worker, math.inf) <= granted_by:
-                continue  # its holder's close ended it (a ZooKeeper session's leases)
             if any(previous.grant.call.sent <= e["t"] <= granted_by for e in self.history.restores):
                 continue
             expiry = max(previous.definite)

@@ -10,8 +10,8 @@ died first) is a call of unknown outcome.
 Vocabulary of the events (written by :mod:`.worker`, :mod:`.faults`, :mod:`.processes` and the
 drivers; ``t`` is the deadline clock, CLOCK_BOOTTIME on Linux, in the emitting process)::
 
-    meta       resource, ttl, stores {name: {mode, url}}, overrun (failover included), failover,
-               ends_on_close (a worker's exit ends the leases granted to it) (first event)
+    meta       resource, ttl, stores {name: {mode, url}}, overrun (failover included), failover
+               (first event of a run)
     c.send     call, op (try_grant|renew|release|report|enqueue|leave), res, epoch, ttl, rid,
                ticket (try_grant: made with a place in the queue), take (leave)
     c.reply    call, ok, applied (true/false/null), granted (try_grant, or a leave that took a
@@ -152,10 +152,6 @@ class History:
         # of its grant or last renewal (etcd rounds TTLs up to whole seconds, at least its
         # minimum, and expires leases on a 500 ms tick): 0 for backends that expire exactly.
         self.overrun = float(self.meta.get("overrun", 0) or 0)
-        self.exits: dict[str, float] = {}
-        """Per worker: when it exited, its coordinator closed (a killed worker has none)."""
-        if self.meta.get("ends_on_close"):
-            self.exits = {str(e["w"]): float(e["t"]) for e in self.events if e["ev"] == "exit"}
         self.calls: list[Call] = []
         by_id: dict[str, Call] = {}
         self.by_id = by_id

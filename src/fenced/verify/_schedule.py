@@ -467,7 +467,6 @@ def run_schedule(
     # A leader change restarts the countdown of every etcd lease (member faults change leaders;
     # every schedule of the run shares the cluster, its faults included): the checker's overrun.
     failover = target.failover(schedule.ttl, overrun) if schedule.nemesis.members else 0.0
-    ends_on_close = _patiently(target.leases_end_on_close, patience)
     run.rec.emit(
         "meta",
         kind="schedule",
@@ -476,7 +475,6 @@ def run_schedule(
         ttl=schedule.ttl,
         overrun=round(overrun + failover, 3),
         failover=failover,
-        ends_on_close=ends_on_close,
         margin=schedule.margin,
         workers=schedule.workers,
         rates=schedule.rates,

@@ -234,14 +234,6 @@ class Target:
             overrun = getattr(coordinator.backend, "lease_overrun", None)
             return 0.0 if overrun is None else float(overrun(ttl))
 
-    def leases_end_on_close(self) -> bool:
-        """Whether a client's close ends the leases granted to it (ZooKeeper: its session's
-        ephemeral znodes), so a worker's exit may end a lease it never learned it was granted."""
-        if self.coordinator is None:
-            return False
-        with contextlib.closing(connect(self.coordinator)) as coordinator:
-            return bool(getattr(coordinator.backend, "leases_end_on_close", False))
-
     def coordinator_url(self, workdir: Path) -> str:
         return self.coordinator or url_of_path("sqlite", str(workdir / "coordinator.db"))
 

@@ -1,1 +1,1 @@
-"""The ZooKeeper coordinator (``zk://``): leases on ephemeral znodes, sequential waiters."""
+"""The ZooKeeper coordinator (``zk://``): leases ending by the leader's clock, waiters in line."""

@@ -70,9 +70,6 @@ class AsyncZooKeeperBackend:
     """The asyncio coordinator backend on a ZooKeeper ensemble (see the module docstring)."""
 
     capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
-    leases_end_on_close = True
-    """Closing ends the session, and with it the ephemeral znode of every lease it granted
-    (held or not): those leases end at the close, before their ttl."""
 
     def __init__(self, url: str) -> None:
         self._settings = settings = parse_zk_url(url)

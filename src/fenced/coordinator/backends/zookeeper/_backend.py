@@ -65,9 +65,6 @@ class ZooKeeperBackend:
     """The coordinator backend on a ZooKeeper ensemble (see the module docstring)."""
 
     capabilities = frozenset({CAP_WAIT_NOTIFY, CAP_REQUEST_ID, CAP_RECORDS})
-    leases_end_on_close = True
-    """Closing ends the session, and with it the ephemeral znode of every lease it granted
-    (held or not): those leases end at the close, before their ttl."""
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self._settings = settings = parse_zk_url(url)
@@ -98,7 +95,8 @@ class ZooKeeperBackend:
 
     def _on_state(self, state: str) -> bool:
         """kazoo's connection listener (its thread): wake every waiter; a LOST session took
-        its ephemeral znodes (leases, places) with it."""
+        its ephemeral znodes (places in line) with it, and what this client knew of its leases
+        is read afresh."""
         if not hasattr(self, "_state"):
             pass
         elif state == KazooState.LOST:

@@ -22,10 +22,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
-from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.serialization import (
     CheckVersion,
-    Connect,
     Create,
     Delete,
     SetData,
@@ -59,17 +57,6 @@ KICK_EVERY = 0.25
 this many seconds, until the answer or the URL's ``timeout``)."""
 
 
-class _Handler(ConnectionHandler):  # type: ignore[misc]
-    """kazoo's connection handler, keeping the session timeout the server granted (kazoo logs
-    it and forgets it): a lease must not outlive the session of its ephemeral znode."""
-
-    def _invoke(self, timeout: float, request: object, xid: int | None = None) -> Any:
-        result = super()._invoke(timeout, request, xid)
-        if isinstance(request, Connect) and result[0].time_out > 0:
-            self.client.fenced_session_ms = int(result[0].time_out)
-        return result
-
-
 def new_client(settings: ZkSettings) -> KazooClient:
     """A client for the URL's ensemble (not started)."""
     client = KazooClient(
@@ -78,16 +65,13 @@ def new_client(settings: ZkSettings) -> KazooClient:
         connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=1.0),
         logger=_LOG,
     )
-    client.fenced_session_ms = 0
-    client._connection = _Handler(client, client._conn_retry.copy(), logger=_LOG)
     return client
 
 
 def connected(client: KazooClient, state: SharedState) -> None:
-    """Note the session a (re)connection made: its id and the timeout the server granted."""
+    """Note the session a (re)connection made: its id."""
     client_id = client.client_id
     state.session = int(client_id[0]) if client_id else 0
-    state.session_s = float(getattr(client, "fenced_session_ms", 0)) / 1000.0
 
 
 def _read(client: KazooClient, read: Get | Children | Sync) -> IAsyncResult:

@@ -9,7 +9,7 @@ znode                      data                                                 
 ``C/clock``                empty; written to read the leader's clock (its ``mtime``)    persistent
 ``C/res/R``                the resource's counter: ``{"epoch": e, "holder": h,          persistent
                            "state": "none"|"live"|"released"|"expired"|"restored"}``
-``C/res/R/lease``          the live lease: epoch, owner, holder, ttl, value, base       ephemeral
+``C/res/R/lease``          the live lease: epoch, owner, holder, ttl, value, base       persistent
 ``C/queue/R``              empty; its version counts the waiters that ever queued       persistent
 ``C/queue/R/w-N``          a waiter's place (``N``: ZooKeeper's sequence)               ephemeral,
                                                                                         sequential
@@ -24,8 +24,8 @@ znode                      data                                                 
 
 A lease expires at ``base + ttl``, where ``base`` is the ``mtime`` of the lease znode (the
 leader's clock when the grant or the last renewal was committed) unless the document carries a
-``base`` of its own (a ``proclaim`` keeps the expiry it had), or when the session that created
-the ephemeral znode ends, whichever comes first.
+``base`` of its own (a ``proclaim`` keeps the expiry it had); the end of a session does not end
+a lease.
 """
 
 from __future__ import annotations

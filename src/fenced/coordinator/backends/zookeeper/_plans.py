@@ -5,12 +5,14 @@ how each holds on ZooKeeper:
 
 * **Grant** — one transaction: the meta znode's version (the minimum epoch a restore set), the
   resource's counter set to ``max(epoch, minimum) + 1`` *at the version read* (so two grants
-  never write the same epoch: the second fails and re-reads), the lease created as an
-  ephemeral znode (it exists at most once), the ``granted`` record, the request id's znode, and
+  never write the same epoch: the second fails and re-reads), the lease created as a
+  persistent znode (it exists at most once), the ``granted`` record, the request id's znode, and
   either the caller's waiter znode deleted or, for a caller without a place in the queue, the
   queue znode's version checked (a waiter queued since the queue was seen empty fails it).
-* **Expiry** — a lease ends at ``base + ttl`` by the leader's clock, or when the session that
-  created its znode ends. The leader's clock is read by writing the clock znode (a
+* **Expiry** — a lease ends at ``base + ttl`` by the leader's clock, and only then (or at its
+  release): the lease znode is persistent, so the end of its holder's session, which can come
+  milliseconds after a grant to a client that was silent for a session timeout, does not end
+  it before the holder's deadline. The leader's clock is read by writing the clock znode (a
   :class:`~._steps.Tick`) whenever the estimate says a lease is within :data:`SLACK_MS` of its
   expiry; an expired lease is deleted (at its version) in the transaction that records its
   expiry, or the one that grants the next lease.
@@ -251,7 +253,7 @@ def try_grant(
 ) -> Plan[Granted | Blocked]:
     """``CoordinatorBackend.try_grant`` (see the module docstring)."""
     paths, resource = state.paths, request.resource
-    ttl = _bounded(state, request.ttl)
+    ttl = request.ttl
     if ticket is not None and ticket.head_woken:
         ticket.head_woken = False
         handed = yield from _handoff(state, request, ticket, ttl)
@@ -341,7 +343,7 @@ class _Grant:
             ("create", paths.counter(resource), self.counter.encode(), False, False)
             if counter_version is None
             else ("set", paths.counter(resource), self.counter.encode(), counter_version),
-            ("create", paths.lease(resource), self.doc.encode(), True, False),
+            ("create", paths.lease(resource), self.doc.encode(), False, False),
         ]
         ops.append(self.record(after))
         if request.request_id is not None:
@@ -407,14 +409,6 @@ def _handoff(
             corrected = grant.record(ended)[2]
             yield Multi((("set", grant.record_path(results[2:]), corrected, -1),))
     return granted
-
-
-def _bounded(state: SharedState, ttl: float) -> float:
-    """``ttl``, or the session timeout if that is shorter: the lease znode is ephemeral, so the
-    lease may end with the session, as early as a session timeout after a request was sent."""
-    if state.session_s <= 0:
-        raise Unavailable("ZooKeeper: no session")
-    return min(ttl, state.session_s)
 
 
 def _mtime(result: Any) -> int | None:
@@ -607,7 +601,6 @@ def _resettle(state: SharedState, resource: str) -> Plan[None]:
 
 def renew(state: SharedState, resource: str, epoch: int, owner: str, ttl: float) -> Plan[float]:
     """``CoordinatorBackend.renew``: see the module docstring."""
-    ttl = _bounded(state, ttl)
     lost = LeaseLost(LossReason.REJECTED, f"{resource} epoch {epoch} is no longer this owner's")
     for fresh in (False, True):
         held = yield from _live(state, resource, epoch, owner, fresh)

@@ -132,10 +132,7 @@ class SharedState:
     skew_ms: float = 0.0
     """The leader's clock minus this host's wall clock, from the last write's mtime (ms)."""
     session: int = 0
-    """The ZooKeeper session id; leases of an earlier session ended with it."""
-    session_s: float = 0.0
-    """The session timeout the server granted (seconds): no lease is granted or renewed for
-    longer, since its ephemeral znode ends with the session."""
+    """The ZooKeeper session id (places in line of an earlier session ended with it)."""
     prune_due: bool = False
     """Records crossed a multiple of the prune interval: :func:`._plans.prune` should run."""
     lost_places: set[tuple[str, bytes]] = field(default_factory=set)
