@@ -25,7 +25,8 @@ def _release(*args: str) -> subprocess.CompletedProcess[str]:
 def test_its_options_and_bad_values() -> None:
     shown = _release("--help")
     assert shown.returncode == 0
-    for option in ("--scale", "--jobs", "--seed", "--duration", "--out", "--no-mutants", "--only"):
+    options = ("--scale", "--jobs", "--seed", "--duration", "--out", "--no-mutants", "--only")
+    for option in (*options, "--keep-history"):
         assert option in shown.stdout
     for name in ("embedded", "postgresql", "etcd", "zookeeper", "serve"):
         assert name in shown.stdout
@@ -96,11 +97,12 @@ def test_a_tiny_embedded_run_restores_its_coordinator_and_writes_its_figures(
     tmp_path: Path,
 ) -> None:
     """Every fault of ``fenced verify --random`` is in the release check: two schedules from
-    seed 3 on the embedded coordinator include restores of it (a release run once had none)."""
+    seed 3 on the embedded coordinator include restores of it (a release run once had none).
+    ``--keep-history DIR`` keeps every schedule's history in DIR/NAME/."""
     out = tmp_path / "release.json"
     done = _release(
         *("--scale", "0.001", "--only", "embedded", "--no-mutants", "--seed", "3"),
-        *("--out", str(out)),
+        *("--out", str(out), "--keep-history", str(tmp_path / "kept")),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     document = json.loads(out.read_text())
@@ -110,3 +112,5 @@ def test_a_tiny_embedded_run_restores_its_coordinator_and_writes_its_figures(
     assert (run["run"], run["schedules"], run["violations"]) == ("embedded", 2, 0)
     assert run["faults"].get("restore", 0) >= 1, run["faults"]
     assert "| embedded | sqlite: and file: (embedded), both modes | 2 |" in done.stdout
+    kept = sorted(path.name for path in (tmp_path / "kept" / "embedded").iterdir())
+    assert kept == ["schedule-3.history.jsonl", "schedule-4.history.jsonl"]

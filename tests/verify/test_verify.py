@@ -497,6 +497,34 @@ def test_grant_progress_is_owed_only_to_a_waiter_in_line() -> None:
     assert broken(h) == ["grant-progress"]  # its acquire failed, and it never left the line
 
 
+def test_grant_progress_is_owed_only_once_a_place_was_certainly_taken() -> None:
+    """An ``enqueue`` whose outcome C never learnt (no reply within the statement timeout, so
+    the request may never have arrived) is no place in line: nobody is owed a grant. One that
+    took effect makes C wait from when its outcome was learnt (the release check saw a
+    PostgreSQL enqueue answered OutcomeUnknown after 13 s, and called the free resource a
+    stall)."""
+    h = History()
+    h.grant("A", 1, 0.0)
+    h.release("A", 1, 0.5)
+    blocked = {"ok": True, "applied": False, "blocked": True, "epoch": 1}
+    h.call("c", "C", "try_grant", 0.3, {"res": R, "ttl": h.ttl, "ticket": False}, blocked)
+    unknown = {"ok": False, "applied": None, "error": "OutcomeUnknown"}
+    h.call("c", "C", "enqueue", 0.31, {"res": R, "ttl": h.ttl}, unknown, dt=10.0)
+    h.ev(12.0, "C", "exit")
+    h.records([1], [1])
+    assert broken(h) == []
+    h = History()
+    h.grant("A", 1, 0.0)
+    h.release("A", 1, 0.5)
+    h.call("c", "C", "try_grant", 0.3, {"res": R, "ttl": h.ttl, "ticket": False}, blocked)
+    h.call("c", "C", "enqueue", 0.31, {"res": R, "ttl": h.ttl}, {"ok": True, "applied": True}, 0.6)
+    h.ev(3.0, "C", "exit")
+    h.records([1], [1])
+    (violation,) = check_history(h.events).violations
+    assert violation.invariant == "grant-progress"
+    assert "2.090s" in violation.message  # from its reply (0.91) to its exit, not from 0.501
+
+
 def test_op_exactly_once() -> None:
     h = correct()
     h.final("S", [["A.1", 1], ["A.1", 1], ["B.1", 2]], 3, POINTER)

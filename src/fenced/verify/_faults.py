@@ -139,8 +139,13 @@ class FaultPlan:
 
 
 def error_fields(error: BaseException) -> dict[str, Any]:
-    """The recorded description of an error the caller got: class and, for rejections, epochs."""
+    """The recorded description of an error the caller got: class, the first line of its
+    message (at most 300 characters: what a reader of a kept history needs to tell a timeout from
+    a cut connection) and, for rejections, epochs."""
     fields: dict[str, Any] = {"error": type(error).__name__}
+    text = str(error).strip()
+    if text:
+        fields["message"] = text.splitlines()[0][:300]
     for name in ("presented", "floor"):
         value = getattr(error, name, None)
         if isinstance(value, int):

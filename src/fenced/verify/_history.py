@@ -15,10 +15,11 @@ drivers; ``t`` is the deadline clock, CLOCK_BOOTTIME on Linux, in the emitting p
     c.send     call, op (try_grant|renew|release|report|enqueue|leave), res, epoch, ttl, rid,
                ticket (try_grant: made with a place in the queue), take (leave)
     c.reply    call, ok, applied (true/false/null), granted (try_grant, or a leave that took a
-               lease handed to it), error, fault, delay, applied_at
+               lease handed to it), error, message, fault, delay, applied_at
     s.send     call, store, op (fence|put|publish), epoch, op_id, key, base_len, sha, retry
-    s.reply    call, ok, applied, version, object_id, pub_epoch, error, presented, floor, fault
-    s.read     store, op (get|latest|read), t0, version, pointer, sha, error
+    s.reply    call, ok, applied, version, object_id, pub_epoch, error, message, presented,
+               floor, fault
+    s.read     store, op (get|latest|read), t0, version, pointer, sha, error, message
     lease      epoch, deadline, ttl        check  epoch, state, deadline
     pause      target                      resume target          kill  target
     suspend    t0, seconds: the host slept between t0 and t (seen by the recorder of one process)

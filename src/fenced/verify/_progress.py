@@ -12,10 +12,12 @@ What the history says, conservatively (a correct system never fails):
   effect, else the latest reply among its grant and renewals (that could have taken effect) +
   the time granted + the backend's overrun. A call without a reply reaches until its worker was
   killed, else forever.
-* **waiting**: a worker waits from its ``enqueue`` (it took a place in line) until the send of
-  a granted attempt, its ``leave``, or its end (a kill, a crash, its exit, a call it never saw
-  answered). An ``acquire`` that ends otherwise (it gave up, an error ended it) leaves the
-  queue, so a worker whose history shows no ``leave`` still has its place: it still waits.
+* **waiting**: a worker waits from the moment its ``enqueue`` certainly took a place in line
+  (when its wrapper learnt that it took effect: before that, or if that was never learnt, the
+  request may not have arrived, and nobody waited) until the send of a granted attempt, its
+  ``leave``, or its end (a kill, a crash, its exit, a call it never saw answered). An
+  ``acquire`` that ends otherwise (it gave up, an error ended it) leaves the queue, so a worker
+  whose history shows no ``leave`` still has its place: it still waits.
 * **explained** (:func:`excused`): while any worker is stopped or cut off, and for
   :data:`TICKET_LINGER` (or the ttl + overrun, if longer) after: an injected pause (or a host
   suspend), a kill or crash, a wire fault or partition, a restore (each of these can leave a
@@ -175,8 +177,8 @@ def waiting(history: History) -> dict[str, list[Span]]:
             if ended:
                 stop(worker, min(ended))
         if call.op == "enqueue":
-            if call.applied is not False:
-                since.setdefault(worker, call.sent)
+            if call.applied and call.learned is not None:
+                since.setdefault(worker, call.learned)
         elif call.op == "leave" or call.reply is None or call.reply.get("granted") is not None:
             stop(worker, call.sent)
     for worker, begun in list(since.items()):

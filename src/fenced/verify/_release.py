@@ -31,7 +31,8 @@ defect on every coordinator (``--mutants``; defects without a seam there are n/a
 progress line every twentieth of a run, and one Markdown table (the one docs/verify.md
 publishes: schedules, operations, faults by kind, stale writes sent after a pause or held past
 the deadline by a partition, stale writes rejected, violations, defects caught) and writes the
-figures as JSON to ``--out``.
+figures as JSON to ``--out``. A failing schedule's history is kept (its path printed);
+``--keep-history DIR`` keeps every one, in ``DIR/NAME/``.
 Exit 0 only if there was no violation and every applicable defect was caught.
 """
 
@@ -281,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-mutants", action="store_true", help="skip the hunt of the seeded defects"
     )
+    parser.add_argument(
+        "--keep-history",
+        type=Path,
+        metavar="DIR",
+        help="copy every schedule's history to DIR/NAME/ (failing ones are kept in any case)",
+    )
     args = parser.parse_args(argv)
     if not args.scale > 0 or args.jobs < 1:
         parser.error("--scale must be positive and --jobs at least 1")
@@ -300,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 jobs=args.jobs,
                 progress=Progress(name, count),
                 restores=True,  # of the embedded coordinator (the only one verify restores)
+                keep_history=None if args.keep_history is None else args.keep_history / name,
             )
             row.schedules = len(summary.results)
             row.stats = summary.totals()
