@@ -7,6 +7,7 @@ Root only (CI runs as root); a test fails, never skips, without it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fenced.testing.conformance import wait_for
-from fenced.testing.netlab import PREFIX, NetLab, lab_namespaces, unavailable
+from fenced.testing.netlab import HUB_MAC, PREFIX, NetLab, lab_namespaces, unavailable
 from support.local_users import as_nobody
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -187,6 +188,75 @@ def test_an_established_connection_goes_silent_and_resumes_after_heal(
             child.stdin.flush()
             assert child.stdout.readline().strip() == "resumed"
             assert child.wait(30) == 0
+
+
+def _bridge_mac(lab: NetLab) -> str:
+    done = subprocess.run(
+        ["ip", "-n", lab.hub, "-o", "link", "show", "br0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.split("link/ether")[1].split()[0]
+
+
+def test_hosts_joining_leave_the_connections_of_the_others_flowing(
+    echo_ports: tuple[int, int],
+) -> None:
+    """The bridge keeps its link address (:data:`HUB_MAC`) as hosts join: left to the kernel,
+    it took a joining host's lower address, and the hosts that had cached the old one fell
+    silent until ARP resolved it again (up to a minute; verify's workers stalled after every
+    replacement of a killed one)."""
+    with NetLab(3, {"a": ("127.0.0.1", echo_ports[0])}) as lab:
+        assert _bridge_mac(lab) == HUB_MAC
+        address, port = lab.address("a")
+        code = textwrap.dedent(
+            f"""
+            import socket, sys, time
+            s = socket.create_connection(({address!r}, {port}), timeout=5)
+            s.settimeout(2.0)  # the silence of the defect lasted seconds to a minute
+            print("connected", flush=True)
+            silent = 0
+            while not sys.stdin.readline().strip():  # the test says "stop" when done
+                try:
+                    s.sendall(b"x")
+                    s.recv(1)
+                except TimeoutError:
+                    silent += 1
+                    break
+            print("silent" if silent else "flowing", flush=True)
+            """
+        )
+        with contextlib.ExitStack() as stack:
+            children = [
+                stack.enter_context(
+                    subprocess.Popen(
+                        lab.command(host, [sys.executable, "-c", code]),
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+                for host in (1, 2, 3)
+            ]
+            for child in children:
+                stack.callback(child.kill)  # runs before each Popen's exit waits for it
+            for child in children:
+                assert child.stdout is not None and child.stdout.readline().strip() == "connected"
+            for _ in range(24):  # each joins with a random address: some lower than all before
+                lab.add_host()
+                for child in children:  # one round trip of every old host after each join
+                    assert child.stdin is not None
+                    child.stdin.write("\n")
+                    child.stdin.flush()
+            assert _bridge_mac(lab) == HUB_MAC
+            said = []
+            for child in children:
+                assert child.stdin is not None and child.stdout is not None
+                child.stdin.write("stop\n")
+                child.stdin.flush()
+                said.append(child.stdout.readline().strip())
+            assert said == ["flowing"] * 3
 
 
 def test_the_lab_of_a_process_killed_with_sigkill_is_removed_at_the_next_start(

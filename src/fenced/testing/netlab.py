@@ -10,9 +10,15 @@
         lab.loss(2, 30)                             # host 2 loses 30 % of what it receives
         lab.heal(1); lab.heal(2)
 
-Topology: a *hub* namespace holding a bridge (``br0``, address :data:`HUB_ADDRESS`) and, per
-host, a namespace with one veth (``eth0``, ``10.213.0.N/24``) into that bridge. No namespace has
-a link to the host's own namespace or a route out of the lab, so no packet of the lab leaves it.
+Topology: a *hub* namespace holding a bridge (``br0``, address :data:`HUB_ADDRESS`, link
+address :data:`HUB_MAC`) and, per host, a namespace with one veth (``eth0``, ``10.213.0.N/24``)
+into that bridge. The bridge's link address is set, never left to the kernel: a bridge without
+one takes the lowest of its ports' addresses and changes it when a host with a lower one joins;
+the hosts that cached the old one then send to an address the hub no longer takes, and their
+connections fall silent until ARP resolves it again, for up to a minute (a release check saw
+the calls of surviving workers stall for 3-13 s after a killed worker's replacement joined).
+No namespace has a link to the host's own namespace or a route out of the lab, so no packet of
+the lab leaves it.
 The servers stay where they are, on the host's loopback: for each one, a :class:`TcpProxy`
 listens *inside the hub namespace* on :data:`HUB_ADDRESS` and carries each connection to the
 server from the host's namespace (a socket belongs to the namespace it was created in, so one
@@ -57,12 +63,14 @@ from collections.abc import Mapping, Sequence
 from fenced.testing._lifecycle import StartStop
 from fenced.testing.proxy import TcpProxy
 
-__all__ = ["HUB_ADDRESS", "SUBNET", "NetLab", "lab_namespaces", "reap", "unavailable"]
+__all__ = ["HUB_ADDRESS", "HUB_MAC", "SUBNET", "NetLab", "lab_namespaces", "reap", "unavailable"]
 
 SUBNET = "10.213.0"
 """The lab's /24 (inside its namespaces only)."""
 HUB_ADDRESS = f"{SUBNET}.254"
 """The hub's address: the relays listen on it."""
+HUB_MAC = "02:66:6e:63:65:64"
+"""The bridge's link address (locally administered), fixed so that no joining host changes it."""
 PREFIX = "fenced-"
 """Every lab namespace's name begins with it (then the creating process's PID)."""
 _CLONE_NEWNET = 0x40000000
@@ -240,7 +248,7 @@ class NetLab(StartStop):
         reap()
         try:
             self._add(self.hub)
-            self._ip("link", "add", "br0", "type", "bridge")
+            self._ip("link", "add", "br0", "address", HUB_MAC, "type", "bridge")
             self._ip("addr", "add", f"{HUB_ADDRESS}/24", "dev", "br0")
             self._ip("link", "set", "br0", "up")
             for _ in range(self._initial):
